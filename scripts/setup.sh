@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# A new user's first command: installs every dependency, builds, and runs the main job.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh build
+build/witcert selfcheck

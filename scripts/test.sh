@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite. Usage: scripts/test.sh [BUILD_DIR] [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+build_dir=${1:-build}
+shift || true
+scripts/build.sh "$build_dir" -DWITCERT_WERROR=ON "$@"
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"

@@ -1,0 +1,25 @@
+// The witcert subcommands. Each reads its input from the given streams so that tests can
+// drive it without a process, and returns the process exit code.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace witcert::apps {
+
+// `witcert bound`: JSON lines {"p_tilde": [...], "c": [...], "eps": [...]?} → one JSON line of
+// bounds each, or {"line": N, "error": "..."}. Non-zero if any line failed.
+int run_bound(std::istream& in, std::ostream& out);
+
+// `witcert philox`: parses "A,B,C,D" / "K0,K1" (decimal or 0x-hex words) and prints the four
+// output words as 8-digit hex. Throws std::invalid_argument on malformed words.
+std::array<std::uint32_t, 4> parse_words4(const std::string& text);
+std::array<std::uint32_t, 2> parse_words2(const std::string& text);
+int run_philox(const std::string& counter, const std::string& key, std::ostream& out);
+
+// `witcert selfcheck`: the counterexample table of paper §3 and the known-answer checks.
+int run_selfcheck(std::ostream& out);
+
+}  // namespace witcert::apps

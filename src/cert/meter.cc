@@ -1,0 +1,170 @@
+#include "cert/meter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+#include "cert/round_up.h"
+
+namespace witcert::cert {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A bound that came out NaN carries no information: report it as "no guarantee".
+double sound(double v) { return std::isnan(v) ? kInf : v; }
+
+}  // namespace
+
+void MeterStats::add(double z_t, double c_t) {
+  if (z_t == -kInf) return;  // p̃_t = 0 forces p_t = 0: the token cannot move any mass
+  ++n;
+  z.add(z_t);
+  z_plus_c.add(z_t + c_t);
+  z_minus_c.add(z_t - c_t);
+  if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;  // NaN is sticky
+}
+
+void MeterStats::merge(const MeterStats& o) {
+  n += o.n;
+  z.merge(o.z);
+  z_plus_c.merge(o.z_plus_c);
+  z_minus_c.merge(o.z_minus_c);
+  if (!std::isnan(c_max) && !(o.c_max <= c_max)) c_max = o.c_max;
+}
+
+double lse_rounding_margin(long n, double lse_a, double lse_b) {
+  const double size = std::max(std::fabs(lse_a), std::fabs(lse_b));
+  return (2.0 * static_cast<double>(n) + 4.0) * 0x1p-52 * (1.0 + size);
+}
+
+// With every c_t = 0 the compressed logits are exact: A = A⁻ = 1 with no rounding at all.
+double MeterStats::log_A() const {
+  if (c_max == 0.0) return 0.0;
+  const double a = z_plus_c.value(), b = z.value();
+  return a - b + lse_rounding_margin(n, a, b);
+}
+
+double MeterStats::log_A_minus() const {
+  if (c_max == 0.0) return 0.0;
+  const double a = z_minus_c.value(), b = z.value();
+  return a - b - lse_rounding_margin(n, a, b);
+}
+
+double eform_raw(double log_A) {
+  if (std::isnan(log_A)) return kInf;
+  const double x = 2.0 * log_A;
+  // expm1 keeps full precision for small A − 1; above, ½e^x − ½ avoids overflowing before the
+  // halving. Both are within an ulp or two, covered by the round-up margin.
+  if (x < 1.0) return 0.5 * std::expm1(x) * kRoundUpMargin;
+  return (std::exp(x - std::numbers::ln2) - 0.5) * kRoundUpMargin;
+}
+
+double two_sided_raw(double log_A, double log_A_minus) {
+  return sound(std::sinh(log_A - log_A_minus) * kRoundUpMargin);
+}
+
+double tanh_shape(double c_max) {
+  return std::isnan(c_max) ? kInf : std::tanh(c_max) * kRoundUpMargin;
+}
+double tanh_half_shape(double c_max) {
+  return std::isnan(c_max) ? kInf : std::tanh(0.5 * c_max) * kRoundUpMargin;
+}
+
+double clamp_meter(double raw) { return std::isnan(raw) ? 1.0 : std::min(1.0, raw); }
+
+double Bounds::meter() const {
+  for (double v : {eform, two_sided, retention, tanh, tanh_half})
+    if (std::isnan(v)) return 1.0;
+  return clamp_meter(std::min({eform, two_sided, retention, tanh, tanh_half}));
+}
+
+namespace {
+
+// Both passes of evaluate_logits with the logit of token t supplied by `logit`, so that
+// probabilities can be read as logits log p̃_t without a copy.
+template <class Logit>
+double retention_pass(std::size_t n, Logit logit, std::span<const double> c, double lse_z,
+                      double log_A, double log_A_minus) {
+  // p_t·(e^x − 1) for x ≥ 0 without overflowing where the product itself is representable.
+  auto weighted_expm1 = [](double log_p, double p, double x) {
+    return x < 1.0 ? p * std::expm1(x) : std::exp(log_p + x) - p;
+  };
+  double sum = 0.0;
+  for (std::size_t t = 0; t < n; ++t) {
+    const double log_p = logit(t) - lse_z;
+    const double p_t = std::exp(log_p);
+    if (p_t == 0.0) continue;  // then p_t = p̃_t e^{−ε_t}/Z is zero as well
+    const double one_sided = weighted_expm1(log_p, p_t, log_A + c[t]);    // p̃_t (A e^{c_t} − 1)
+    const double upper = weighted_expm1(log_p, p_t, c[t] - log_A_minus);  // p̃_t (e^{c_t}/A⁻ − 1)
+    const double lower = -p_t * std::expm1(-c[t] - log_A);                // p̃_t (1 − e^{−c_t}/A)
+    sum += 0.5 * std::min(one_sided, std::max(upper, lower));  // halved early: no early overflow
+  }
+  // p_t and the sum carry relative rounding error of a few ulps per token.
+  return sound(sum * (1.0 + (2.0 * static_cast<double>(n) + 8.0) * 0x1p-52));
+}
+
+template <class Logit>
+Bounds evaluate_impl(std::size_t n, Logit logit, std::span<const double> c) {
+  MeterStats stats;
+  for (std::size_t t = 0; t < n; ++t) stats.add(logit(t), c[t]);
+  const double log_A = stats.log_A();
+  const double log_A_minus = stats.log_A_minus();
+  Bounds b;
+  if (std::isnan(log_A) || std::isnan(log_A_minus) || std::isnan(stats.c_max)) {
+    b.eform = b.two_sided = b.retention = b.tanh = b.tanh_half = kInf;  // poisoned input
+    return b;
+  }
+  b.eform = eform_raw(log_A);
+  b.two_sided = two_sided_raw(log_A, log_A_minus);
+  b.retention = retention_pass(n, logit, c, stats.z.value(), log_A, log_A_minus);
+  b.tanh = tanh_shape(stats.c_max);
+  b.tanh_half = tanh_half_shape(stats.c_max);
+  return b;
+}
+
+}  // namespace
+
+double retention_raw(std::span<const double> z, std::span<const double> c, double lse_z,
+                     double log_A, double log_A_minus) {
+  return retention_pass(z.size(), [&](std::size_t t) { return z[t]; }, c, lse_z, log_A,
+                        log_A_minus);
+}
+
+Bounds evaluate_logits(std::span<const double> z, std::span<const double> c) {
+  return evaluate_impl(z.size(), [&](std::size_t t) { return z[t]; }, c);
+}
+
+Bounds evaluate(std::span<const double> p_tilde, std::span<const double> c) {
+  // log p̃ is a valid logit vector; zero-probability tokens become −inf logits and drop out.
+  return evaluate_impl(p_tilde.size(), [&](std::size_t t) { return std::log(p_tilde[t]); }, c);
+}
+
+double true_tv(std::span<const double> p_tilde, std::span<const double> eps) {
+  // p_t = p̃_t e^{−ε_t} / Z, computed with the largest exponent factored out.
+  double shift = -std::numeric_limits<double>::infinity();
+  for (std::size_t t = 0; t < p_tilde.size(); ++t)
+    if (p_tilde[t] > 0.0) shift = std::max(shift, -eps[t]);
+  double Z = 0.0;
+  for (std::size_t t = 0; t < p_tilde.size(); ++t)
+    if (p_tilde[t] > 0.0) Z += p_tilde[t] * std::exp(-eps[t] - shift);
+  double tv = 0.0;
+  for (std::size_t t = 0; t < p_tilde.size(); ++t) {
+    if (p_tilde[t] == 0.0) continue;
+    const double p_t = p_tilde[t] * std::exp(-eps[t] - shift) / Z;
+    tv += std::fabs(p_t - p_tilde[t]);
+  }
+  return 0.5 * tv;
+}
+
+double value_output_bound(double tv_k, double v_max_norm, double weighted_rho) {
+  return sound(2.0 * tv_k * v_max_norm + weighted_rho);
+}
+
+double value_meter(double weighted_rho, double v_max_norm) {
+  if (weighted_rho == 0.0) return 0.0;
+  return sound(weighted_rho / v_max_norm);  // v_max_norm = 0 with ρ > 0: +inf, no guarantee
+}
+
+}  // namespace witcert::cert

@@ -1,0 +1,82 @@
+// The meter: sound upper bounds on TV(p, p̃) between the attention distribution over exact
+// keys (p) and over compressed keys (p̃), given per-token logit-error bounds c_t ≥ |ε_t|
+// (paper §3, §4.3; DESIGN §1).
+//
+// Everything is evaluated in the log domain from three log-sum-exps over the same pass:
+//   LSE(z̃), LSE(z̃ + c), LSE(z̃ − c)   ⇒   log A = LSE(z̃+c) − LSE(z̃),  log A⁻ = LSE(z̃−c) − LSE(z̃).
+// c is never truncated; a value that overflows is +inf, which is still sound ("no guarantee").
+// NaN anywhere in the inputs also yields +inf, never a small number.
+#pragma once
+
+#include <span>
+
+#include "cert/lse.h"
+
+namespace witcert::cert {
+
+// Log-domain statistics of one (layer, head, step) cell; merge across splits with merge().
+struct MeterStats {
+  Lse z;          // LSE_t(z̃_t)
+  Lse z_plus_c;   // LSE_t(z̃_t + c_t)
+  Lse z_minus_c;  // LSE_t(z̃_t − c_t)
+  double c_max = 0.0;
+  long n = 0;  // tokens with p̃_t > 0
+
+  void add(double z_t, double c_t);
+  void merge(const MeterStats& o);
+  // log A = log Σ p̃_t e^{c_t}, rounded up, and log A⁻ = log Σ p̃_t e^{−c_t}, rounded down, by
+  // a margin covering the double rounding of both log-sum-exps (lse_rounding_margin), so
+  // every bound computed from them is at least its exact value.
+  double log_A() const;
+  double log_A_minus() const;
+};
+
+// An upper bound on the rounding error of LSE(a) − LSE(b) over n terms each: the recursive sums
+// carry relative error ≤ (2n)·2^-53 each, and the final additions m + log s one ulp of their size.
+double lse_rounding_margin(long n, double lse_a, double lse_b);
+
+// Theorem 1 (e-form): TV ≤ ½(A² − 1) = ½·expm1(2 log A). Unclamped: this is the raw risk score.
+// Overflows to +inf only when ½(A² − 1) itself exceeds the double range.
+double eform_raw(double log_A);
+// Proposition 1 (two-sided): TV ≤ ½(A/A⁻ − A⁻/A) = sinh(log A − log A⁻).
+double two_sided_raw(double log_A, double log_A_minus);
+// Runtime-Certified shape (§6.4.2) as the paper states it: TV ≤ tanh(max_t c_t).
+double tanh_shape(double c_max);
+// The tighter sound variant: the log-likelihood ratio spans at most 2·c_max, so TV ≤ tanh(c_max/2).
+double tanh_half_shape(double c_max);
+// A sound bound reported as a meter: min(1, raw); NaN reads as no guarantee (1).
+double clamp_meter(double raw);
+
+// Every bound shape for one cell, unclamped. The retention form needs A and A⁻ first, so it
+// takes a second pass over the tokens (evaluate() below); the fused kernel reports the others.
+struct Bounds {
+  double eform = 0.0;      // Theorem 1, also the raw risk score
+  double two_sided = 0.0;  // Proposition 1
+  double retention = 0.0;  // Proposition 1, per-token form; dominates both aggregates
+  double tanh = 0.0;
+  double tanh_half = 0.0;
+
+  // The minimum of the sound forms, clamped to 1.
+  double meter() const;
+};
+
+// All bound shapes from logits z̃ (any additive offset) and bounds c_t ≥ |ε_t|.
+// Preconditions: z.size() == c.size() ≥ 1, c_t ≥ 0.
+Bounds evaluate_logits(std::span<const double> z, std::span<const double> c);
+// The same from probabilities p̃ (p̃_t = 0 allowed).
+Bounds evaluate(std::span<const double> p_tilde, std::span<const double> c);
+
+// Proposition 1, per-token retention form:
+//   ½ Σ_t p̃_t · min(A e^{c_t} − 1, max(e^{c_t}/A⁻ − 1, 1 − e^{−c_t}/A)).
+double retention_raw(std::span<const double> z, std::span<const double> c, double lse_z,
+                     double log_A, double log_A_minus);
+
+// True TV(p, p̃) with p ∝ p̃ · e^{−ε}: the quantity every bound above must dominate.
+double true_tv(std::span<const double> p_tilde, std::span<const double> eps);
+
+// Value side (§3, §4.2): ‖y − ŷ‖ ≤ 2·TV_K·max_t‖v_t‖ + Σ_t p̃_t ρ^v_t.
+double value_output_bound(double tv_k, double v_max_norm, double weighted_rho);
+// The V meter: the second term relative to max_t‖v_t‖ (0 when all values are zero and exact).
+double value_meter(double weighted_rho, double v_max_norm);
+
+}  // namespace witcert::cert

@@ -1,0 +1,217 @@
+#include "cert/meter.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cert/unsound_form_for_tests.h"
+
+namespace witcert::cert {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A computed bound is its exact value raised by at most the documented rounding margins
+// (relative ~1e-12): never below it.
+void expect_upper(double got, double exact) {
+  EXPECT_GE(got, exact);
+  EXPECT_LE(got, exact * (1.0 + 1e-11) + 1e-15);
+}
+
+TEST(Meter, CounterexampleGuard) {
+  const std::array<double, 2> p = {0.5, 0.5}, c = {0.1, 0.1}, eps = {0.1, -0.1};
+  const double tv = true_tv(p, eps);
+  EXPECT_NEAR(tv, 0.049834, 5e-7);
+  EXPECT_NEAR(testing::unsound_form(p, c), 0.006423, 5e-7);
+  EXPECT_LT(testing::unsound_form(p, c), tv);  // the flawed form is violated ...
+
+  const Bounds b = evaluate(p, c);  // ... and every sound form holds.
+  expect_upper(b.eform, 0.5 * std::expm1(0.2));
+  expect_upper(b.tanh, std::tanh(0.1));
+  expect_upper(b.tanh_half, std::tanh(0.05));
+  expect_upper(b.two_sided, std::sinh(0.2));  // A/A⁻ = e^{0.2}
+  for (double v : {b.eform, b.two_sided, b.retention, b.tanh, b.tanh_half, b.meter()}) EXPECT_GE(v, tv);
+  expect_upper(b.meter(), std::tanh(0.05));
+}
+
+TEST(Meter, KnownAnswersByHand) {
+  // p̃ = (0.25, 0.75), c = (ln 2, 0): A = 0.25·2 + 0.75 = 1.25, A⁻ = 0.125 + 0.75 = 0.875.
+  const std::array<double, 2> p = {0.25, 0.75}, c = {std::log(2.0), 0.0};
+  const Bounds b = evaluate(p, c);
+  expect_upper(b.eform, 0.5 * (1.25 * 1.25 - 1.0));
+  expect_upper(b.two_sided, 0.5 * (1.25 / 0.875 - 0.875 / 1.25));
+  // Retention: token 1: min(1.25·2−1, max(2/0.875−1, 1−0.5/1.25)) = min(1.5, 1.285714…) ;
+  //            token 2: min(1.25−1, max(1/0.875−1, 1−1/1.25)) = min(0.25, 0.2).
+  const double expect = 0.5 * (0.25 * (2.0 / 0.875 - 1.0) + 0.75 * 0.2);
+  expect_upper(b.retention, expect);
+  expect_upper(b.tanh, std::tanh(std::log(2.0)));  // = 0.6
+  expect_upper(b.tanh, 0.6);
+}
+
+TEST(Meter, ZeroErrorGivesZeroMeter) {
+  const std::vector<double> p = {0.1, 0.2, 0.3, 0.4}, c(4, 0.0);
+  const Bounds b = evaluate(p, c);
+  EXPECT_EQ(b.eform, 0.0);
+  EXPECT_EQ(b.two_sided, 0.0);
+  EXPECT_EQ(b.retention, 0.0);
+  EXPECT_EQ(b.meter(), 0.0);
+}
+
+TEST(Meter, OverflowIsInfiniteNeverTruncated) {
+  // c = 1000 overflows e^c; the raw score must be +inf, the meter 1, and nothing NaN.
+  const std::array<double, 3> p = {0.5, 0.25, 0.25}, c = {1000.0, 0.0, 0.0};
+  const Bounds b = evaluate(p, c);
+  EXPECT_EQ(b.eform, kInf);
+  EXPECT_EQ(b.meter(), 1.0);
+  EXPECT_FALSE(std::isnan(b.two_sided));
+  EXPECT_FALSE(std::isnan(b.retention));
+  // log A ≈ 400 + log 0.5 stays finite in the log domain while A² exceeds the double range:
+  // the e-form is then +inf, never a wrapped or truncated value.
+  const std::array<double, 2> p2 = {0.5, 0.5}, c2 = {400.0, 0.0};
+  MeterStats s;
+  for (int t = 0; t < 2; ++t) s.add(std::log(p2[t]), c2[t]);
+  EXPECT_NEAR(s.log_A(), 400.0 + std::log(0.5), 1e-9);
+  EXPECT_EQ(eform_raw(s.log_A()), kInf);
+  // Just below the double range the value is finite: ½(A² − 1) must not overflow early.
+  EXPECT_TRUE(std::isfinite(eform_raw(354.0)));
+  EXPECT_NEAR(eform_raw(354.0) / (0.5 * std::exp(708.0)), 1.0, 1e-11);
+}
+
+TEST(Meter, TinyCIsAccurateAndNeverBelowTheExactValue) {
+  // ½(A² − 1) for A = e^{1e-9} is 1e-9 + O(1e-18). log A is a difference of two log-sum-exps,
+  // so its accuracy is absolute (a few ulps of the LSE values), and the rounding margin keeps
+  // the computed value above the exact one.
+  const std::array<double, 2> p = {0.5, 0.5}, c = {1e-9, 1e-9};
+  const double e = evaluate(p, c).eform;
+  EXPECT_GE(e, 1e-9);
+  EXPECT_NEAR(e, 1e-9, 1e-14);
+}
+
+TEST(Meter, NanPoisonsEveryFormToNoGuarantee) {
+  const std::array<double, 3> p = {0.5, 0.25, 0.25};
+  const std::array<double, 3> c_nan = {0.1, NAN, 0.1};
+  const Bounds b = evaluate(p, c_nan);
+  EXPECT_EQ(b.eform, kInf);
+  EXPECT_EQ(b.tanh, kInf);
+  EXPECT_EQ(b.tanh_half, kInf);
+  EXPECT_EQ(b.meter(), 1.0);
+  const std::array<double, 3> z_nan = {0.0, NAN, 1.0}, c = {0.1, 0.1, 0.1};
+  EXPECT_EQ(evaluate_logits(z_nan, c).meter(), 1.0);
+  const std::array<double, 3> z_inf = {0.0, kInf, 1.0};
+  EXPECT_EQ(evaluate_logits(z_inf, c).meter(), 1.0);
+  EXPECT_EQ(clamp_meter(NAN), 1.0);
+}
+
+TEST(Meter, ZeroMassTokensCannotMoveMass) {
+  // A token with p̃_t = 0 has p_t = 0 whatever its error: an infinite c there changes nothing.
+  const std::array<double, 3> p = {0.5, 0.5, 0.0}, c = {0.1, 0.1, kInf};
+  const std::array<double, 2> p2 = {0.5, 0.5}, c2 = {0.1, 0.1};
+  const Bounds a = evaluate(p, c), b = evaluate(p2, c2);
+  EXPECT_DOUBLE_EQ(a.eform, b.eform);
+  EXPECT_DOUBLE_EQ(a.meter(), b.meter());
+}
+
+TEST(Meter, LogitsAndProbabilitiesAgree) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> z(0.0, 3.0);
+  std::uniform_real_distribution<double> cu(0.0, 0.5);
+  std::vector<double> logits(50), p(50), c(50);
+  for (int t = 0; t < 50; ++t) {
+    logits[t] = z(rng) + 7.0;  // any offset
+    c[t] = cu(rng);
+  }
+  double m = -kInf, s = 0.0;
+  for (double v : logits) m = std::max(m, v);
+  for (double v : logits) s += std::exp(v - m);
+  for (int t = 0; t < 50; ++t) p[t] = std::exp(logits[t] - m) / s;
+  const Bounds a = evaluate_logits(logits, c), b = evaluate(p, c);
+  EXPECT_NEAR(a.eform, b.eform, 1e-11 * b.eform);
+  EXPECT_NEAR(a.two_sided, b.two_sided, 1e-11 * b.two_sided);
+  EXPECT_NEAR(a.retention, b.retention, 1e-11 * b.retention);
+}
+
+TEST(Meter, SplitKvMergeEqualsOnePass) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> z(0.0, 4.0);
+  std::uniform_real_distribution<double> cu(0.0, 2.0);
+  const int S = 1000;
+  std::vector<double> logits(S), c(S);
+  for (int t = 0; t < S; ++t) logits[t] = z(rng), c[t] = cu(rng);
+  MeterStats whole;
+  for (int t = 0; t < S; ++t) whole.add(logits[t], c[t]);
+  for (int splits : {2, 3, 8, 17}) {
+    std::vector<MeterStats> parts(splits);
+    for (int t = 0; t < S; ++t) parts[t * splits / S].add(logits[t], c[t]);
+    MeterStats merged;
+    for (int i = splits - 1; i >= 0; --i) merged.merge(parts[i]);  // any order
+    EXPECT_NEAR(merged.log_A(), whole.log_A(), 1e-12) << splits;
+    EXPECT_NEAR(merged.log_A_minus(), whole.log_A_minus(), 1e-12) << splits;
+    EXPECT_EQ(merged.c_max, whole.c_max);
+  }
+  MeterStats empty;
+  MeterStats copy = whole;
+  copy.merge(empty);
+  EXPECT_EQ(copy.log_A(), whole.log_A());
+}
+
+TEST(Meter, LseKnownAnswers) {
+  Lse l;
+  EXPECT_EQ(l.value(), -kInf);
+  l.add(0.0);
+  l.add(0.0);
+  EXPECT_NEAR(l.value(), std::log(2.0), 1e-15);
+  l.add(1000.0);  // no overflow
+  EXPECT_NEAR(l.value(), 1000.0, 1e-12);
+  Lse big;
+  big.add(kInf);
+  EXPECT_EQ(big.value(), kInf);
+  Lse nan;
+  nan.add(NAN);
+  EXPECT_TRUE(std::isnan(nan.value()));
+  l.merge(nan);
+  EXPECT_TRUE(std::isnan(l.value()));
+}
+
+TEST(Meter, ValueSideBound) {
+  // ‖y − ŷ‖ ≤ 2·TV_K·max‖v‖ + Σ p̃ ρ^v, checked on a concrete pair of attention outputs.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int S = 64, d = 16;
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::vector<double> z(S), eps(S), p(S), pt(S), v(S * d), vh(S * d);
+    for (int t = 0; t < S; ++t) z[t] = 2.0 * n(rng), eps[t] = 0.3 * n(rng);
+    double zs = 0.0, es = 0.0;
+    for (int t = 0; t < S; ++t) zs += std::exp(z[t]), es += std::exp(z[t] - eps[t]);
+    for (int t = 0; t < S; ++t) pt[t] = std::exp(z[t]) / zs, p[t] = std::exp(z[t] - eps[t]) / es;
+    double vmax = 0.0, weighted_rho = 0.0;
+    for (int t = 0; t < S; ++t) {
+      double norm = 0.0, rho = 0.0;
+      for (int i = 0; i < d; ++i) {
+        v[t * d + i] = n(rng);
+        vh[t * d + i] = v[t * d + i] + 0.05 * n(rng);
+        norm += v[t * d + i] * v[t * d + i];
+        rho += (vh[t * d + i] - v[t * d + i]) * (vh[t * d + i] - v[t * d + i]);
+      }
+      vmax = std::max(vmax, std::sqrt(norm));
+      weighted_rho += pt[t] * std::sqrt(rho);
+    }
+    double err = 0.0;
+    for (int i = 0; i < d; ++i) {
+      double y = 0.0, yh = 0.0;
+      for (int t = 0; t < S; ++t) y += p[t] * v[t * d + i], yh += pt[t] * vh[t * d + i];
+      err += (y - yh) * (y - yh);
+    }
+    const double tv = true_tv(pt, eps);
+    ASSERT_LE(std::sqrt(err), value_output_bound(tv, vmax, weighted_rho) * (1 + 1e-12));
+  }
+  EXPECT_EQ(value_meter(0.0, 0.0), 0.0);
+  EXPECT_EQ(value_meter(1.0, 0.0), kInf);
+  EXPECT_DOUBLE_EQ(value_meter(0.5, 4.0), 0.125);
+}
+
+}  // namespace
+}  // namespace witcert::cert
