@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 namespace witcert {
@@ -50,6 +51,36 @@ TEST(Fp16, EveryValueRoundTrips) {
     if (std::isnan(v)) continue;
     ASSERT_EQ(fp16_from_double(v), h) << std::hex << h;
     ASSERT_EQ(fp16_from_double(v, Round::up), h) << std::hex << h;
+  }
+}
+
+TEST(Fp16, FastFloatPathsMatchTheReference) {
+  for (int h = 0; h < 65536; ++h) {
+    const double v = fp16_to_double(static_cast<f16>(h));
+    const float f = fp16_to_float(static_cast<f16>(h));
+    if (std::isnan(v)) {
+      ASSERT_TRUE(std::isnan(f));
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(f), v) << std::hex << h;
+    ASSERT_EQ(std::signbit(f), std::signbit(v)) << std::hex << h;
+    ASSERT_EQ(fp16_from_float(f), h) << std::hex << h;
+  }
+  // Every float between consecutive fp16 values, ties included, against the double reference.
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 2000000; ++i) {
+    std::uint32_t b = bits(rng);
+    if (i % 4 == 0) b = (b & 0x8000'0000u) | (0x3300'0000u + b % 0x1500'0000u);  // fp16 range
+    if (i % 8 == 1) b = (b & 0xFFFF'E000u) | 0x1000u;  // exact ties between two fp16 values
+    float f;
+    std::memcpy(&f, &b, 4);
+    const f16 want = fp16_from_double(static_cast<double>(f));
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(fp16_to_double(fp16_from_float(f))));
+      continue;
+    }
+    ASSERT_EQ(fp16_from_float(f), want) << f;
   }
 }
 

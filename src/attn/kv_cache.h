@@ -1,0 +1,37 @@
+// The narrow interface between the model and attention (DESIGN §2): the model writes the
+// post-RoPE key and value of every token for each (layer, KV head) and asks for the attention
+// output of a group of query heads. Cache formats (exact fp16 here; the certified packed
+// formats later) plug in behind it without any change to the model code.
+#pragma once
+
+#include <cstdint>
+
+namespace witcert::attn {
+
+struct KvGeometry {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  std::int64_t capacity = 0;  // positions per sequence
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+
+  virtual const KvGeometry& geometry() const = 0;
+
+  // Stores the post-RoPE key and value (head_dim floats each) of position `pos`.
+  virtual void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) = 0;
+
+  // Attention of `group` query heads that share `kv_head` (GQA) over positions [0, n_ctx):
+  // q holds group × head_dim post-RoPE queries, out receives group × head_dim outputs of
+  // softmax(sm · q·kᵀ)·V with sm = 1/sqrt(head_dim).
+  virtual void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+                      float* out) const = 0;
+
+  // Forgets every position (a new request).
+  virtual void clear() = 0;
+};
+
+}  // namespace witcert::attn
