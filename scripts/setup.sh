@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/fetch-model.sh
 scripts/build.sh build
 build/witcert selfcheck

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/fetch-model.sh  # the real-model tests fail without it
 build_dir=${1:-build}
 shift || true
 scripts/build.sh "$build_dir" -DWITCERT_WERROR=ON "$@"
