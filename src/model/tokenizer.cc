@@ -1,0 +1,399 @@
+#include "model/tokenizer.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "model/gguf.h"
+#include "model/unicode.h"
+
+namespace witcert::model {
+namespace {
+
+// GPT-2's byte alphabet: the printable Latin-1 bytes stand for themselves and the other 68
+// are shifted, in order, to U+0100..U+0143, so that every token string is printable text.
+constexpr bool printable_latin1(unsigned b) {
+  return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+constexpr char32_t kByteAlphabetEnd = 0x144;
+
+constexpr std::array<char32_t, 256> kByteToCp = [] {
+  std::array<char32_t, 256> t{};
+  char32_t shifted = 0x100;
+  for (unsigned b = 0; b < 256; ++b) t[b] = printable_latin1(b) ? b : shifted++;
+  return t;
+}();
+
+constexpr std::array<std::int16_t, kByteAlphabetEnd> kCpToByte = [] {
+  std::array<std::int16_t, kByteAlphabetEnd> t{};
+  t.fill(-1);
+  for (unsigned b = 0; b < 256; ++b) t[kByteToCp[b]] = static_cast<std::int16_t>(b);
+  return t;
+}();
+
+// The bytes a normal token stands for. A token with a character outside the byte alphabet
+// stands for its own text, as in the reference ByteLevel decoder.
+std::string byte_level_piece(const std::string& token) {
+  std::string bytes;
+  for (std::size_t i = 0; i < token.size();) {
+    const Utf8Char c = utf8_decode(token, i);
+    if (c.cp >= kByteAlphabetEnd || kCpToByte[c.cp] < 0) return token;
+    bytes += static_cast<char>(kCpToByte[c.cp]);
+    i += c.len;
+  }
+  return bytes;
+}
+
+// Pre-tokenizer names that split every digit off before the GPT-2 regex (llama.cpp groups
+// them so). Any other name gets the GPT-2 regex alone: it is the base every byte-level BPE
+// variant refines, and a mismatch there costs tokenization quality, never the round trip.
+constexpr std::string_view kDigitSplitPre[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"};
+
+// Texts of the tokens that end a turn in chat models, besides eos.
+constexpr std::string_view kEndOfTurnTexts[] = {"<|im_end|>", "<|endoftext|>"};
+
+constexpr std::string_view kImStart = "<|im_start|>";
+constexpr std::string_view kImEnd = "<|im_end|>";
+
+std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
+}
+
+// The interior of a Jinja string literal, unescaped; nullopt if `s` is not one (a quote ends
+// the literal, braces open an expression).
+std::optional<std::string> jinja_literal(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    if (ch == '\\' && i + 1 < s.size()) {
+      const char e = s[++i];
+      out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+    } else if (ch == '\'' || ch == '"' || ch == '{' || ch == '}') {
+      return std::nullopt;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// The system message a ChatML template writes itself when the conversation has none: the first
+// "<|im_start|>system" followed by a newline and literal text up to "<|im_end|>".
+std::optional<std::string> default_system_message(std::string_view tmpl) {
+  const std::string_view head = "<|im_start|>system";
+  for (std::size_t at = tmpl.find(head); at != std::string_view::npos; at = tmpl.find(head, at + 1)) {
+    std::string_view rest = tmpl.substr(at + head.size());
+    if (rest.starts_with("\n")) {
+      rest.remove_prefix(1);
+    } else if (rest.starts_with("\\n")) {
+      rest.remove_prefix(2);
+    } else {
+      continue;
+    }
+    const std::size_t end = rest.find(kImEnd);
+    if (end == std::string_view::npos) continue;
+    if (auto text = jinja_literal(rest.substr(0, end))) return text;
+  }
+  return std::nullopt;
+}
+
+std::string template_excerpt(const std::string& tmpl) {
+  constexpr std::size_t kMax = 80;
+  return tmpl.size() <= kMax ? tmpl : tmpl.substr(0, kMax) + "...";
+}
+
+}  // namespace
+
+// Buffers reused across the words of one encode call.
+struct Tokenizer::Scratch {
+  struct Char {
+    std::uint32_t offset;
+    char32_t cp;
+    CharClass cls;
+  };
+  struct Symbol {
+    std::int32_t id, prev, next;  // id -1: merged into its left neighbour
+  };
+  struct Candidate {
+    std::int32_t rank, left, left_id, right_id;
+    // Lowest rank first, then leftmost: the order the reference BPE applies merges in.
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::vector<Char> chars;
+  std::vector<Symbol> symbols;
+  std::vector<Candidate> heap;
+};
+
+Tokenizer Tokenizer::from_vocab(Vocab vocab) {
+  const std::size_t n = vocab.tokens.size();
+  if (n == 0) throw TokenizerError("vocabulary has no tokens");
+  if (n > static_cast<std::size_t>(INT32_MAX)) throw TokenizerError("vocabulary too large");
+  if (!vocab.token_types.empty() && vocab.token_types.size() != n)
+    throw TokenizerError("vocabulary has " + std::to_string(n) + " tokens but " +
+                         std::to_string(vocab.token_types.size()) + " token types");
+  const auto check_id = [&](const char* name, std::int32_t id) {
+    if (id < -1 || id >= static_cast<std::int32_t>(n))
+      throw TokenizerError(std::string(name) + " token id " + std::to_string(id) + " outside the vocabulary of " +
+                           std::to_string(n) + " tokens");
+  };
+  check_id("bos", vocab.bos);
+  check_id("eos", vocab.eos);
+  check_id("unk", vocab.unk);
+  check_id("pad", vocab.pad);
+
+  Tokenizer t;
+  t.bos_ = vocab.bos;
+  t.eos_ = vocab.eos;
+  t.add_bos_ = vocab.add_bos;
+  t.split_digits_ = std::ranges::find(kDigitSplitPre, vocab.pre) != std::end(kDigitSplitPre);
+
+  // Token text -> id; a text listed twice keeps its first id.
+  std::unordered_map<std::string_view, std::int32_t> id_of;
+  id_of.reserve(n);
+  t.pieces_.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string& text = vocab.tokens[i];
+    const auto id = static_cast<std::int32_t>(i);
+    id_of.emplace(text, id);
+    const auto type = vocab.token_types.empty() ? TokenType::normal : static_cast<TokenType>(vocab.token_types[i]);
+    const bool special = type == TokenType::control || type == TokenType::user_defined;
+    t.pieces_.push_back(special ? text : byte_level_piece(text));
+    if (special && !text.empty()) t.specials_.push_back({text, id, type == TokenType::control});
+    if (std::ranges::find(kEndOfTurnTexts, text) != std::end(kEndOfTurnTexts)) t.end_of_generation_.push_back(id);
+  }
+  if (t.eos_ >= 0) t.end_of_generation_.push_back(t.eos_);
+  // Longest first, so that at one position the longest special token wins.
+  std::ranges::stable_sort(t.specials_, [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
+  for (const Special& s : t.specials_) t.special_first_byte_[static_cast<unsigned char>(s.text[0])] = true;
+
+  for (unsigned b = 0; b < 256; ++b) {
+    std::string symbol;
+    utf8_append(symbol, kByteToCp[b]);
+    const auto it = id_of.find(symbol);
+    if (it != id_of.end()) {
+      t.byte_token_[b] = it->second;
+    } else if (vocab.unk >= 0) {
+      t.byte_token_[b] = vocab.unk;
+    } else {
+      throw TokenizerError("byte " + std::to_string(b) + " has no token ('" + symbol +
+                           "') and the vocabulary has no unknown token");
+    }
+  }
+
+  t.merges_.reserve(vocab.merges.size());
+  for (std::size_t r = 0; r < vocab.merges.size(); ++r) {
+    const std::string& m = vocab.merges[r];
+    const std::size_t space = m.find(' ');
+    const auto bad = [&](const std::string& why) {
+      return TokenizerError("merge " + std::to_string(r) + " '" + m + "' " + why);
+    };
+    if (space == std::string::npos || space == 0 || space + 1 == m.size() || m.find(' ', space + 1) != std::string::npos)
+      throw bad("is not two tokens separated by one space");
+    const std::string_view left = std::string_view(m).substr(0, space);
+    const std::string_view right = std::string_view(m).substr(space + 1);
+    const auto l = id_of.find(left), rt = id_of.find(right);
+    const auto merged = id_of.find(std::string(left) + std::string(right));
+    if (l == id_of.end() || rt == id_of.end() || merged == id_of.end()) throw bad("names a token not in the vocabulary");
+    t.merges_.emplace(pair_key(l->second, rt->second), Merge{static_cast<std::int32_t>(r), merged->second});
+  }
+
+  t.chat_template_ = std::move(vocab.chat_template);
+  t.chatml_ = t.chat_template_.find(kImStart) != std::string::npos;
+  if (t.chatml_) t.default_system_ = default_system_message(t.chat_template_);
+  return t;
+}
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& file) {
+  const std::string model = file.get_string_or("tokenizer.ggml.model", "");
+  if (model.empty()) throw TokenizerError("GGUF file has no tokenizer (tokenizer.ggml.model is missing)");
+  if (model != "gpt2")
+    throw TokenizerError("unsupported tokenizer model '" + model + "': only 'gpt2' (byte-level BPE) is supported");
+  if (!file.find("tokenizer.ggml.merges")) throw TokenizerError("byte-level BPE tokenizer without tokenizer.ggml.merges");
+  Vocab v;
+  v.tokens = file.get_string_array("tokenizer.ggml.tokens");
+  if (file.find("tokenizer.ggml.token_type"))
+    for (std::int64_t type : file.get_int_array("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<std::int32_t>(type));
+  v.merges = file.get_string_array("tokenizer.ggml.merges");
+  const auto id = [&](const char* key) {
+    if (!file.find(key)) return std::int32_t{-1};
+    const std::int64_t value = file.get_i64(key);
+    if (value < 0 || value > INT32_MAX) throw TokenizerError(std::string(key) + " = " + std::to_string(value) + " is not a token id");
+    return static_cast<std::int32_t>(value);
+  };
+  v.bos = id("tokenizer.ggml.bos_token_id");
+  v.eos = id("tokenizer.ggml.eos_token_id");
+  v.unk = id("tokenizer.ggml.unknown_token_id");
+  v.pad = id("tokenizer.ggml.padding_token_id");
+  v.pre = file.get_string_or("tokenizer.ggml.pre", "");
+  v.add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", false);
+  v.chat_template = file.get_string_or("tokenizer.chat_template", "");
+  return from_vocab(std::move(v));
+}
+
+const Tokenizer::Merge* Tokenizer::find_merge(std::int32_t left, std::int32_t right) const {
+  const auto it = merges_.find(pair_key(left, right));
+  return it == merges_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  std::vector<std::int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  Scratch s;
+  // Cut special tokens out first (leftmost, then longest), as the reference tokenizers do.
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const Special* hit = nullptr;
+    if (special_first_byte_[static_cast<unsigned char>(text[i])]) {
+      for (const Special& sp : specials_) {
+        if ((!sp.control || parse_special) && text.substr(i).starts_with(sp.text)) {
+          hit = &sp;
+          break;
+        }
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    encode_fragment(text.substr(start, i - start), s, out);
+    out.push_back(hit->id);
+    i += hit->text.size();
+    start = i;
+  }
+  encode_fragment(text.substr(start), s, out);
+  return out;
+}
+
+// Pre-tokenization: with split_digits_, every \p{N} character stands alone; each remaining
+// segment is split by the GPT-2 regex
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// with the end of a segment acting as the end of the text. Bytes outside well-formed UTF-8
+// count as [^\s\p{L}\p{N}].
+void Tokenizer::encode_fragment(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const {
+  if (text.empty()) return;
+  s.chars.clear();
+  for (std::size_t i = 0; i < text.size();) {
+    const Utf8Char c = utf8_decode(text, i);
+    const CharClass cls = c.cp == kInvalidUtf8 ? CharClass::other : char_class(c.cp);
+    s.chars.push_back({static_cast<std::uint32_t>(i), c.cp, cls});
+    i += c.len;
+  }
+  const std::size_t n = s.chars.size();
+  s.chars.push_back({static_cast<std::uint32_t>(text.size()), 0, CharClass::other});  // end offset
+  const auto& c = s.chars;
+
+  // One regex match starting at i, within [i, end).
+  const auto match = [&](std::size_t i, std::size_t end) {
+    if (c[i].cp == '\'' && i + 1 < end) {
+      const char32_t a = c[i + 1].cp;
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+      if (i + 2 < end) {
+        const char32_t b = c[i + 2].cp;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+      }
+    }
+    const std::size_t k = c[i].cp == ' ' && i + 1 < end && c[i + 1].cls != CharClass::space ? i + 1 : i;
+    std::size_t j = k + 1;
+    if (c[k].cls != CharClass::space) {  // ` ?\p{L}+`, ` ?\p{N}+` or ` ?[^\s\p{L}\p{N}]+`
+      while (j < end && c[j].cls == c[k].cls) ++j;
+      return j;
+    }
+    while (j < end && c[j].cls == CharClass::space) ++j;
+    // `\s+(?!\S)` leaves the last blank of a run to the word after it; `\s+` takes a lone one.
+    return j == end || j - i == 1 ? j : j - 1;
+  };
+
+  for (std::size_t seg = 0; seg < n;) {
+    std::size_t seg_end = n;
+    if (split_digits_) {
+      seg_end = seg + 1;
+      if (c[seg].cls != CharClass::number)
+        while (seg_end < n && c[seg_end].cls != CharClass::number) ++seg_end;
+    }
+    for (std::size_t i = seg; i < seg_end;) {
+      const std::size_t j = match(i, seg_end);
+      encode_word(text.substr(c[i].offset, c[j].offset - c[i].offset), s, out);
+      i = j;
+    }
+    seg = seg_end;
+  }
+}
+
+// Byte-level BPE on one pre-token: start from one symbol per byte and apply the best-ranked
+// merge present until none applies. Stale heap entries are skipped when popped: a symbol
+// that took part in a merge changed its id (or died), which the entry's ids no longer match.
+void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const {
+  if (word.size() == 1) {
+    out.push_back(byte_token_[static_cast<unsigned char>(word[0])]);
+    return;
+  }
+  const auto size = static_cast<std::int32_t>(word.size());
+  auto& sym = s.symbols;
+  auto& heap = s.heap;
+  sym.clear();
+  heap.clear();
+  for (std::int32_t i = 0; i < size; ++i)
+    sym.push_back({byte_token_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < size ? i + 1 : -1});
+  const auto push = [&](std::int32_t left) {
+    const std::int32_t right = sym[left].next;
+    if (right < 0) return;
+    if (const Merge* m = find_merge(sym[left].id, sym[right].id)) {
+      heap.push_back({m->rank, left, sym[left].id, sym[right].id});
+      std::ranges::push_heap(heap, std::greater<>{});
+    }
+  };
+  for (std::int32_t i = 0; i + 1 < size; ++i) push(i);
+
+  while (!heap.empty()) {
+    std::ranges::pop_heap(heap, std::greater<>{});
+    const Scratch::Candidate top = heap.back();
+    heap.pop_back();
+    Scratch::Symbol& left = sym[top.left];
+    if (left.id != top.left_id || left.next < 0 || sym[left.next].id != top.right_id) continue;
+    Scratch::Symbol& right = sym[left.next];
+    left.id = find_merge(top.left_id, top.right_id)->result;
+    right.id = -1;
+    left.next = right.next;
+    if (left.next >= 0) sym[left.next].prev = top.left;
+    if (left.prev >= 0) push(left.prev);
+    push(top.left);
+  }
+  for (std::int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+}
+
+const std::string& Tokenizer::token_piece(std::int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw TokenizerError("token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+  return pieces_[id];
+}
+
+std::string Tokenizer::decode(std::span<const std::int32_t> ids) const {
+  std::string text;
+  for (std::int32_t id : ids) text += token_piece(id);
+  return text;
+}
+
+bool Tokenizer::is_end_of_generation(std::int32_t id) const {
+  return std::ranges::find(end_of_generation_, id) != end_of_generation_.end();
+}
+
+// The ChatML family: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, preceded by the
+// template's default system message when the first message is not a system one, and followed
+// by "<|im_start|>assistant\n" when a reply is to be generated.
+std::string Tokenizer::apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+  if (chat_template_.empty()) throw TokenizerError("the model has no chat template (tokenizer.chat_template)");
+  if (!chatml_)
+    throw TokenizerError("unsupported chat template (only the ChatML family, with <|im_start|>, is supported): \"" +
+                         template_excerpt(chat_template_) + "\"");
+  std::string out;
+  const auto turn = [&](std::string_view role, std::string_view content) {
+    out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
+  };
+  if (default_system_ && !messages.empty() && messages[0].role != "system") turn("system", *default_system_);
+  for (const ChatMessage& m : messages) turn(m.role, m.content);
+  if (add_generation_prompt) out.append(kImStart).append("assistant\n");
+  return out;
+}
+
+}  // namespace witcert::model

@@ -1,0 +1,117 @@
+// Byte-level BPE tokenizer (GGUF tokenizer model "gpt2") and ChatML chat formatting.
+//
+// Encoding follows the reference tokenizers: special tokens are cut out of the text first, the
+// rest is split into pre-tokens (the GPT-2 regex, preceded by a one-digit split for the
+// "smollm" family), each pre-token's bytes are mapped to GPT-2's printable byte alphabet and
+// merged by rank. Decoding maps the pieces back to bytes, so decode(encode(x)) == x for any
+// byte string whose bytes all have a token, valid UTF-8 or not.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace witcert::model {
+
+class GgufFile;
+
+class TokenizerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Token types as stored in tokenizer.ggml.token_type.
+enum class TokenType : std::int32_t {
+  normal = 1,
+  unknown = 2,
+  control = 3,
+  user_defined = 4,
+  unused = 5,
+  byte = 6,
+};
+
+// Everything a tokenizer is built from: the tokenizer.* metadata of a GGUF file.
+struct Vocab {
+  std::vector<std::string> tokens;       // byte-level strings, or literal text for special tokens
+  std::vector<std::int32_t> token_types; // TokenType values; empty means all normal
+  std::vector<std::string> merges;       // "left right", highest priority first
+  std::int32_t bos = -1, eos = -1, unk = -1, pad = -1;  // -1: the model has none
+  std::string pre;                       // pre-tokenizer name (tokenizer.ggml.pre)
+  bool add_bos = false;
+  std::string chat_template;             // Jinja source, as shipped with the model
+};
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+class Tokenizer {
+ public:
+  // Throws TokenizerError on an inconsistent vocabulary (type count, a special id out of
+  // range, a malformed merge, a byte missing from the byte alphabet while the model has no
+  // unknown token). A pre-tokenizer name outside the "smollm" family (see tokenizer.cc) selects
+  // the plain GPT-2 regex.
+  static Tokenizer from_vocab(Vocab vocab);
+  // Throws TokenizerError when the file has no tokenizer or one other than "gpt2".
+  static Tokenizer from_gguf(const GgufFile& file);
+
+  // Token ids of text. Control tokens written in the text (<|im_start|>) become their ids when
+  // parse_special, and ordinary text otherwise; user-defined tokens are always recognised.
+  // A byte without a token becomes unk. Never prepends bos: callers do when add_bos().
+  std::vector<std::int32_t> encode(std::string_view text, bool parse_special = true) const;
+  // Concatenated token_piece of every id.
+  std::string decode(std::span<const std::int32_t> ids) const;
+  // Bytes of one token (possibly part of a UTF-8 character); the literal text for control and
+  // user-defined tokens. Throws TokenizerError for an id outside [0, vocab_size()).
+  const std::string& token_piece(std::int32_t id) const;
+
+  std::int32_t vocab_size() const { return static_cast<std::int32_t>(pieces_.size()); }
+  std::int32_t bos() const { return bos_; }
+  std::int32_t eos() const { return eos_; }
+  bool add_bos() const { return add_bos_; }
+  // eos, and the end-of-turn/end-of-text tokens (<|im_end|>, <|endoftext|>) a chat model emits.
+  bool is_end_of_generation(std::int32_t id) const;
+
+  // The prompt the model's chat template renders for these messages. Only the ChatML family
+  // (templates containing "<|im_start|>") is supported; it is formatted natively, including
+  // the default system message such templates insert when the first message is not one.
+  // Throws TokenizerError naming the template otherwise.
+  std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+
+ private:
+  Tokenizer() = default;
+  struct Merge {
+    std::int32_t rank, result;
+  };
+  struct Special {
+    std::string text;
+    std::int32_t id;
+    bool control;  // recognised only when parse_special
+  };
+  struct Scratch;
+
+  void encode_fragment(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
+  void encode_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const;
+  const Merge* find_merge(std::int32_t left, std::int32_t right) const;
+
+  std::vector<std::string> pieces_;              // bytes of each token
+  std::array<std::int32_t, 256> byte_token_{};   // token of each single byte (unk if none)
+  std::unordered_map<std::uint64_t, Merge> merges_;  // (left id, right id) -> rank, result
+  std::vector<Special> specials_;                // longest first
+  std::array<bool, 256> special_first_byte_{};
+  std::vector<std::int32_t> end_of_generation_;
+  bool split_digits_ = false;
+  std::int32_t bos_ = -1, eos_ = -1;
+  bool add_bos_ = false;
+  std::string chat_template_;
+  bool chatml_ = false;
+  std::optional<std::string> default_system_;
+};
+
+}  // namespace witcert::model
