@@ -1,6 +1,9 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -116,7 +119,7 @@ struct Tokenizer::Scratch {
     std::int32_t id, prev, next;  // id -1: merged into its left neighbour
   };
   struct Candidate {
-    std::int32_t rank, left, left_id, right_id;
+    std::int32_t rank, left, left_id, right_id, result;
     // Lowest rank first, then leftmost: the order the reference BPE applies merges in.
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
@@ -339,7 +342,7 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
     const std::int32_t right = sym[left].next;
     if (right < 0) return;
     if (const Merge* m = find_merge(sym[left].id, sym[right].id)) {
-      heap.push_back({m->rank, left, sym[left].id, sym[right].id});
+      heap.push_back({m->rank, left, sym[left].id, sym[right].id, m->result});
       std::ranges::push_heap(heap, std::greater<>{});
     }
   };
@@ -352,7 +355,7 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
     Scratch::Symbol& left = sym[top.left];
     if (left.id != top.left_id || left.next < 0 || sym[left.next].id != top.right_id) continue;
     Scratch::Symbol& right = sym[left.next];
-    left.id = find_merge(top.left_id, top.right_id)->result;
+    left.id = top.result;
     right.id = -1;
     left.next = right.next;
     if (left.next >= 0) sym[left.next].prev = top.left;

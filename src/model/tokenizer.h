@@ -5,6 +5,8 @@
 // "smollm" family), each pre-token's bytes are mapped to GPT-2's printable byte alphabet and
 // merged by rank. Decoding maps the pieces back to bytes, so decode(encode(x)) == x for any
 // byte string whose bytes all have a token, valid UTF-8 or not.
+//
+// A Tokenizer does not change after construction: concurrent calls need no locking.
 #pragma once
 
 #include <array>
