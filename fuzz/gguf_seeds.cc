@@ -53,8 +53,8 @@ GgufWriter every_value_type() {
   w.add("f64", {GgufType::FLOAT64, -0.25});
   w.add("b", {GgufType::BOOL, true});
   w.add("s", {GgufType::STRING, std::string("text")});
-  w.add("nested", array(GgufType::ARRAY, {array(GgufType::BOOL, {{GgufType::BOOL, false}}),
-                                          array(GgufType::BOOL, {})}));
+  w.add("nested",
+        array(GgufType::ARRAY, {array(GgufType::BOOL, {{GgufType::BOOL, false}}), array(GgufType::BOOL, {})}));
   return w;
 }
 
