@@ -122,11 +122,13 @@ class GgufWriter {
   void add_string_array(std::string key, const std::vector<std::string>& v);
   void add_i32_array(std::string key, const std::vector<std::int32_t>& v);
   void add_f32_array(std::string key, const std::vector<float>& v);
-  // data.size() must equal the row bytes of ne for type.
+  // data.size() must equal the row bytes of ne for type (else std::invalid_argument). The writer
+  // checks shapes and value ranges, not keys or names: duplicates are written as given.
   void add_tensor(std::string name, std::vector<std::int64_t> ne, quant::GgmlType type,
                   std::vector<std::uint8_t> data);
   void add_f32_tensor(std::string name, std::vector<std::int64_t> ne, const std::vector<float>& data);
-  void set_alignment(std::uint32_t alignment);  // writes general.alignment, default 32
+  // A power of two, default 32; written as general.alignment (first key) unless it is 32.
+  void set_alignment(std::uint32_t alignment);
 
   std::vector<std::uint8_t> bytes() const;
   void write(const std::string& path) const;  // throws GgufError on I/O failure

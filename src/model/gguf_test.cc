@@ -143,12 +143,12 @@ TEST(GgufRoundTrip, EveryValueType) {
   w.add("empty_string", {GgufType::STRING, std::string()});
   w.add("bools", array(GgufType::BOOL, {{GgufType::BOOL, true}, {GgufType::BOOL, false}}));
   w.add("empty", array(GgufType::UINT8, {}));
-  w.add("matrix", array(GgufType::ARRAY, {array(GgufType::INT16, {{GgufType::INT16, std::int64_t{-7}}}),
-                                          array(GgufType::INT16, {}),
-                                          array(GgufType::INT16, {{GgufType::INT16, std::int64_t{1}},
-                                                                  {GgufType::INT16, std::int64_t{2}}})}));
-  w.add("deep", array(GgufType::ARRAY, {array(GgufType::ARRAY, {array(GgufType::STRING, {{GgufType::STRING,
-                                                                                            std::string("x")}})})}));
+  w.add("matrix",
+        array(GgufType::ARRAY,
+              {array(GgufType::INT16, {{GgufType::INT16, std::int64_t{-7}}}), array(GgufType::INT16, {}),
+               array(GgufType::INT16, {{GgufType::INT16, std::int64_t{1}}, {GgufType::INT16, std::int64_t{2}}})}));
+  w.add("deep", array(GgufType::ARRAY,
+                      {array(GgufType::ARRAY, {array(GgufType::STRING, {{GgufType::STRING, std::string("x")}})})}));
   w.add_string_array("strings", {"a", "", "ccc"});
   w.add_i32_array("ints", {-1, 0, 7});
   w.add_f32_array("floats", {0.25f, -2.0f});
@@ -177,10 +177,10 @@ TEST(GgufRoundTrip, EveryValueType) {
   EXPECT_FALSE(f.get_bool("f"));
   EXPECT_EQ(f.get_string("s"), invalid_utf8);
   EXPECT_EQ(f.get_string("empty_string"), "");
-  const std::vector<GgufType> types = {
-      GgufType::UINT8,  GgufType::INT8,   GgufType::UINT16, GgufType::INT16,  GgufType::UINT32, GgufType::INT32,
-      GgufType::UINT64, GgufType::INT64,  GgufType::FLOAT32, GgufType::FLOAT64, GgufType::BOOL, GgufType::BOOL,
-      GgufType::STRING, GgufType::STRING};
+  const std::vector<GgufType> types = {GgufType::UINT8,   GgufType::INT8,    GgufType::UINT16, GgufType::INT16,
+                                       GgufType::UINT32,  GgufType::INT32,   GgufType::UINT64, GgufType::INT64,
+                                       GgufType::FLOAT32, GgufType::FLOAT64, GgufType::BOOL,   GgufType::BOOL,
+                                       GgufType::STRING,  GgufType::STRING};
   for (std::size_t i = 0; i < types.size(); ++i) EXPECT_EQ(f.metadata()[i].second.type, types[i]) << i;
   for (std::size_t i = types.size(); i < f.metadata().size(); ++i)
     EXPECT_EQ(f.metadata()[i].second.type, GgufType::ARRAY) << i;
@@ -380,7 +380,8 @@ TEST(GgufGetters, RangeAndTypeErrorsNameTheKey) {
             "metadata key 'strs' has type ARRAY of STRING, expected ARRAY of an integer type");
   EXPECT_EQ(message([&] { f.get_f64_array("strs"); }),
             "metadata key 'strs' has type ARRAY of STRING, expected ARRAY of FLOAT32 or FLOAT64");
-  EXPECT_EQ(message([&] { f.get_string_array("name"); }), "metadata key 'name' has type STRING, expected ARRAY of STRING");
+  EXPECT_EQ(message([&] { f.get_string_array("name"); }),
+            "metadata key 'name' has type STRING, expected ARRAY of STRING");
   EXPECT_EQ(message([&] { f.get_int_array("bigs"); }),
             "metadata key 'bigs'[0]: value 18446744073709551615 does not fit in INT64");
   EXPECT_EQ(message([&] { f.tensor("w"); }), "no tensor named 'w'");
@@ -445,7 +446,8 @@ TEST(GgufMalformed, TruncatedCounts) {
 }
 
 TEST(GgufMalformed, MetadataCountLargerThanTheFile) {
-  expect_rejected(Raw().header(0, std::uint64_t{1} << 60).zeros(64).b, {"metadata count 1152921504606846976", "64 bytes"});
+  expect_rejected(Raw().header(0, std::uint64_t{1} << 60).zeros(64).b,
+                  {"metadata count 1152921504606846976", "64 bytes"});
 }
 
 TEST(GgufMalformed, TensorCountLargerThanTheFile) {
@@ -456,7 +458,9 @@ TEST(GgufMalformed, KeyLengthPastTheEnd) {
   expect_rejected(Raw().header(0, 1).u64(1000).zeros(13).b, {"metadata entry 0", "key of 1000 bytes", "past the end"});
 }
 
-TEST(GgufMalformed, EmptyKey) { expect_rejected(Raw().header(0, 1).str("").u32(4).u32(1).b, {"metadata entry 0", "empty key"}); }
+TEST(GgufMalformed, EmptyKey) {
+  expect_rejected(Raw().header(0, 1).str("").u32(4).u32(1).b, {"metadata entry 0", "empty key"});
+}
 
 TEST(GgufMalformed, DuplicateKey) {
   expect_rejected(Raw().header(0, 2).kv_u32("llama.block_count", 1).kv_u32("llama.block_count", 2).b,
@@ -483,8 +487,9 @@ TEST(GgufMalformed, StringValuePastTheEnd) {
 
 TEST(GgufMalformed, ArrayCountLargerThanTheFile) {
   // 2^60 strings would be rejected before anything is reserved for them.
-  expect_rejected(Raw().header(0, 1).str("tokenizer.ggml.tokens").u32(9).u32(8).u64(std::uint64_t{1} << 60).zeros(100).b,
-                  {"metadata key 'tokenizer.ggml.tokens'", "array of 1152921504606846976 STRING items", "cannot fit"});
+  expect_rejected(
+      Raw().header(0, 1).str("tokenizer.ggml.tokens").u32(9).u32(8).u64(std::uint64_t{1} << 60).zeros(100).b,
+      {"metadata key 'tokenizer.ggml.tokens'", "array of 1152921504606846976 STRING items", "cannot fit"});
   expect_rejected(Raw().header(0, 1).str("a").u32(9).u32(12).u64(13).zeros(100).b, {"array of 13 FLOAT64 items"});
 }
 
@@ -496,7 +501,8 @@ TEST(GgufMalformed, TooManyArrayItems) {
 }
 
 TEST(GgufMalformed, UnknownArrayElementType) {
-  expect_rejected(Raw().header(0, 1).str("a").u32(9).u32(99).u64(0).b, {"metadata key 'a'", "unknown array element type 99"});
+  expect_rejected(Raw().header(0, 1).str("a").u32(9).u32(99).u64(0).b,
+                  {"metadata key 'a'", "unknown array element type 99"});
 }
 
 TEST(GgufMalformed, ArraysNestedTooDeep) {
@@ -518,7 +524,8 @@ TEST(GgufMalformed, AlignmentOfTheWrongType) {
 
 TEST(GgufMalformed, AlignmentNotAPowerOfTwo) {
   expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 48).b, {"'general.alignment'", "48", "power of two"});
-  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 0).b, {"'general.alignment'", "0 is not", "power of two"});
+  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 0).b,
+                  {"'general.alignment'", "0 is not", "power of two"});
 }
 
 TEST(GgufMalformed, EmptyTensorName) {
@@ -526,8 +533,9 @@ TEST(GgufMalformed, EmptyTensorName) {
 }
 
 TEST(GgufMalformed, DuplicateTensorName) {
-  expect_rejected(Raw().header(2, 0).tensor("w", {8}, GgmlType::F32, 0).tensor("w", {8}, GgmlType::F32, 32).pad().zeros(64).b,
-                  {"tensor 'w'", "duplicate tensor name"});
+  expect_rejected(
+      Raw().header(2, 0).tensor("w", {8}, GgmlType::F32, 0).tensor("w", {8}, GgmlType::F32, 32).pad().zeros(64).b,
+      {"tensor 'w'", "duplicate tensor name"});
 }
 
 TEST(GgufMalformed, ZeroDims) {
@@ -574,8 +582,9 @@ TEST(GgufMalformed, OffsetNotAligned) {
   expect_rejected(Raw().header(1, 0).tensor("w", {4}, GgmlType::F32, 16).pad().zeros(64).b,
                   {"tensor 'w'", "data offset 16", "alignment 32"});
   // The alignment the file sets is the one that counts.
-  expect_rejected(Raw().header(1, 1).kv_u32("general.alignment", 64).tensor("w", {4}, GgmlType::F32, 32).pad(64).zeros(128).b,
-                  {"data offset 32", "alignment 64"});
+  expect_rejected(
+      Raw().header(1, 1).kv_u32("general.alignment", 64).tensor("w", {4}, GgmlType::F32, 32).pad(64).zeros(128).b,
+      {"data offset 32", "alignment 64"});
 }
 
 TEST(GgufMalformed, TensorDataPastTheEnd) {
@@ -599,10 +608,12 @@ TEST(GgufMalformed, DataSectionPastTheEnd) {
 }
 
 TEST(GgufMalformed, OverlappingTensors) {
-  expect_rejected(Raw().header(2, 0).tensor("a", {16}, GgmlType::F32, 0).tensor("b", {8}, GgmlType::F32, 32).pad().zeros(96).b,
-                  {"tensors 'a' [offset 0, 64 bytes] and 'b' [offset 32] overlap"});
-  expect_rejected(Raw().header(2, 0).tensor("a", {8}, GgmlType::F32, 0).tensor("b", {8}, GgmlType::F32, 0).pad().zeros(64).b,
-                  {"overlap"});
+  expect_rejected(
+      Raw().header(2, 0).tensor("a", {16}, GgmlType::F32, 0).tensor("b", {8}, GgmlType::F32, 32).pad().zeros(96).b,
+      {"tensors 'a' [offset 0, 64 bytes] and 'b' [offset 32] overlap"});
+  expect_rejected(
+      Raw().header(2, 0).tensor("a", {8}, GgmlType::F32, 0).tensor("b", {8}, GgmlType::F32, 0).pad().zeros(64).b,
+      {"overlap"});
 }
 
 TEST(GgufMalformed, TruncatedTensorInfo) {
@@ -612,7 +623,8 @@ TEST(GgufMalformed, TruncatedTensorInfo) {
 
 TEST(GgufMalformed, NamesFromTheFileAreEscapedAndShortened) {
   const std::string name = std::string("bad\n\x01'name") + std::string(200, 'x');
-  const std::string msg = error_of(Raw().header(2, 0).tensor(name, {8}, GgmlType::F32, 0).tensor(name, {8}, GgmlType::F32, 32).b);
+  const std::string msg =
+      error_of(Raw().header(2, 0).tensor(name, {8}, GgmlType::F32, 0).tensor(name, {8}, GgmlType::F32, 32).b);
   EXPECT_NE(msg.find("tensor 'bad\\x0a\\x01\\x27name"), std::string::npos) << msg;
   EXPECT_NE(msg.find("...'"), std::string::npos) << msg;
   EXPECT_LT(msg.size(), 200u) << msg;
@@ -630,7 +642,7 @@ TEST(GgufMalformed, OpenNamesThePath) {
     EXPECT_EQ(std::string(e.what()).rfind(path + ": header: GGUF version 1", 0), 0u) << e.what();
   }
   std::filesystem::remove(path);
-  EXPECT_THROW(GgufFile::open(path), GgufError);  // missing
+  EXPECT_THROW(GgufFile::open(path), GgufError);                // missing
   EXPECT_THROW(GgufFile::open(testing::TempDir()), GgufError);  // a directory
   const std::string empty = temp_path("empty.gguf");
   write_file(empty, {});
