@@ -17,7 +17,8 @@
 
 namespace witcert::quant::kit {
 
-inline constexpr int kGroup = 32;  // channels per scale of the per-token schemes; tokens per block of the group schemes
+inline constexpr int kChannelGroup = 32;  // channels per scale record of the per-token schemes
+inline constexpr int kBlockTokens = 32;   // T of the group schemes (KIVI and KVQuant keys)
 
 inline void store_f16(std::uint8_t* p, f16 h) {
   p[0] = static_cast<std::uint8_t>(h & 0xFF);

@@ -12,13 +12,13 @@ namespace {
 
 // Channel c of a token-major block: the T values x[t·d + c].
 std::vector<double> channel(const float* x, int d, int c) {
-  std::vector<double> v(kGroup);
-  for (int t = 0; t < kGroup; ++t) v[t] = x[static_cast<std::size_t>(t) * d + c];
+  std::vector<double> v(kBlockTokens);
+  for (int t = 0; t < kBlockTokens; ++t) v[t] = x[static_cast<std::size_t>(t) * d + c];
   return v;
 }
 
 void put_channel(std::span<const double> v, int d, int c, float* out) {
-  for (int t = 0; t < kGroup; ++t) out[static_cast<std::size_t>(t) * d + c] = static_cast<float>(v[t]);
+  for (int t = 0; t < kBlockTokens; ++t) out[static_cast<std::size_t>(t) * d + c] = static_cast<float>(v[t]);
 }
 
 // kivi-2bit keys (KIVI, Liu et al. 2024): per channel, a 2-bit asymmetric record over the block's
@@ -27,20 +27,20 @@ void put_channel(std::span<const double> v, int d, int c, float* out) {
 class Kivi2bitKey final : public KvScheme {
  public:
   std::string_view name() const override { return "kivi-2bit"; }
-  int tokens_per_block() const override { return kGroup; }
+  int tokens_per_block() const override { return kBlockTokens; }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
-    return static_cast<std::size_t>(d) * asymmetric_bytes(kGroup, 2);
+    return static_cast<std::size_t>(d) * asymmetric_bytes(kBlockTokens, 2);
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    for (int c = 0; c < d; ++c) encode_asymmetric(channel(x, d, c), 2, out + c * asymmetric_bytes(kGroup, 2));
+    for (int c = 0; c < d; ++c) encode_asymmetric(channel(x, d, c), 2, out + c * asymmetric_bytes(kBlockTokens, 2));
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> v(kGroup);
+    std::vector<double> v(kBlockTokens);
     for (int c = 0; c < d; ++c) {
-      decode_asymmetric(in + c * asymmetric_bytes(kGroup, 2), 2, v);
+      decode_asymmetric(in + c * asymmetric_bytes(kBlockTokens, 2), 2, v);
       put_channel(v, d, c, out);
     }
   }
@@ -86,35 +86,36 @@ void decode_outliers(const std::uint8_t* in, int count, std::span<double> v) {
 class Kvquant4Key final : public KvScheme {
  public:
   std::string_view name() const override { return "kvquant-4"; }
-  int tokens_per_block() const override { return kGroup; }
+  int tokens_per_block() const override { return kBlockTokens; }
   void check_head_dim(int d) const override {
-    require(d > 0 && kGroup * d <= 65536, name(), "32·head_dim must fit a 16-bit outlier index", d);
+    require(d > 0 && kBlockTokens * d <= 65536, name(), "32·head_dim must fit a 16-bit outlier index", d);
   }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
-    return static_cast<std::size_t>(d) * asymmetric_bytes(kGroup, 4) + outlier_count(kGroup * d) * kOutlierBytes;
+    return static_cast<std::size_t>(d) * asymmetric_bytes(kBlockTokens, 4) +
+           outlier_count(kBlockTokens * d) * kOutlierBytes;
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    const std::vector<double> block(x, x + static_cast<std::size_t>(kGroup) * d);
+    const std::vector<double> block(x, x + static_cast<std::size_t>(kBlockTokens) * d);
     const std::vector<int> idx = outliers(block);
     std::vector<std::uint8_t> sparse(block.size(), 0);
     for (int i : idx) sparse[i] = 1;
-    std::vector<std::uint8_t> skip(kGroup);
+    std::vector<std::uint8_t> skip(kBlockTokens);
     for (int c = 0; c < d; ++c) {
-      for (int t = 0; t < kGroup; ++t) skip[t] = sparse[static_cast<std::size_t>(t) * d + c];
-      encode_asymmetric(channel(x, d, c), 4, out + c * asymmetric_bytes(kGroup, 4), skip);
+      for (int t = 0; t < kBlockTokens; ++t) skip[t] = sparse[static_cast<std::size_t>(t) * d + c];
+      encode_asymmetric(channel(x, d, c), 4, out + c * asymmetric_bytes(kBlockTokens, 4), skip);
     }
-    encode_outliers(block, idx, out + d * asymmetric_bytes(kGroup, 4));
+    encode_outliers(block, idx, out + d * asymmetric_bytes(kBlockTokens, 4));
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> block(static_cast<std::size_t>(kGroup) * d), v(kGroup);
+    std::vector<double> block(static_cast<std::size_t>(kBlockTokens) * d), v(kBlockTokens);
     for (int c = 0; c < d; ++c) {
-      decode_asymmetric(in + c * asymmetric_bytes(kGroup, 4), 4, v);
-      for (int t = 0; t < kGroup; ++t) block[static_cast<std::size_t>(t) * d + c] = v[t];
+      decode_asymmetric(in + c * asymmetric_bytes(kBlockTokens, 4), 4, v);
+      for (int t = 0; t < kBlockTokens; ++t) block[static_cast<std::size_t>(t) * d + c] = v[t];
     }
-    decode_outliers(in + d * asymmetric_bytes(kGroup, 4), outlier_count(kGroup * d), block);
+    decode_outliers(in + d * asymmetric_bytes(kBlockTokens, 4), outlier_count(kBlockTokens * d), block);
     std::transform(block.begin(), block.end(), out, [](double y) { return static_cast<float>(y); });
   }
 };

@@ -17,24 +17,25 @@ class GgmlScheme final : public KvScheme {
   std::string_view name() const override { return name_; }
   int tokens_per_block() const override { return 1; }
   void check_head_dim(int d) const override {
-    require(d > 0 && d % kGroup == 0, name(), "head_dim must be a positive multiple of 32 (the GGML block)", d);
+    require(d > 0 && d % block_size() == 0, name(), "head_dim must be a positive multiple of 32 (the GGML block)", d);
   }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
     return ggml_row_bytes(type_, d);
   }
-  // llama.cpp's quantizers turn a non-finite value into finite garbage (or worse): such a block is
-  // quantized with its non-finite values zeroed and then gets a NaN block scale d, the fp16 that
-  // opens every one of these layouts and multiplies every decoded value.
+  // llama.cpp's quantizers turn a non-finite value into finite garbage or undefined behaviour (a
+  // NaN cast to int): such a block is quantized with its non-finite values zeroed and then gets a
+  // NaN block scale d, the fp16 that opens every one of these layouts and multiplies every decoded
+  // value.
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
+    const auto non_finite = [](float v) { return !std::isfinite(v); };
     std::vector<float> finite(x, x + d);
     std::vector<int> poisoned;
-    for (int g = 0; g < d / kGroup; ++g) {
-      const auto first = finite.begin() + g * kGroup, last = first + kGroup;
-      if (std::all_of(first, last, [](float v) { return std::isfinite(v); })) continue;
-      std::replace_if(
-          first, last, [](float v) { return !std::isfinite(v); }, 0.0f);
+    for (int g = 0; g < d / block_size(); ++g) {
+      const auto first = finite.begin() + g * block_size(), last = first + block_size();
+      if (std::none_of(first, last, non_finite)) continue;
+      std::replace_if(first, last, non_finite, 0.0f);
       poisoned.push_back(g);
     }
     quantize_row(type_, finite.data(), out, d);
@@ -47,6 +48,8 @@ class GgmlScheme final : public KvScheme {
   }
 
  private:
+  int block_size() const { return static_cast<int>(ggml_type_info(type_)->block_size); }
+
   std::string_view name_;
   GgmlType type_;
 };

@@ -86,11 +86,11 @@ class Fp8E4m3Scaled final : public PerToken {
 class Grouped : public PerToken {
  public:
   void check_head_dim(int d) const override {
-    require(d > 0 && d % kGroup == 0, name(), "head_dim must be a positive multiple of 32", d);
+    require(d > 0 && d % kChannelGroup == 0, name(), "head_dim must be a positive multiple of 32", d);
   }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
-    return static_cast<std::size_t>(d / kGroup) * record_bytes();
+    return static_cast<std::size_t>(d / kChannelGroup) * record_bytes();
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
@@ -109,12 +109,12 @@ class Grouped : public PerToken {
   virtual void encode_group(std::span<const double> v, std::uint8_t* out) const = 0;
   virtual void decode_group(const std::uint8_t* in, std::span<double> out) const = 0;
   void encode_token(std::span<const double> v, std::uint8_t* out) const {
-    for (std::size_t g = 0; g < v.size() / kGroup; ++g)
-      encode_group(v.subspan(g * kGroup, kGroup), out + g * record_bytes());
+    for (std::size_t g = 0; g < v.size() / kChannelGroup; ++g)
+      encode_group(v.subspan(g * kChannelGroup, kChannelGroup), out + g * record_bytes());
   }
   void decode_token(const std::uint8_t* in, std::span<double> out) const {
-    for (std::size_t g = 0; g < out.size() / kGroup; ++g)
-      decode_group(in + g * record_bytes(), out.subspan(g * kGroup, kGroup));
+    for (std::size_t g = 0; g < out.size() / kChannelGroup; ++g)
+      decode_group(in + g * record_bytes(), out.subspan(g * kChannelGroup, kChannelGroup));
   }
 };
 
@@ -125,7 +125,7 @@ class RtnSymmetric final : public Grouped {
   std::string_view name() const override { return name_; }
 
  protected:
-  std::size_t record_bytes() const override { return symmetric_bytes(kGroup, bits_); }
+  std::size_t record_bytes() const override { return symmetric_bytes(kChannelGroup, bits_); }
   void encode_group(std::span<const double> v, std::uint8_t* out) const override { encode_symmetric(v, bits_, out); }
   void decode_group(const std::uint8_t* in, std::span<double> out) const override { decode_symmetric(in, bits_, out); }
 
@@ -142,7 +142,7 @@ class Rtn2bit final : public Grouped {
   std::string_view name() const override { return name_; }
 
  protected:
-  std::size_t record_bytes() const override { return asymmetric_bytes(kGroup, 2); }
+  std::size_t record_bytes() const override { return asymmetric_bytes(kChannelGroup, 2); }
   void encode_group(std::span<const double> v, std::uint8_t* out) const override { encode_asymmetric(v, 2, out); }
   void decode_group(const std::uint8_t* in, std::span<double> out) const override { decode_asymmetric(in, 2, out); }
 
@@ -157,7 +157,7 @@ class Sign1bit final : public Grouped {
   std::string_view name() const override { return "sign-1bit"; }
 
  protected:
-  std::size_t record_bytes() const override { return 2 + packed_bytes(kGroup, 1); }
+  std::size_t record_bytes() const override { return 2 + packed_bytes(kChannelGroup, 1); }
   void encode_group(std::span<const double> v, std::uint8_t* out) const override {
     double sum = 0.0;
     std::vector<unsigned> negative(v.size());
@@ -184,7 +184,7 @@ class Rot4bit final : public Grouped {
  public:
   std::string_view name() const override { return "rot-4bit"; }
   void check_head_dim(int d) const override {
-    require(d >= kGroup && (d & (d - 1)) == 0, name(), "head_dim must be a power of two, at least 32", d);
+    require(d >= kChannelGroup && (d & (d - 1)) == 0, name(), "head_dim must be a power of two, at least 32", d);
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
@@ -201,7 +201,7 @@ class Rot4bit final : public Grouped {
   }
 
  protected:
-  std::size_t record_bytes() const override { return symmetric_bytes(kGroup, 4); }
+  std::size_t record_bytes() const override { return symmetric_bytes(kChannelGroup, 4); }
   void encode_group(std::span<const double> v, std::uint8_t* out) const override { encode_symmetric(v, 4, out); }
   void decode_group(const std::uint8_t* in, std::span<double> out) const override { decode_symmetric(in, 4, out); }
 };
