@@ -113,6 +113,27 @@ TEST(Cli, SelfcheckPasses) {
   EXPECT_NE(r.out.find("3/3 match"), std::string::npos) << r.out;
 }
 
+TEST(Cli, SchemesListsEveryScheme) {
+  const Result r = run("schemes");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* name : {"fp16", "fp8-e4m3", "fp8-e4m3-scaled", "rtn-int8", "rtn-int4", "rtn-2bit", "sign-1bit",
+                           "kivi-2bit", "kvquant-4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "rot-4bit"}) {
+    const std::string row_start = std::string("\n").append(name).append(" ");
+    EXPECT_NE(r.out.find(row_start), std::string::npos) << name << " missing from:\n" << r.out;
+  }
+  // fp16 at d = 64: 64 values × 2 bytes for keys and for values, ratio 1.
+  const std::size_t at = r.out.find("\nfp16 ");
+  ASSERT_NE(at, std::string::npos);
+  std::istringstream row(r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1));
+  std::string name, k_kind, v_kind, k64, v64, ratio64, k128, v128, ratio128;
+  row >> name >> k_kind >> v_kind >> k64 >> v64 >> ratio64 >> k128 >> v128 >> ratio128;
+  EXPECT_EQ(k_kind, "per-token");
+  EXPECT_EQ(k64, "128.00");
+  EXPECT_EQ(v64, "128.00");
+  EXPECT_EQ(ratio64, "1.00");
+  EXPECT_EQ(k128, "256.00");
+}
+
 TEST(Cli, UnknownSubcommandFails) { EXPECT_NE(run("frobnicate").exit_code, 0); }
 
 }  // namespace

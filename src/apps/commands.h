@@ -19,6 +19,10 @@ std::array<std::uint32_t, 4> parse_words4(const std::string& text);
 std::array<std::uint32_t, 2> parse_words2(const std::string& text);
 int run_philox(const std::string& counter, const std::string& key, std::ostream& out);
 
+// `witcert schemes`: the KV scheme registry, one row per scheme with its kind and its measured
+// bytes per token per head for keys and values at head_dim 64 and 128.
+int run_schemes(std::ostream& out);
+
 // `witcert selfcheck`: the counterexample table of paper §3 and the known-answer checks.
 int run_selfcheck(std::ostream& out);
 
