@@ -1,0 +1,274 @@
+#include "model/matmul.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// The kernels keep small arrays of vectors, which sizeless vector types (SVE, RVV) do not allow.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "model/matmul.cc"
+#include "hwy/cache_control.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace witcert::model {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using quant::GgmlType;
+using DF = hn::CappedTag<float, 16>;  // 16 lanes at most: a 32-weight block is whole vectors
+using VF = hn::Vec<DF>;
+constexpr std::size_t kLanes = hn::MaxLanes(DF());
+constexpr std::size_t kGroup = 32;  // columns decoded at once: one block of the 32-element types
+constexpr std::size_t kVecs = kGroup / kLanes;
+
+// The fp16 at p, broadcast.
+HWY_INLINE VF ScaleAt(const std::uint8_t* p) {
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  return hn::Set(DF(), hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p)))));
+}
+
+// Decoders: the 32 weights of one group (a block, or 32 consecutive 16/32-bit floats) as kVecs
+// vectors, in column order. The weights match quant::dequantize_row up to the rounding of a fused
+// multiply-add where ggml rounds the product and the sum separately.
+
+// The 16 bytes at qs hold 32 nibbles: low nibbles are columns 0..15, high nibbles 16..31.
+template <class Fn>
+HWY_INLINE void DecodeNibbles(const std::uint8_t* qs, VF* w, Fn to_weight) {
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const auto low = hn::Set(di32, 0x0F);
+  for (std::size_t k = 0; k < 16 / kLanes; ++k) {
+    const auto q = hn::PromoteTo(di32, hn::LoadU(du8, qs + k * kLanes));
+    w[k] = to_weight(hn::ConvertTo(DF(), hn::And(q, low)));
+    w[k + 16 / kLanes] = to_weight(hn::ConvertTo(DF(), hn::ShiftRight<4>(q)));
+  }
+}
+
+struct DecodeQ4_0 {  // d, qs[16]: w = (q − 8)·d
+  static constexpr std::size_t kBytes = 18;
+  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+    const VF d = ScaleAt(p);
+    const VF offset = hn::Mul(d, hn::Set(DF(), -8.0f));
+    DecodeNibbles(p + 2, w, [&](VF q) { return hn::MulAdd(q, d, offset); });
+  }
+};
+
+struct DecodeQ4_1 {  // d, m, qs[16]: w = q·d + m
+  static constexpr std::size_t kBytes = 20;
+  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+    const VF d = ScaleAt(p), m = ScaleAt(p + 2);
+    DecodeNibbles(p + 4, w, [&](VF q) { return hn::MulAdd(q, d, m); });
+  }
+};
+
+struct DecodeQ8_0 {  // d, qs[32] (int8): w = q·d
+  static constexpr std::size_t kBytes = 34;
+  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+    const hn::Rebind<std::int8_t, DF> di8;
+    const hn::Rebind<std::int32_t, DF> di32;
+    const VF d = ScaleAt(p);
+    const std::int8_t* qs = reinterpret_cast<const std::int8_t*>(p + 2);
+    for (std::size_t k = 0; k < kVecs; ++k)
+      w[k] = hn::Mul(hn::ConvertTo(DF(), hn::PromoteTo(di32, hn::LoadU(di8, qs + k * kLanes))), d);
+  }
+};
+
+struct DecodeF16 {
+  static constexpr std::size_t kBytes = 2 * kGroup;
+  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(p);
+    for (std::size_t k = 0; k < kVecs; ++k) w[k] = hn::PromoteTo(DF(), hn::LoadU(df16, h + k * kLanes));
+  }
+};
+
+struct DecodeF32 {
+  static constexpr std::size_t kBytes = 4 * kGroup;
+  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+    const float* f = reinterpret_cast<const float*>(p);
+    for (std::size_t k = 0; k < kVecs; ++k) w[k] = hn::LoadU(DF(), f + k * kLanes);
+  }
+};
+
+// R rows × T tokens: each group of a row is decoded once and multiplied into all T tokens.
+// out[i·T + t] = W[row i] · X[token t].
+template <class Dec, std::size_t R, std::size_t T>
+HWY_INLINE void MultiplyTile(const std::uint8_t* const* rows, const float* const* xs, std::size_t groups,
+                             std::size_t ahead, float* out) {
+  const DF df;
+  VF acc[R][T];
+  for (std::size_t i = 0; i < R; ++i)
+    for (std::size_t t = 0; t < T; ++t) acc[i][t] = hn::Zero(df);
+  for (std::size_t g = 0; g < groups; ++g) {
+    for (std::size_t i = 0; i < R; ++i) {
+      VF w[kVecs];
+      hwy::Prefetch(rows[i] + ahead + g * Dec::kBytes);
+      Dec::Decode(rows[i] + g * Dec::kBytes, w);
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t k = 0; k < kVecs; ++k)
+          acc[i][t] = hn::MulAdd(w[k], hn::LoadU(df, xs[t] + g * kGroup + k * kLanes), acc[i][t]);
+    }
+  }
+  for (std::size_t i = 0; i < R; ++i)
+    for (std::size_t t = 0; t < T; ++t) out[i * T + t] = hn::GetLane(hn::SumOfLanes(df, acc[i][t]));
+}
+
+// Tile shapes (rows × tokens). Several tokens share each decoded block (prefill): 4 × 4 where
+// there are 32 vector registers, 2 × 4 on x86 before AVX-512 (16 registers; 4 × 4 spills). A
+// single token spreads over four rows so the accumulators form independent chains (decode).
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_AVX3 && HWY_TARGET != HWY_AVX3_DL
+constexpr std::size_t kWideRows = 2;
+#else
+constexpr std::size_t kWideRows = 4;
+#endif
+constexpr std::size_t kWideTokens = 4, kNarrowRows = 4;
+// Rows that sweep one token tile of X before the next tile starts, so the tile stays in cache.
+constexpr std::int64_t kRowBlock = 16;
+// Weights are fetched this many rows ahead: the hardware prefetcher alone leaves a matrix that
+// streams from memory (decode) at about half the bandwidth.
+constexpr std::size_t kPrefetchRows = 16;
+
+struct Problem {
+  const std::uint8_t* w;
+  std::size_t row_bytes;
+  std::int64_t rows, cols;
+  const float* x;
+  std::int64_t tokens;
+  float* y;
+};
+
+// Tokens [t0, t0 + T) against rows [r0, r1) in tiles of R rows. A tile that runs past the end
+// repeats the last row or token and drops those results, so every tile has the full shape.
+template <class Dec, std::size_t R, std::size_t T>
+void Pass(const Problem& p, std::int64_t r0, std::int64_t r1, std::int64_t t0) {
+  const float* xs[T];
+  for (std::size_t t = 0; t < T; ++t)
+    xs[t] = p.x + std::min<std::int64_t>(t0 + static_cast<std::int64_t>(t), p.tokens - 1) * p.cols;
+  for (std::int64_t r = r0; r < r1; r += R) {
+    const std::uint8_t* rows[R];
+    for (std::size_t i = 0; i < R; ++i)
+      rows[i] = p.w + std::min<std::int64_t>(r + static_cast<std::int64_t>(i), r1 - 1) * p.row_bytes;
+    float out[R * T];
+    MultiplyTile<Dec, R, T>(rows, xs, static_cast<std::size_t>(p.cols) / kGroup, kPrefetchRows * p.row_bytes, out);
+    for (std::size_t i = 0; i < R && r + static_cast<std::int64_t>(i) < r1; ++i)
+      for (std::size_t t = 0; t < T && t0 + static_cast<std::int64_t>(t) < p.tokens; ++t)
+        p.y[(t0 + t) * p.rows + r + i] = out[i * T + t];
+  }
+}
+
+template <class Dec>
+void MultiplyRows(const Problem& p, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t r0 = begin; r0 < end; r0 += kRowBlock) {
+    const std::int64_t r1 = std::min(end, r0 + kRowBlock);
+    for (std::int64_t t0 = 0; t0 < p.tokens;) {
+      if (p.tokens - t0 >= 2) {
+        Pass<Dec, kWideRows, kWideTokens>(p, r0, r1, t0);
+        t0 += kWideTokens;
+      } else {
+        Pass<Dec, kNarrowRows, 1>(p, r0, r1, t0);
+        t0 += 1;
+      }
+    }
+  }
+}
+
+float Dot(const float* a, const float* b, std::int64_t n) {
+  const DF df;
+  VF acc = hn::Zero(df);
+  std::int64_t i = 0;
+  for (; i + static_cast<std::int64_t>(kLanes) <= n; i += kLanes)
+    acc = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc);
+  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Every other type: dequantize the row once, then dot it with each token.
+void MultiplyRowsGeneric(const Problem& p, GgmlType type, std::int64_t begin, std::int64_t end) {
+  std::vector<float> row(static_cast<std::size_t>(p.cols));
+  for (std::int64_t r = begin; r < end; ++r) {
+    quant::dequantize_row(type, p.w + r * p.row_bytes, row.data(), p.cols);
+    for (std::int64_t t = 0; t < p.tokens; ++t) p.y[t * p.rows + r] = Dot(row.data(), p.x + t * p.cols, p.cols);
+  }
+}
+
+// Rows [begin, end) of Y = X·Wᵀ.
+void MatmulRows(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y, std::int64_t begin,
+                std::int64_t end) {
+  const Problem p = {
+      static_cast<const std::uint8_t*>(w.data), quant::ggml_row_bytes(w.type, w.cols), w.rows, w.cols, x, tokens, y};
+  if (p.cols % kGroup == 0) {
+    switch (w.type) {
+      case GgmlType::Q4_0: return MultiplyRows<DecodeQ4_0>(p, begin, end);
+      case GgmlType::Q4_1: return MultiplyRows<DecodeQ4_1>(p, begin, end);
+      case GgmlType::Q8_0: return MultiplyRows<DecodeQ8_0>(p, begin, end);
+      case GgmlType::F16: return MultiplyRows<DecodeF16>(p, begin, end);
+      case GgmlType::F32: return MultiplyRows<DecodeF32>(p, begin, end);
+      default: break;
+    }
+  }
+  MultiplyRowsGeneric(p, w.type, begin, end);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace witcert::model
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace witcert::model {
+
+HWY_EXPORT(MatmulRows);
+
+namespace {
+
+// Validates the matrix and returns its row size in bytes.
+std::size_t checked_row_bytes(const WeightMatrix& w) {
+  const quant::GgmlTypeInfo* info = quant::ggml_type_info(w.type);
+  if (!info || !info->dequantizable)
+    throw std::invalid_argument("matmul: no dequantization for tensor type id " +
+                                std::to_string(static_cast<std::uint32_t>(w.type)));
+  if (w.rows < 0) throw std::invalid_argument("matmul: negative row count " + std::to_string(w.rows));
+  return quant::ggml_row_bytes(w.type, w.cols);
+}
+
+}  // namespace
+
+void matmul(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y, ThreadPool& pool) {
+  checked_row_bytes(w);
+  if (tokens <= 0) return;
+  pool.parallel_for(w.rows, [&](std::int64_t begin, std::int64_t end, int) {
+    HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, tokens, y, begin, end);
+  });
+}
+
+void matmul_reference(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y) {
+  const std::size_t row_bytes = checked_row_bytes(w);
+  std::vector<float> row(static_cast<std::size_t>(w.cols));
+  for (std::int64_t r = 0; r < w.rows; ++r) {
+    quant::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + r * row_bytes, row.data(), w.cols);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < w.cols; ++i) sum += static_cast<double>(row[i]) * x[t * w.cols + i];
+      y[t * w.rows + r] = static_cast<float>(sum);
+    }
+  }
+}
+
+void embedding_row(const WeightMatrix& w, std::int64_t row, float* out) {
+  const std::size_t row_bytes = checked_row_bytes(w);
+  if (row < 0 || row >= w.rows)
+    throw std::out_of_range("embedding row " + std::to_string(row) + " outside [0, " + std::to_string(w.rows) + ")");
+  quant::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + row * row_bytes, out, w.cols);
+}
+
+}  // namespace witcert::model
+#endif  // HWY_ONCE
