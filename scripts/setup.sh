@@ -6,3 +6,6 @@ scripts/install-deps.sh
 scripts/fetch-model.sh
 scripts/build.sh build
 build/witcert selfcheck
+echo
+echo '$ build/witcert generate --chat --prompt "What is the capital of France?"'
+build/witcert generate --chat --prompt "What is the capital of France?" --n 64

@@ -26,4 +26,29 @@ int run_schemes(std::ostream& out);
 // `witcert selfcheck`: the counterexample table of paper §3 and the known-answer checks.
 int run_selfcheck(std::ostream& out);
 
+struct GenerateArgs {
+  std::string model;  // "" → default_model_path()
+  std::string prompt;
+  bool chat = false;
+  int n = 128;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  std::uint64_t seed = 0;
+  int threads = 2;
+};
+
+// `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.
+int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err);
+
+struct LogitsArgs {
+  std::string model;
+  std::string prompt;
+  bool chat = false;
+  int top = 10;
+  int threads = 2;
+};
+
+// `witcert logits`: the top-K next-token ids, pieces and logits after the prompt, as JSON.
+int run_logits(const LogitsArgs& args, std::ostream& out);
+
 }  // namespace witcert::apps

@@ -22,12 +22,33 @@ int main(int argc, char** argv) {
 
   auto* selfcheck = app.add_subcommand("selfcheck", "The paper's counterexample table and known-answer checks");
 
+  witcert::apps::GenerateArgs gen;
+  auto* generate = app.add_subcommand("generate", "Generate text with the model");
+  generate->add_option("--model", gen.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
+  generate->add_flag("--chat", gen.chat, "wrap the prompt as a user turn of the model's chat template");
+  generate->add_option("--n", gen.n, "maximum new tokens")->check(CLI::NonNegativeNumber);
+  generate->add_option("--temp", gen.temperature, "temperature (0: greedy)");
+  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]");
+  generate->add_option("--seed", gen.seed, "sampling seed");
+  generate->add_option("--threads", gen.threads, "worker threads")->check(CLI::PositiveNumber);
+
+  witcert::apps::LogitsArgs lg;
+  auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");
+  logits->add_option("--model", lg.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  logits->add_option("--prompt", lg.prompt, "prompt text")->required();
+  logits->add_flag("--chat", lg.chat, "wrap the prompt as a user turn of the model's chat template");
+  logits->add_option("--top", lg.top, "how many candidates")->check(CLI::PositiveNumber);
+  logits->add_option("--threads", lg.threads, "worker threads")->check(CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*bound) return witcert::apps::run_bound(std::cin, std::cout);
     if (*philox) return witcert::apps::run_philox(counter, key, std::cout);
     if (*schemes) return witcert::apps::run_schemes(std::cout);
     if (*selfcheck) return witcert::apps::run_selfcheck(std::cout);
+    if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
+    if (*logits) return witcert::apps::run_logits(lg, std::cout);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";
     return 2;

@@ -1,0 +1,50 @@
+#include "apps/engine.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+namespace witcert::apps {
+
+std::string default_model_path() {
+  if (const char* env = std::getenv("WITCERT_MODEL"); env && *env) return env;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside_build = exe.parent_path().parent_path() / "models" / kDefaultModelFile;
+    if (fs::exists(beside_build)) return beside_build.string();
+  }
+  return (fs::path("models") / kDefaultModelFile).string();
+}
+
+Engine Engine::load(const std::string& path) {
+  if (!std::filesystem::exists(path))
+    throw std::runtime_error("model file '" + path + "' does not exist (run scripts/fetch-model.sh, or pass --model)");
+  Engine e;
+  e.file = std::make_unique<model::GgufFile>(model::GgufFile::open(path));
+  e.tokenizer = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(*e.file));
+  e.model = std::make_unique<model::LlamaModel>(*e.file);
+  if (e.tokenizer->vocab_size() != e.model->config().vocab)
+    throw std::runtime_error("tokenizer vocabulary (" + std::to_string(e.tokenizer->vocab_size()) +
+                             ") does not match the model's (" + std::to_string(e.model->config().vocab) + ")");
+  return e;
+}
+
+std::vector<std::int32_t> Engine::prompt_tokens(const std::string& text, bool chat) const {
+  if (!chat) return tokenizer->encode(text, /*parse_special=*/false);
+  const model::ChatMessage turn{"user", text};
+  return tokenizer->encode(tokenizer->apply_chat_template({&turn, 1}, /*add_generation_prompt=*/true),
+                           /*parse_special=*/true);
+}
+
+std::vector<std::int32_t> Engine::stop_tokens() const {
+  std::vector<std::int32_t> stops;
+  for (std::int32_t id = 0; id < tokenizer->vocab_size(); ++id)
+    if (tokenizer->is_end_of_generation(id)) stops.push_back(id);
+  return stops;
+}
+
+}  // namespace witcert::apps

@@ -1,0 +1,198 @@
+#include "model/llama.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "quant/ggml_types.h"
+
+namespace witcert::model {
+namespace {
+
+std::runtime_error model_error(const std::string& what) { return std::runtime_error("model: " + what); }
+
+std::string shape_string(const std::vector<std::int64_t>& ne) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "}";
+}
+
+WeightMatrix bind_matrix(const GgufFile& f, const std::string& name, std::int64_t cols, std::int64_t rows) {
+  const GgufTensorInfo& t = f.tensor(name);
+  if (t.ne.size() != 2 || t.ne[0] != cols || t.ne[1] != rows)
+    throw model_error("tensor '" + name + "' has shape " + shape_string(t.ne) + ", expected {" +
+                      std::to_string(cols) + ", " + std::to_string(rows) + "}");
+  const quant::GgmlTypeInfo* info = quant::ggml_type_info(t.type);
+  if (!info || !info->dequantizable)
+    throw model_error("tensor '" + name + "' has unsupported type " + (info ? info->name : std::string("?")));
+  return WeightMatrix{t.type, f.tensor_data(t).data(), rows, cols};
+}
+
+std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::int64_t n) {
+  const GgufTensorInfo& t = f.tensor(name);
+  if (t.elements() != n)
+    throw model_error("tensor '" + name + "' has shape " + shape_string(t.ne) + ", expected {" + std::to_string(n) + "}");
+  const quant::GgmlTypeInfo* info = quant::ggml_type_info(t.type);
+  if (!info || !info->dequantizable)
+    throw model_error("tensor '" + name + "' has unsupported type " + (info ? info->name : std::string("?")));
+  std::vector<float> v(n);
+  quant::dequantize_row(t.type, f.tensor_data(t).data(), v.data(), n);
+  return v;
+}
+
+void rms_norm(const float* x, const float* w, int d, float eps, float* out) {
+  double ss = 0.0;
+  for (int i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+  for (int i = 0; i < d; ++i) out[i] = x[i] * scale * w[i];
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const GgufFile& f) {
+  cfg_.arch = f.get_string("general.architecture");
+  if (cfg_.arch != "llama")
+    throw model_error("unsupported architecture '" + cfg_.arch + "' (supported: llama)");
+  const std::string a = cfg_.arch + ".";
+  cfg_.layers = static_cast<int>(f.get_u32(a + "block_count"));
+  cfg_.d_model = static_cast<int>(f.get_u32(a + "embedding_length"));
+  cfg_.heads = static_cast<int>(f.get_u32(a + "attention.head_count"));
+  cfg_.kv_heads = static_cast<int>(f.get_u32_or(a + "attention.head_count_kv", cfg_.heads));
+  cfg_.d_ff = static_cast<int>(f.get_u32(a + "feed_forward_length"));
+  cfg_.context = f.get_u32(a + "context_length");
+  cfg_.rope_theta = static_cast<float>(f.get_f64_or(a + "rope.freq_base", 10000.0));
+  cfg_.rms_eps = static_cast<float>(f.get_f64_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (cfg_.layers <= 0 || cfg_.d_model <= 0 || cfg_.heads <= 0 || cfg_.kv_heads <= 0 || cfg_.d_ff <= 0 ||
+      cfg_.context <= 0)
+    throw model_error("layer, width, head, feed-forward and context sizes must be positive");
+  if (cfg_.d_model % cfg_.heads != 0 || cfg_.heads % cfg_.kv_heads != 0)
+    throw model_error("embedding width " + std::to_string(cfg_.d_model) + " and head counts " +
+                      std::to_string(cfg_.heads) + "/" + std::to_string(cfg_.kv_heads) + " are inconsistent");
+  cfg_.head_dim = cfg_.d_model / cfg_.heads;
+  if (cfg_.head_dim % 2 != 0) throw model_error("head dimension must be even for RoPE");
+  const std::uint32_t rope_dims = f.get_u32_or(a + "rope.dimension_count", cfg_.head_dim);
+  if (static_cast<int>(rope_dims) != cfg_.head_dim)
+    throw model_error("partial rotary embeddings (" + std::to_string(rope_dims) + " of " +
+                      std::to_string(cfg_.head_dim) + " dimensions) are not supported");
+  const std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");
+  if (scaling == "linear") {
+    const double factor = f.get_f64(a + "rope.scaling.factor");
+    if (!(factor > 0.0)) throw model_error("rope.scaling.factor must be positive");
+    cfg_.rope_freq_scale = static_cast<float>(1.0 / factor);
+  } else if (scaling != "none") {
+    throw model_error("unsupported RoPE scaling '" + scaling + "' (supported: none, linear)");
+  }
+  if (f.find_tensor("rope_freqs.weight")) throw model_error("per-frequency RoPE factors are not supported");
+  cfg_.rope_layout = cert::RopeLayout::interleaved;  // GGML's "normal" rope for the llama architecture
+
+  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  if (embd.ne.size() != 2) throw model_error("token_embd.weight must be a matrix");
+  cfg_.vocab = static_cast<int>(embd.ne[1]);
+  tok_embd_ = bind_matrix(f, "token_embd.weight", cfg_.d_model, cfg_.vocab);
+  output_norm_ = load_vector(f, "output_norm.weight", cfg_.d_model);
+  cfg_.tied_output = f.find_tensor("output.weight") == nullptr;
+  output_ = cfg_.tied_output ? tok_embd_ : bind_matrix(f, "output.weight", cfg_.d_model, cfg_.vocab);
+
+  const std::int64_t d = cfg_.d_model, q_dim = cfg_.heads * cfg_.head_dim, kv_dim = cfg_.kv_heads * cfg_.head_dim;
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = load_vector(f, p + "attn_norm.weight", d);
+    L.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
+    L.wq = bind_matrix(f, p + "attn_q.weight", d, q_dim);
+    L.wk = bind_matrix(f, p + "attn_k.weight", d, kv_dim);
+    L.wv = bind_matrix(f, p + "attn_v.weight", d, kv_dim);
+    L.wo = bind_matrix(f, p + "attn_output.weight", q_dim, d);
+    L.w_gate = bind_matrix(f, p + "ffn_gate.weight", d, cfg_.d_ff);
+    L.w_up = bind_matrix(f, p + "ffn_up.weight", d, cfg_.d_ff);
+    L.w_down = bind_matrix(f, p + "ffn_down.weight", cfg_.d_ff, d);
+    layers_.push_back(std::move(L));
+  }
+  for (int j = 0; j < cfg_.head_dim / 2; ++j)
+    inv_freq_.push_back(static_cast<float>(std::pow(static_cast<double>(cfg_.rope_theta), -2.0 * j / cfg_.head_dim)));
+}
+
+void LlamaModel::rope(float* x, int n_heads, std::int64_t pos) const {
+  const double p = static_cast<double>(pos) * cfg_.rope_freq_scale;
+  for (int j = 0; j < cfg_.head_dim / 2; ++j) {
+    const double theta = p * inv_freq_[j];
+    const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
+    const cert::RopePair pr = cert::rope_pair(cfg_.rope_layout, cfg_.head_dim, j);
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + h * cfg_.head_dim;
+      const float a = v[pr.lo], b = v[pr.hi];
+      v[pr.lo] = a * c - b * s;
+      v[pr.hi] = a * s + b * c;
+    }
+  }
+}
+
+void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache,
+                         ThreadPool& pool, std::span<float> logits, bool all_logits) const {
+  const std::int64_t n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0) throw std::invalid_argument("forward: no tokens");
+  const attn::KvGeometry& g = cache.geometry();
+  if (g.layers != cfg_.layers || g.kv_heads != cfg_.kv_heads || g.head_dim != cfg_.head_dim)
+    throw std::invalid_argument("forward: KV cache geometry does not match the model");
+  if (pos0 < 0 || pos0 + n > g.capacity || pos0 + n > cfg_.context)
+    throw std::out_of_range("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                            " exceed the context of " + std::to_string(std::min(g.capacity, cfg_.context)) +
+                            " tokens");
+  const std::size_t want = static_cast<std::size_t>(all_logits ? n : 1) * cfg_.vocab;
+  if (logits.size() < want) throw std::invalid_argument("forward: logits buffer too small");
+  for (std::int32_t t : tokens)
+    if (t < 0 || t >= cfg_.vocab)
+      throw std::out_of_range("forward: token id " + std::to_string(t) + " outside the vocabulary of " +
+                              std::to_string(cfg_.vocab));
+
+  const int d = cfg_.d_model, hd = cfg_.head_dim, H = cfg_.heads, KV = cfg_.kv_heads, G = cfg_.group();
+  const std::int64_t q_dim = H * hd, kv_dim = KV * hd;
+  std::vector<float> x(n * d), xb(n * d), q(n * q_dim), k(n * kv_dim), v(n * kv_dim), att(n * q_dim),
+      gate(n * cfg_.d_ff), up(n * cfg_.d_ff);
+
+  for (std::int64_t i = 0; i < n; ++i) embedding_row(tok_embd_, tokens[i], &x[i * d]);
+
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const Layer& L = layers_[l];
+    for (std::int64_t i = 0; i < n; ++i) rms_norm(&x[i * d], L.attn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
+    matmul(L.wq, xb.data(), n, q.data(), pool);
+    matmul(L.wk, xb.data(), n, k.data(), pool);
+    matmul(L.wv, xb.data(), n, v.data(), pool);
+    for (std::int64_t i = 0; i < n; ++i) {
+      rope(&q[i * q_dim], H, pos0 + i);
+      rope(&k[i * kv_dim], KV, pos0 + i);
+      for (int h = 0; h < KV; ++h) cache.write(l, h, pos0 + i, &k[i * kv_dim + h * hd], &v[i * kv_dim + h * hd]);
+      if (qkv_hook)
+        qkv_hook(QkvCapture{l, pos0 + i, {&q[i * q_dim], static_cast<std::size_t>(q_dim)},
+                            {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
+                            {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
+    }
+    // Causal attention: token i sees positions [0, pos0 + i]. One job per (token, KV head).
+    pool.parallel_for(n * KV, [&](std::int64_t b, std::int64_t e, int) {
+      for (std::int64_t job = b; job < e; ++job) {
+        const std::int64_t i = job / KV;
+        const int h = static_cast<int>(job % KV);
+        cache.attend(l, h, &q[i * q_dim + h * G * hd], G, pos0 + i + 1, &att[i * q_dim + h * G * hd]);
+      }
+    });
+    matmul(L.wo, att.data(), n, xb.data(), pool);
+    for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
+
+    for (std::int64_t i = 0; i < n; ++i) rms_norm(&x[i * d], L.ffn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
+    matmul(L.w_gate, xb.data(), n, gate.data(), pool);
+    matmul(L.w_up, xb.data(), n, up.data(), pool);
+    for (std::int64_t i = 0; i < n * cfg_.d_ff; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    matmul(L.w_down, gate.data(), n, xb.data(), pool);
+    for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
+  }
+
+  const std::int64_t first = all_logits ? 0 : n - 1;
+  for (std::int64_t i = first; i < n; ++i) rms_norm(&x[i * d], output_norm_.data(), d, cfg_.rms_eps, &xb[(i - first) * d]);
+  matmul(output_, xb.data(), n - first, logits.data(), pool);
+  for (std::size_t i = 0; i < want; ++i)
+    if (!std::isfinite(logits[i]))
+      throw std::runtime_error("forward: non-finite logit at position " +
+                               std::to_string(pos0 + first + static_cast<std::int64_t>(i / cfg_.vocab)) +
+                               " (NaN or Inf in the activations)");
+}
+
+}  // namespace witcert::model

@@ -1,0 +1,83 @@
+// The llama-family forward pass on CPU (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP),
+// reading its weights straight from a memory-mapped GGUF file and calling attention only
+// through the KvCache interface.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attn/kv_cache.h"
+#include "base/thread_pool.h"
+#include "cert/witness.h"
+#include "model/gguf.h"
+#include "model/matmul.h"
+
+namespace witcert::model {
+
+struct LlamaConfig {
+  std::string arch;
+  int layers = 0;
+  int d_model = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int d_ff = 0;
+  int vocab = 0;
+  std::int64_t context = 0;
+  float rope_theta = 10000.0f;
+  float rope_freq_scale = 1.0f;  // linear RoPE scaling: positions are multiplied by this
+  float rms_eps = 1e-5f;
+  cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
+  bool tied_output = false;
+
+  int group() const { return heads / kv_heads; }  // query heads per KV head
+  attn::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
+};
+
+// The post-RoPE q, k, v of one token at one layer, for offline studies.
+struct QkvCapture {
+  int layer;
+  std::int64_t pos;
+  std::span<const float> q;  // heads × head_dim
+  std::span<const float> k;  // kv_heads × head_dim
+  std::span<const float> v;  // kv_heads × head_dim
+};
+
+class LlamaModel {
+ public:
+  // Reads the configuration and binds the weights of a GGUF file (which must outlive the model).
+  // Throws std::runtime_error naming the problem: unsupported architecture or RoPE scaling,
+  // missing tensor, wrong shape.
+  explicit LlamaModel(const GgufFile& file);
+
+  const LlamaConfig& config() const { return cfg_; }
+
+  // Runs tokens at positions pos0 .. pos0+n−1 (causal over everything cached before), writing
+  // their keys and values into `cache`. logits receives vocab floats for the last token, or
+  // n × vocab when all_logits. Throws on an out-of-range token id, a position beyond the
+  // cache, or non-finite logits.
+  void forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache, ThreadPool& pool,
+               std::span<float> logits, bool all_logits = false) const;
+
+  // Called for every (layer, token) with the post-RoPE q, k, v when set.
+  std::function<void(const QkvCapture&)> qkv_hook;
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm;
+    WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+
+  void rope(float* x, int n_heads, std::int64_t pos) const;
+
+  LlamaConfig cfg_;
+  WeightMatrix tok_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;  // θ_j = base^{−2j/d}
+};
+
+}  // namespace witcert::model

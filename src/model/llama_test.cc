@@ -1,0 +1,339 @@
+// The engine against a plain scalar forward pass written from the equations (llama2.c style),
+// on a tiny random model that the test writes as a GGUF file; and the real model's sanity.
+#include "model/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/exact_cache.h"
+#include "base/fp16.h"
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "quant/ggml_types.h"
+
+namespace witcert::model {
+namespace {
+
+struct Tiny {
+  int layers = 2, d = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 40, ctx = 64;
+  float theta = 10000.0f, eps = 1e-5f;
+};
+
+// Random weights of several storage types, so the test covers the dequantizing matmul paths.
+struct TinyWeights {
+  std::vector<float> embd, out_norm;
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm, wq, wk, wv, wo, gate, up, down;
+  };
+  std::vector<Layer> layers;
+};
+
+std::vector<std::uint8_t> quantized(quant::GgmlType t, const std::vector<float>& w, std::int64_t cols,
+                                    std::vector<float>& as_stored) {
+  const std::int64_t rows = static_cast<std::int64_t>(w.size()) / cols;
+  const std::size_t rb = quant::ggml_row_bytes(t, cols);
+  std::vector<std::uint8_t> bytes(rb * rows);
+  as_stored.resize(w.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    quant::quantize_row(t, &w[r * cols], &bytes[r * rb], cols);
+    quant::dequantize_row(t, &bytes[r * rb], &as_stored[r * cols], cols);
+  }
+  return bytes;
+}
+
+std::string write_tiny_model(const Tiny& c, TinyWeights& tw, const std::string& path) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto randn = [&](std::size_t count, float scale) {
+    std::vector<float> v(count);
+    for (float& x : v) x = scale * n(rng);
+    return v;
+  };
+  const int hd = c.d / c.heads;
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_u32("llama.block_count", c.layers);
+  w.add_u32("llama.embedding_length", c.d);
+  w.add_u32("llama.attention.head_count", c.heads);
+  w.add_u32("llama.attention.head_count_kv", c.kv_heads);
+  w.add_u32("llama.feed_forward_length", c.ff);
+  w.add_u32("llama.context_length", c.ctx);
+  w.add_f32("llama.rope.freq_base", c.theta);
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.eps);
+  auto add = [&](const std::string& name, quant::GgmlType t, std::int64_t cols, std::int64_t rows, float scale,
+                 std::vector<float>& stored) {
+    const std::vector<float> raw = randn(cols * rows, scale);
+    w.add_tensor(name, {cols, rows}, t, quantized(t, raw, cols, stored));
+  };
+  add("token_embd.weight", quant::GgmlType::Q8_0, c.d, c.vocab, 1.0f, tw.embd);
+  tw.out_norm = randn(c.d, 0.1f);
+  for (float& x : tw.out_norm) x += 1.0f;
+  w.add_f32_tensor("output_norm.weight", {c.d}, tw.out_norm);
+  tw.layers.resize(c.layers);
+  for (int l = 0; l < c.layers; ++l) {
+    auto& L = tw.layers[l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    L.attn_norm = randn(c.d, 0.1f);
+    L.ffn_norm = randn(c.d, 0.1f);
+    for (float& x : L.attn_norm) x += 1.0f;
+    for (float& x : L.ffn_norm) x += 1.0f;
+    w.add_f32_tensor(p + "attn_norm.weight", {c.d}, L.attn_norm);
+    w.add_f32_tensor(p + "ffn_norm.weight", {c.d}, L.ffn_norm);
+    const float s = 1.0f / std::sqrt(static_cast<float>(c.d));
+    add(p + "attn_q.weight", quant::GgmlType::Q4_1, c.d, c.heads * hd, s, L.wq);
+    add(p + "attn_k.weight", quant::GgmlType::Q8_0, c.d, c.kv_heads * hd, s, L.wk);
+    add(p + "attn_v.weight", quant::GgmlType::F16, c.d, c.kv_heads * hd, s, L.wv);
+    add(p + "attn_output.weight", quant::GgmlType::Q4_0, c.heads * hd, c.d, s, L.wo);
+    add(p + "ffn_gate.weight", quant::GgmlType::Q5_1, c.d, c.ff, s, L.gate);
+    add(p + "ffn_up.weight", quant::GgmlType::Q5_0, c.d, c.ff, s, L.up);
+    add(p + "ffn_down.weight", quant::GgmlType::F32, c.ff, c.d, 1.0f / std::sqrt(static_cast<float>(c.ff)), L.down);
+  }
+  w.write(path);
+  return path;
+}
+
+// The reference: every equation written out in double, keys and values rounded to fp16 as the
+// exact tier stores them.
+class Reference {
+ public:
+  Reference(const Tiny& c, const TinyWeights& w) : c_(c), w_(w), hd_(c.d / c.heads) {
+    k_.assign(c.layers, {});
+    v_.assign(c.layers, {});
+  }
+
+  std::vector<double> step(int token, int pos) {
+    std::vector<double> x(w_.embd.begin() + token * c_.d, w_.embd.begin() + (token + 1) * c_.d);
+    for (int l = 0; l < c_.layers; ++l) {
+      const auto& L = w_.layers[l];
+      const std::vector<double> xn = norm(x, L.attn_norm);
+      std::vector<double> q = mat(L.wq, xn, c_.heads * hd_), k = mat(L.wk, xn, c_.kv_heads * hd_),
+                          v = mat(L.wv, xn, c_.kv_heads * hd_);
+      rope(q, pos);
+      rope(k, pos);
+      for (double& e : k) e = fp16_to_double(fp16_from_double(e));
+      for (double& e : v) e = fp16_to_double(fp16_from_double(e));
+      k_[l].push_back(k);
+      v_[l].push_back(v);
+      std::vector<double> att(c_.heads * hd_, 0.0);
+      const int group = c_.heads / c_.kv_heads;
+      for (int h = 0; h < c_.heads; ++h) {
+        const int kvh = h / group;
+        std::vector<double> s(pos + 1);
+        double mx = -1e300;
+        for (int t = 0; t <= pos; ++t) {
+          double dot = 0.0;
+          for (int i = 0; i < hd_; ++i) dot += q[h * hd_ + i] * k_[l][t][kvh * hd_ + i];
+          s[t] = dot / std::sqrt(static_cast<double>(hd_));
+          mx = std::max(mx, s[t]);
+        }
+        double z = 0.0;
+        for (double& e : s) z += e = std::exp(e - mx);
+        for (int t = 0; t <= pos; ++t)
+          for (int i = 0; i < hd_; ++i) att[h * hd_ + i] += s[t] / z * v_[l][t][kvh * hd_ + i];
+      }
+      const std::vector<double> o = mat(L.wo, att, c_.d);
+      for (int i = 0; i < c_.d; ++i) x[i] += o[i];
+      const std::vector<double> xf = norm(x, L.ffn_norm);
+      std::vector<double> g = mat(L.gate, xf, c_.ff);
+      const std::vector<double> u = mat(L.up, xf, c_.ff);
+      for (int i = 0; i < c_.ff; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const std::vector<double> dn = mat(L.down, g, c_.d);
+      for (int i = 0; i < c_.d; ++i) x[i] += dn[i];
+    }
+    return mat(w_.embd, norm(x, w_.out_norm), c_.vocab);  // tied output head
+  }
+
+ private:
+  std::vector<double> norm(const std::vector<double>& x, const std::vector<float>& w) const {
+    double ss = 0.0;
+    for (double e : x) ss += e * e;
+    const double r = 1.0 / std::sqrt(ss / x.size() + c_.eps);
+    std::vector<double> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+    return y;
+  }
+  static std::vector<double> mat(const std::vector<float>& w, const std::vector<double>& x, int rows) {
+    std::vector<double> y(rows, 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (std::size_t i = 0; i < x.size(); ++i) y[r] += static_cast<double>(w[r * x.size() + i]) * x[i];
+    return y;
+  }
+  // GGML "normal" RoPE: adjacent pairs (2j, 2j+1), θ_j = base^{−2j/d}.
+  void rope(std::vector<double>& x, int pos) const {
+    for (std::size_t h = 0; h < x.size() / hd_; ++h)
+      for (int j = 0; j < hd_ / 2; ++j) {
+        const double th = pos * std::pow(static_cast<double>(c_.theta), -2.0 * j / hd_);
+        double& a = x[h * hd_ + 2 * j];
+        double& b = x[h * hd_ + 2 * j + 1];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(th) - b0 * std::sin(th);
+        b = a0 * std::sin(th) + b0 * std::cos(th);
+      }
+  }
+
+  Tiny c_;
+  const TinyWeights& w_;
+  int hd_;
+  std::vector<std::vector<std::vector<double>>> k_, v_;
+};
+
+void expect_close(const float* got, const std::vector<double>& want, const std::string& what) {
+  double scale = 0.0, worst = 0.0;
+  for (double e : want) scale = std::max(scale, std::fabs(e));
+  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  EXPECT_LE(worst, 1e-4 * scale) << what << ": max |Δ| " << worst << " vs logit scale " << scale;
+}
+
+class TinyModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "witcert_tiny_llama.gguf";
+    write_tiny_model(c_, w_, path_);
+    file_ = std::make_unique<GgufFile>(GgufFile::open(path_));
+    model_ = std::make_unique<LlamaModel>(*file_);
+  }
+  Tiny c_;
+  TinyWeights w_;
+  std::string path_;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<LlamaModel> model_;
+};
+
+TEST_F(TinyModel, ConfigFromMetadata) {
+  const LlamaConfig& cfg = model_->config();
+  EXPECT_EQ(cfg.layers, 2);
+  EXPECT_EQ(cfg.head_dim, 16);
+  EXPECT_EQ(cfg.group(), 2);
+  EXPECT_EQ(cfg.vocab, 40);
+  EXPECT_TRUE(cfg.tied_output);
+}
+
+TEST_F(TinyModel, PrefillDecodeAndBothMatchTheScalarReference) {
+  const std::vector<std::int32_t> tokens = {3, 17, 5, 39, 0, 22, 8, 8, 11, 30, 2, 7};
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    const int V = c_.vocab;
+    // Prefill of all tokens at once, every position's logits.
+    {
+      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      Reference ref(c_, w_);
+      std::vector<float> logits(tokens.size() * V);
+      model_->forward(tokens, 0, cache, pool, logits, true);
+      for (std::size_t i = 0; i < tokens.size(); ++i)
+        expect_close(&logits[i * V], ref.step(tokens[i], static_cast<int>(i)), "prefill pos " + std::to_string(i));
+    }
+    // Decode one token at a time.
+    {
+      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      Reference ref(c_, w_);
+      std::vector<float> logits(V);
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        model_->forward({&tokens[i], 1}, static_cast<std::int64_t>(i), cache, pool, logits);
+        expect_close(logits.data(), ref.step(tokens[i], static_cast<int>(i)), "decode pos " + std::to_string(i));
+      }
+    }
+    // A prefill of 7 tokens followed by decode.
+    {
+      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      Reference ref(c_, w_);
+      std::vector<float> logits(V);
+      model_->forward(std::span<const std::int32_t>(tokens).first(7), 0, cache, pool, logits);
+      std::vector<double> want;
+      for (int i = 0; i < 7; ++i) want = ref.step(tokens[i], i);
+      expect_close(logits.data(), want, "prefill of 7");
+      for (std::size_t i = 7; i < tokens.size(); ++i) {
+        model_->forward({&tokens[i], 1}, static_cast<std::int64_t>(i), cache, pool, logits);
+        expect_close(logits.data(), ref.step(tokens[i], static_cast<int>(i)), "decode after prefill " + std::to_string(i));
+      }
+    }
+  }
+}
+
+TEST_F(TinyModel, RejectsBadInput) {
+  ThreadPool pool(1);
+  attn::ExactKvCache cache(model_->config().kv_geometry(8));
+  std::vector<float> logits(c_.vocab);
+  const std::vector<std::int32_t> bad_id = {1, 40};
+  EXPECT_THROW(model_->forward(bad_id, 0, cache, pool, logits), std::out_of_range);
+  const std::vector<std::int32_t> nine(9, 1);
+  EXPECT_THROW(model_->forward(nine, 0, cache, pool, logits), std::out_of_range);  // beyond the cache
+  GenerateOptions opts;
+  EXPECT_THROW(generate(*model_, nine, cache, pool, opts), std::out_of_range);
+  opts.sampler.top_p = 0.0f;
+  const std::vector<std::int32_t> one = {1};
+  EXPECT_THROW(generate(*model_, one, cache, pool, opts), std::invalid_argument);
+}
+
+TEST_F(TinyModel, QkvHookSeesPostRopeKeysAsCached) {
+  ThreadPool pool(1);
+  attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+  int calls = 0;
+  LlamaModel& m = *model_;
+  m.qkv_hook = [&](const QkvCapture& cap) {
+    ++calls;
+    for (int i = 0; i < 16; ++i)
+      EXPECT_EQ(fp16_from_float(cap.k[16 + i]), cache.key(cap.layer, 1, cap.pos)[i]);
+  };
+  std::vector<float> logits(c_.vocab);
+  const std::vector<std::int32_t> tokens = {1, 2, 3};
+  m.forward(tokens, 0, cache, pool, logits);
+  EXPECT_EQ(calls, 2 * 3);
+}
+
+// The real SmolLM2-135M: needs the fetched model (scripts/fetch-model.sh; CI fetches it).
+class RealModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    ASSERT_TRUE(std::filesystem::exists(path)) << "the real model is missing: run scripts/fetch-model.sh (" << path << ")";
+    file_ = std::make_unique<GgufFile>(GgufFile::open(path));
+    model_ = std::make_unique<LlamaModel>(*file_);
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
+  }
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(RealModel, GreedyContinuationIsStableAcrossThreadCounts) {
+  const std::vector<std::int32_t> prompt = tok_->encode("The capital of France is", false);
+  std::vector<std::vector<std::int32_t>> runs;
+  for (int threads : {1, 2, 2}) {
+    ThreadPool pool(threads);
+    attn::ExactKvCache cache(model_->config().kv_geometry(64));
+    GenerateOptions opts;
+    opts.max_new_tokens = 12;
+    runs.push_back(generate(*model_, prompt, cache, pool, opts).tokens);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[1], runs[2]);
+  const std::string text = tok_->decode(runs[0]);
+  std::printf("[real-model] greedy: \"The capital of France is%s\"\n", text.c_str());
+  EXPECT_NE(text.find("Paris"), std::string::npos) << text;
+}
+
+TEST_F(RealModel, PerplexityOfAnEnglishParagraphIsSane) {
+  const std::string paragraph =
+      "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+      "combined movable metal type, oil-based ink and a wooden press adapted from those used to make "
+      "wine. Books, which had been copied by hand for centuries, could now be produced quickly and "
+      "cheaply, and within a few decades printing shops had spread to most of the major cities of "
+      "Europe. The new technology changed how knowledge was shared: scholars could compare identical "
+      "copies of the same text, and ideas travelled faster than ever before.";
+  const std::vector<std::int32_t> tokens = tok_->encode(paragraph, false);
+  ThreadPool pool(2);
+  attn::ExactKvCache cache(model_->config().kv_geometry(static_cast<std::int64_t>(tokens.size())));
+  const double ppl = std::exp(teacher_forced_nll(*model_, tokens, cache, pool));
+  std::printf("[real-model] perplexity %.3f over %zu tokens\n", ppl, tokens.size());
+  EXPECT_GT(ppl, 2.0);
+  EXPECT_LT(ppl, 40.0);
+}
+
+}  // namespace
+}  // namespace witcert::model
