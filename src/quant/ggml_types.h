@@ -47,12 +47,15 @@ inline const GgmlTypeInfo* ggml_type_info(GgmlType t) { return ggml_type_info(st
 // Bytes of a row of n elements; throws std::invalid_argument if n is not a whole number of blocks.
 std::size_t ggml_row_bytes(GgmlType t, std::int64_t n);
 
-// src holds n elements of type t (n a multiple of the block size); writes n floats.
-// Throws std::invalid_argument for a type without dequantization.
+// src holds n elements of type t (n a multiple of the block size); writes n floats, bit-identical
+// to llama.cpp's dequantize_row_* (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K,
+// Q6_K). Throws std::invalid_argument for a type without dequantization or a partial block.
 void dequantize_row(GgmlType t, const void* src, float* dst, std::int64_t n);
 
-// llama.cpp's reference quantizers, bit-exact with its block layouts: F32, F16, BF16, Q8_0,
-// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. Throws std::invalid_argument for other types.
+// llama.cpp's reference quantizers (quantize_row_*_ref; IQ4_NL without importance weights),
+// bit-exact with its block layouts: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. The
+// block types need finite inputs (llama.cpp's codes for NaN or ±inf are undefined too). Throws
+// std::invalid_argument for other types or a partial block.
 void quantize_row(GgmlType t, const float* src, void* dst, std::int64_t n);
 
 }  // namespace witcert::quant
