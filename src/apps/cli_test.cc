@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -17,8 +18,13 @@ struct Result {
   std::string out;
 };
 
+// ctest runs tests as parallel processes: every scratch file name carries the process id.
+std::string scratch(const std::string& name) {
+  return ::testing::TempDir() + "witcert_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
 Result run(const std::string& args, const std::string& stdin_text = "") {
-  const std::string input = ::testing::TempDir() + "witcert_cli_input.txt";
+  const std::string input = scratch("input.txt");
   std::ofstream(input) << stdin_text;
   const std::string cmd = std::string(WITCERT_BIN) + " " + args + " < " + input + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -135,5 +141,67 @@ TEST(Cli, SchemesListsEveryScheme) {
 }
 
 TEST(Cli, UnknownSubcommandFails) { EXPECT_NE(run("frobnicate").exit_code, 0); }
+
+}  // namespace
+
+namespace {
+
+const std::string kModel = std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+TEST(CliEngine, GenerateAnswersAChatQuestion) {
+  const Result r = run("generate --model " + kModel + " --chat --prompt 'What is the capital of France?' --n 24");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode:"), std::string::npos) << "the speed line is missing: " << r.out;
+}
+
+TEST(CliEngine, LogitsPrintsTopK) {
+  const Result r = run("logits --model " + kModel + " --prompt 'The capital of France is' --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto o = nlohmann::json::parse(r.out);
+  ASSERT_EQ(o["top"].size(), 3u);
+  EXPECT_EQ(o["top"][0]["piece"], " Paris");
+  EXPECT_GE(o["top"][0]["logit"].get<double>(), o["top"][1]["logit"].get<double>());
+}
+
+TEST(CliEngine, ClearErrorsOnBadInput) {
+  Result r = run("generate --model /nonexistent/model.gguf --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+
+  // A file that is not GGUF.
+  const std::string junk = scratch("not_a_model.gguf");
+  std::ofstream(junk) << "this is not a model";
+  r = run("generate --model " + junk + " --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("GGUF"), std::string::npos) << r.out;
+
+  // A prompt longer than the model's 8192-token context.
+  std::string words;
+  for (int i = 0; i < 9000; ++i) words += " word";
+  const std::string prompt_file = scratch("long_prompt.txt");
+  std::ofstream(prompt_file) << words;
+  r = run("logits --model " + kModel + " --prompt \"$(cat " + prompt_file + ")\"");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
+  r = run("generate --model " + kModel + " --prompt \"$(cat " + prompt_file + ")\"");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
+
+  r = run("generate --model " + kModel + " --prompt hi --top-p 1.5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("top-p"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --temp -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("temperature"), std::string::npos) << r.out;
+}
+
+TEST(CliEngine, SeededSamplingIsReproducible) {
+  const std::string cmd = "generate --model " + kModel + " --prompt 'Once upon a time' --n 16 --temp 0.8 --top-p 0.9 --seed 7";
+  const Result a = run(cmd), b = run(cmd);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  const auto text = [](const std::string& s) { return s.substr(0, s.find("prefill:")); };
+  EXPECT_EQ(text(a.out), text(b.out));
+}
 
 }  // namespace

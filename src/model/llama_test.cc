@@ -3,6 +3,7 @@
 #include "model/llama.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -193,7 +194,9 @@ void expect_close(const float* got, const std::vector<double>& want, const std::
 class TinyModel : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = ::testing::TempDir() + "witcert_tiny_llama.gguf";
+    // Per process: ctest runs tests in parallel, and rewriting a file another test has mapped
+    // would crash it.
+    path_ = ::testing::TempDir() + "witcert_tiny_llama_" + std::to_string(::getpid()) + ".gguf";
     write_tiny_model(c_, w_, path_);
     file_ = std::make_unique<GgufFile>(GgufFile::open(path_));
     model_ = std::make_unique<LlamaModel>(*file_);
