@@ -35,6 +35,16 @@ struct GenerateArgs {
   float top_p = 1.0f;
   std::uint64_t seed = 0;
   int threads = 2;
+  // The certified cache; an empty kv_k keeps the plain exact cache.
+  std::string kv_k;
+  std::string kv_v;  // "" → the same as kv_k
+  int outliers = 4;
+  int page_size = 16;
+  double delta = 1e-2;
+  double tau = 0.2;
+  bool shared_page_dither = false;
+  bool check_soundness = false;
+  std::string meter_json;
 };
 
 // `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.

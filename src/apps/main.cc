@@ -32,6 +32,15 @@ int main(int argc, char** argv) {
   generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]");
   generate->add_option("--seed", gen.seed, "sampling seed");
   generate->add_option("--threads", gen.threads, "worker threads")->check(CLI::PositiveNumber);
+  generate->add_option("--kv", gen.kv_k, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
+  generate->add_option("--kv-v", gen.kv_v, "KV-cache format of the values (default: --kv)");
+  generate->add_option("--outliers", gen.outliers, "dither-int8: outlier RoPE pairs kept in fp16")->check(CLI::NonNegativeNumber);
+  generate->add_option("--page-size", gen.page_size, "tokens per cache page")->check(CLI::PositiveNumber);
+  generate->add_option("--delta", gen.delta, "request-level failure budget of the Tier-B certificate, in (0, 1)");
+  generate->add_option("--tau", gen.tau, "meter threshold for the coverage figure, > 0");
+  generate->add_flag("--shared-page-dither", gen.shared_page_dither, "dither-int8: one dither per page and channel");
+  generate->add_flag("--check-soundness", gen.check_soundness, "compare every meter with the true TV from the exact tier");
+  generate->add_option("--meter-json", gen.meter_json, "write every (layer, head, position) meter as JSON lines");
 
   witcert::apps::LogitsArgs lg;
   auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");

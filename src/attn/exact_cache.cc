@@ -33,30 +33,11 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const {
   const f16* keys = &k_[index(layer, kv_head, 0)];
   const f16* values = &v_[index(layer, kv_head, 0)];
+  const int d = g_.head_dim;
   for (int h = 0; h < group; ++h)
-    exact_attention(q + h * g_.head_dim, keys, values, n_ctx, g_.head_dim, out + h * g_.head_dim);
-}
-
-void exact_attention(const float* q, const f16* keys, const f16* values, std::int64_t n_ctx, int head_dim,
-                     float* out) {
-  const float sm = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<float> score(n_ctx);
-  float max_score = -INFINITY;
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
-    const f16* k = keys + t * head_dim;
-    float dot = 0.0f;
-    for (int i = 0; i < head_dim; ++i) dot += q[i] * fp16_to_float(k[i]);
-    score[t] = sm * dot;
-    max_score = std::max(max_score, score[t]);
-  }
-  float sum = 0.0f;
-  for (std::int64_t t = 0; t < n_ctx; ++t) sum += score[t] = std::exp(score[t] - max_score);
-  for (int i = 0; i < head_dim; ++i) out[i] = 0.0f;
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
-    const float p = score[t] / sum;
-    const f16* v = values + t * head_dim;
-    for (int i = 0; i < head_dim; ++i) out[i] += p * fp16_to_float(v[i]);
-  }
+    exact_attention(
+        q + h * d, [&](std::int64_t t) { return keys + t * d; }, [&](std::int64_t t) { return values + t * d; }, n_ctx,
+        d, out + h * d);
 }
 
 }  // namespace witcert::attn

@@ -1,0 +1,60 @@
+// Decode attention that produces its output and the meter in the same pass over K/V
+// (paper §6.2; DESIGN §1). For every token of a range the kernel reads k̂_t, v̂_t and their
+// bounds once and accumulates, per query head of the GQA group,
+//   the softmax output (online, max-shifted),  LSE(z̃), LSE(z̃ + c), LSE(z̃ − c),  Σ p̃_t ρ^v_t,
+// so that every bound shape of DESIGN §1 comes out of one pass. Partial results of disjoint
+// token ranges (split-KV) merge under the same LSE weights as the output.
+//
+// This is the scalar reference: double accumulation, one token at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cache/kv_store.h"
+#include "cert/meter.h"
+
+namespace witcert::attn {
+
+// The per-token logit-error bound c_t for one query: Tier A from the witness, Tier B from the
+// dither scales (u_t), 0 for exact tokens.
+struct BoundContext {
+  double sm = 0.0;               // 1/sqrt(head_dim)
+  std::int64_t S = 1;            // tokens the query attends over (the union bound's S)
+  double delta_loc = 1e-2;       // Tier B failure budget of this cell
+};
+
+// One query head's partial result over a token range.
+struct HeadPartial {
+  double m = -INFINITY;          // running max of z̃
+  double l = 0.0;                // Σ e^{z̃_t − m}
+  std::vector<double> acc;       // Σ e^{z̃_t − m} v̂_t
+  double rho = 0.0;              // Σ e^{z̃_t − m} ρ^v_t
+  double v_max = 0.0;            // max_t (‖v̂_t‖ + ρ^v_t) ≥ max_t ‖v_t‖
+  cert::MeterStats meter;        // LSE(z̃), LSE(z̃ ± c), c_max
+
+  void merge(const HeadPartial& o);
+};
+
+// Accumulates tokens [begin, end) of one (layer, KV head) into one partial per query head of
+// the group (q: group × head_dim).
+void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                            std::int64_t begin, std::int64_t end, const BoundContext& ctx,
+                            std::vector<HeadPartial>& partials);
+
+// What one query head's attention reports, from a merged partial.
+struct HeadResult {
+  double eform_raw = 0.0;   // Theorem 1, unclamped: the risk score
+  double meter = 0.0;       // min(1, sound K forms available from one pass)
+  double v_meter = 0.0;     // Σ p̃ ρ^v / max‖v‖
+  double output_bound = 0.0;  // ‖y − ŷ‖ ≤ 2·meter·max‖v‖ + Σ p̃ ρ^v
+};
+
+// Writes the output (head_dim floats) and returns the head's meters.
+HeadResult finish(const HeadPartial& p, int head_dim, float* out);
+
+// True TV(p, p̃) between attention over the exact tier and over the keys the runtime reads,
+// for one query (the soundness check; reads every key twice).
+double true_tv(cache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t n_ctx);
+
+}  // namespace witcert::attn

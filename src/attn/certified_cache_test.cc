@@ -1,0 +1,274 @@
+#include "attn/certified_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/certified_attention.h"
+#include "attn/exact_cache.h"
+#include "quant/schemes.h"
+
+namespace witcert::attn {
+namespace {
+
+constexpr int kLayers = 2, kKvHeads = 2, kGroup = 3, kDim = 64;
+
+// Keys with a few massive RoPE-pair channels, values with a spread of norms, as real models have.
+struct Tokens {
+  std::vector<float> k, v;  // [layer][kv_head][pos][d]
+  std::int64_t n;
+  const float* key(int l, int h, std::int64_t t) const { return &k[((l * kKvHeads + h) * n + t) * kDim]; }
+  const float* value(int l, int h, std::int64_t t) const { return &v[((l * kKvHeads + h) * n + t) * kDim]; }
+};
+
+Tokens draw_tokens(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  Tokens t{std::vector<float>(kLayers * kKvHeads * n * kDim), std::vector<float>(kLayers * kKvHeads * n * kDim), n};
+  std::vector<float> gain(kDim);
+  for (int c = 0; c < kDim; ++c) gain[c] = std::exp(0.8f * g(rng));
+  gain[6] = gain[7] = 12.0f;  // one massive interleaved pair
+  for (std::size_t i = 0; i < t.k.size(); ++i) {
+    t.k[i] = gain[i % kDim] * g(rng);
+    t.v[i] = g(rng);
+  }
+  return t;
+}
+
+std::vector<std::string> all_formats() {
+  std::vector<std::string> f = quant::kv_scheme_names();
+  f.push_back(cache::kDitherInt8);
+  return f;
+}
+
+cache::CacheConfig config(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
+                          std::uint64_t shuffle) {
+  cache::CacheConfig c;
+  c.layers = kLayers;
+  c.kv_heads = kKvHeads;
+  c.head_dim = kDim;
+  c.capacity = cap;
+  c.page_size = page;
+  c.k_format = k_fmt;
+  c.v_format = v_fmt;
+  c.calibration_tokens = 8;
+  c.shuffle_pages = shuffle;
+  return c;
+}
+
+void fill(KvCache& cache, const Tokens& t) {
+  for (std::int64_t p = 0; p < t.n; ++p)
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) cache.write(l, h, p, t.key(l, h, p), t.value(l, h, p));
+}
+
+TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
+  const Tokens t = draw_tokens(40, 1);
+  for (const std::string& fmt : all_formats()) {
+    CertifiedKvCache cache(config(fmt, fmt, 40, 16, 9), {kGroup * kKvHeads});
+    fill(cache, t);
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) {
+        cache::KvStore::Reader r(cache.store(), l, h);
+        for (std::int64_t p = 0; p < t.n; ++p)
+          for (int i = 0; i < kDim; ++i) {
+            ASSERT_EQ(r.exact_key_row(p)[i], fp16_from_float(t.key(l, h, p)[i])) << fmt;
+            ASSERT_EQ(r.exact_value_row(p)[i], fp16_from_float(t.value(l, h, p)[i])) << fmt;
+          }
+      }
+  }
+}
+
+TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
+  const Tokens t = draw_tokens(50, 2);
+  ExactKvCache plain({kLayers, kKvHeads, kDim, 50});
+  CertifiedKvCache certified(config("fp16", "fp16", 50, 16, 3), {kGroup * kKvHeads});
+  fill(plain, t);
+  fill(certified, t);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> g(0.0f, 2.0f);
+  std::vector<float> q(kGroup * kDim), a(kGroup * kDim), b(kGroup * kDim);
+  for (int trial = 0; trial < 20; ++trial) {
+    for (float& x : q) x = g(rng);
+    plain.attend(trial % 2, trial % kKvHeads, q.data(), kGroup, 1 + trial * 2, a.data());
+    certified.attend(trial % 2, trial % kKvHeads, q.data(), kGroup, 1 + trial * 2, b.data());
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  }
+  for (const MeterCell& c : certified.cells()) EXPECT_EQ(c.meter, 0.0);
+}
+
+// The dither regenerated at read time is the one used at write time: every non-outlier element
+// of a dither-int8 key is within s/2 of the exact key (a different ξ would give up to s), for
+// page sizes 1 and 16, shuffled pages, and both dither modes.
+TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
+  const Tokens t = draw_tokens(70, 4);
+  for (int page : {1, 16})
+    for (cache::DitherMode mode : {cache::DitherMode::per_slot, cache::DitherMode::shared_page}) {
+      cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, page, 77);
+      c.dither = mode;
+      CertifiedKvCache cache(c, {kGroup * kKvHeads});
+      fill(cache, t);
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kKvHeads; ++h) {
+          cache::KvStore::Reader r(cache.store(), l, h);
+          std::vector<float> k(kDim), exact(kDim);
+          cache::KeyBound b;
+          int outliers = 0;
+          for (int i = 0; i < kDim; ++i) outliers += r.outlier_mask()[i];
+          EXPECT_EQ(outliers, 2 * c.outlier_pairs);
+          EXPECT_TRUE(r.outlier_mask()[6] && r.outlier_mask()[7]) << "the massive pair must be an outlier";
+          for (std::int64_t p = 0; p < t.n; ++p) {
+            r.key(p, k.data(), b);
+            r.exact_key(p, exact.data());
+            ASSERT_EQ(b.kind, cache::KeyBound::tier_b);
+            for (int i = 0; i < kDim; ++i) {
+              if (r.outlier_mask()[i]) {
+                ASSERT_EQ(k[i], exact[i]);
+                continue;
+              }
+              const double s = fp16_to_double(b.scales[i / 32]);
+              ASSERT_LE(std::fabs(double(k[i]) - exact[i]), s / 2 * (1 + 0x1p-16)) << "page " << page << " pos " << p;
+            }
+          }
+        }
+    }
+}
+
+// Soundness on every cell: for every format, page size and split count, the meter bounds the
+// true TV between attention over exact and over stored keys; output and meter do not depend on
+// the split count or the page layout.
+TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
+  const std::int64_t n = 48;
+  const Tokens t = draw_tokens(n, 5);
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> g(0.0f, 1.5f);
+  long cells = 0, violations = 0, informative = 0;
+  for (const std::string& fmt : all_formats()) {
+    std::vector<float> baseline_out;
+    std::vector<double> baseline_meter;
+    for (int page : {1, 16}) {
+      // The dither is a function of the physical slot: a different page layout is a different
+      // draw, so dither-int8 is compared across split counts only.
+      if (fmt == cache::kDitherInt8) baseline_out.clear();
+      for (int splits : {1, 2, 8}) {
+        CertifiedOptions o;
+        o.q_heads = kGroup * kKvHeads;
+        o.splits = splits;
+        o.check_soundness = true;
+        CertifiedKvCache cache(config(fmt, fmt, n, page, 100 + page), o);
+        fill(cache, t);
+        std::mt19937_64 qrng(7);  // the same queries for every layout
+        std::vector<float> q(kGroup * kDim), out(kGroup * kDim), all_out;
+        for (int trial = 0; trial < 12; ++trial) {
+          for (float& x : q) x = std::normal_distribution<float>(0.0f, 1.5f)(qrng);
+          const std::int64_t ctx = 1 + (trial * 7) % n;
+          cache.attend(trial % kLayers, trial % kKvHeads, q.data(), kGroup, ctx, out.data());
+          all_out.insert(all_out.end(), out.begin(), out.end());
+        }
+        std::vector<double> meters;
+        for (const MeterCell& c : cache.cells()) {
+          ++cells;
+          meters.push_back(c.meter);
+          if (c.meter < 1.0) ++informative;
+          if (!(c.tv <= c.meter * (1 + 1e-9) + 1e-12)) {
+            ++violations;
+            ADD_FAILURE() << fmt << " page " << page << " splits " << splits << ": TV " << c.tv << " > meter "
+                          << c.meter;
+          }
+        }
+        if (baseline_out.empty()) {
+          baseline_out = all_out;
+          baseline_meter = meters;
+        } else {
+          for (std::size_t i = 0; i < all_out.size(); ++i)
+            ASSERT_NEAR(all_out[i], baseline_out[i], 1e-5 * (1 + std::fabs(baseline_out[i])))
+                << fmt << " page " << page << " splits " << splits;
+          for (std::size_t i = 0; i < meters.size(); ++i)
+            ASSERT_NEAR(meters[i], baseline_meter[i], 1e-6 * (1e-12 + baseline_meter[i])) << fmt;
+        }
+      }
+    }
+  }
+  (void)g;
+  std::printf("[certified-cache] %ld cells, %ld violations, %ld informative (meter < 1)\n", cells, violations,
+              informative);
+  EXPECT_EQ(violations, 0);
+  EXPECT_GT(informative, cells / 4) << "the 8-bit formats must give informative meters";
+}
+
+TEST(CertifiedCache, OutputIsAttentionOverTheStoredKeysAndValues) {
+  const Tokens t = draw_tokens(30, 8);
+  for (const std::string& fmt : {std::string("q4_0"), std::string("kivi-2bit"), std::string(cache::kDitherInt8)}) {
+    CertifiedKvCache cache(config(fmt, fmt, 30, 16, 0), {kGroup * kKvHeads});
+    fill(cache, t);
+    std::vector<float> q(kGroup * kDim, 0.3f), out(kGroup * kDim);
+    q[1] = -2.0f;
+    cache.attend(1, 1, q.data(), kGroup, 30, out.data());
+    cache::KvStore::Reader r(cache.store(), 1, 1);
+    std::vector<double> z(30), want(kDim, 0.0);
+    std::vector<float> k(kDim), v(kDim);
+    cache::KeyBound b;
+    double rho, mx = -1e300, sum = 0.0;
+    for (int p = 0; p < 30; ++p) {
+      r.key(p, k.data(), b);
+      double dot = 0.0;
+      for (int i = 0; i < kDim; ++i) dot += double(q[i]) * k[i];
+      z[p] = dot / 8.0;
+      mx = std::max(mx, z[p]);
+    }
+    for (int p = 0; p < 30; ++p) sum += std::exp(z[p] - mx);
+    for (int p = 0; p < 30; ++p) {
+      r.value(p, v.data(), rho);
+      for (int i = 0; i < kDim; ++i) want[i] += std::exp(z[p] - mx) / sum * v[i];
+    }
+    for (int i = 0; i < kDim; ++i) EXPECT_NEAR(out[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << fmt;
+  }
+}
+
+TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
+  Tokens t = draw_tokens(20, 9);
+  t.k[((1 * kKvHeads + 0) * t.n + 5) * kDim + 3] = NAN;  // layer 1, head 0, position 5
+  for (const std::string& fmt : {std::string("rtn-int8"), std::string(cache::kDitherInt8)}) {
+    CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), {kGroup * kKvHeads});
+    fill(cache, t);
+    std::vector<float> q(kGroup * kDim, 0.1f), out(kGroup * kDim);
+    cache.attend(1, 0, q.data(), kGroup, 20, out.data());
+    for (const MeterCell& c : cache.cells()) {
+      EXPECT_EQ(c.meter, 1.0) << fmt;
+      EXPECT_TRUE(std::isinf(c.eform_raw)) << fmt;
+    }
+  }
+}
+
+TEST(CertifiedCache, RejectsBadConfiguration) {
+  EXPECT_THROW(CertifiedKvCache(config("nope", "fp16", 8, 16, 0), {6}), std::invalid_argument);
+  CertifiedOptions bad_delta;
+  bad_delta.delta_req = 1.5;
+  EXPECT_THROW(CertifiedKvCache(config("fp16", "fp16", 8, 16, 0), bad_delta), std::invalid_argument);
+  cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 8, 16, 0);
+  c.outlier_pairs = 32;
+  EXPECT_THROW(CertifiedKvCache(c, {6}), std::invalid_argument);
+  CertifiedKvCache ok(config("q8_0", "fp16", 8, 16, 0), {6});
+  std::vector<float> k(kDim), v(kDim);
+  EXPECT_THROW(ok.write(0, 0, 1, k.data(), v.data()), std::invalid_argument);  // out of order
+  EXPECT_THROW(ok.write(0, 0, 8, k.data(), v.data()), std::out_of_range);
+}
+
+TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
+  CertifiedKvCache fp16(config("fp16", "fp16", 4096, 16, 0), {6});
+  CertifiedKvCache dither(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), {6});
+  EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(quant::KvSide::key), 128.0);
+  // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the mask amortized.
+  EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.0, 0.1);
+  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.0);
+  std::printf("[certified-cache] bytes/token/head at d=64: fp16 K %.2f, dither-int8 K %.2f V %.2f\n",
+              fp16.store().bytes_per_token_head(quant::KvSide::key),
+              dither.store().bytes_per_token_head(quant::KvSide::key),
+              dither.store().bytes_per_token_head(quant::KvSide::value));
+}
+
+}  // namespace
+}  // namespace witcert::attn

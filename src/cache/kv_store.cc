@@ -1,0 +1,337 @@
+#include "cache/kv_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "cert/round_up.h"
+
+namespace witcert::cache {
+namespace {
+
+constexpr int kDitherGroup = quant::kDefaultGroup;
+
+std::invalid_argument config_error(const std::string& what) { return std::invalid_argument("KV cache: " + what); }
+
+}  // namespace
+
+std::size_t KvStore::Side::bytes() const {
+  return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16);
+}
+
+KvStore::KvStore(const CacheConfig& cfg)
+    : cfg_(cfg),
+      bands_(cfg.head_dim, cfg.bands, cfg.rope_layout),
+      pool_((cfg.capacity + cfg.page_size - 1) / std::max(1, cfg.page_size), cfg.page_size, cfg.shuffle_pages),
+      table_(pool_) {
+  if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
+    throw config_error("layers, KV heads, head dimension and capacity must be positive");
+  const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
+  exact_k_.assign(streams * slots() * cfg.head_dim, 0);
+  exact_v_.assign(streams * slots() * cfg.head_dim, 0);
+  outlier_mask_.assign(streams * cfg.head_dim, 0);
+  outliers_fixed_.assign(streams, 0);
+  written_.assign(streams, 0);
+  init_side(k_, cfg.k_format, quant::KvSide::key);
+  init_side(v_, cfg.v_format, quant::KvSide::value);
+}
+
+void KvStore::init_side(Side& side, const std::string& format, quant::KvSide which) {
+  const std::size_t streams = static_cast<std::size_t>(cfg_.layers) * cfg_.kv_heads;
+  const int d = cfg_.head_dim;
+  const bool key = which == quant::KvSide::key;
+  if (format == "fp16") {
+    side.kind = FormatKind::exact;
+    return;
+  }
+  if (format == kDitherInt8) {
+    quant::check_group(d, kDitherGroup);
+    if (key && (cfg_.outlier_pairs < 0 || 2 * cfg_.outlier_pairs >= d))
+      throw config_error("outlier pairs must lie in [0, " + std::to_string(d / 2) + "), got " +
+                         std::to_string(cfg_.outlier_pairs));
+    side.kind = FormatKind::dither_int8;
+    side.codes.assign(streams * slots() * d, 0);
+    side.meta_per_token = d / kDitherGroup;
+    side.meta.assign(streams * slots() * side.meta_per_token, 0);
+    if (key) side.outlier_values.assign(streams * slots() * 2 * cfg_.outlier_pairs, 0);
+    return;
+  }
+  side.kind = FormatKind::scheme;
+  side.scheme = &quant::kv_scheme(format, which);  // throws, listing the known names
+  side.scheme->check_head_dim(d);
+  side.T = side.scheme->tokens_per_block();
+  side.block_bytes = side.scheme->block_bytes(d);
+  const std::size_t blocks = side.T == 1 ? slots() : static_cast<std::size_t>((cfg_.capacity + side.T - 1) / side.T);
+  side.packed.assign(streams * blocks * side.block_bytes, 0);
+  side.meta_per_token = key ? cfg_.bands : 1;  // Tier-A witness, or ρ_t
+  side.meta.assign(streams * slots() * side.meta_per_token, 0);
+}
+
+void KvStore::clear() {
+  table_.clear();
+  std::fill(written_.begin(), written_.end(), 0);
+  std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
+  std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
+}
+
+std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
+  // Shared-page dither names the page, in a counter range disjoint from slots (top bit set).
+  if (cfg_.dither == DitherMode::shared_page) return static_cast<std::uint32_t>(table_.page_of(pos)) | 0x80000000u;
+  return static_cast<std::uint32_t>(table_.slot(pos));
+}
+
+bool KvStore::encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {
+  switch (side.kind) {
+    case FormatKind::exact:
+      return false;
+    case FormatKind::scheme:
+      return (pos / side.T + 1) * side.T <= written_[st];
+    case FormatKind::dither_int8:
+      return which == quant::KvSide::value || outliers_fixed_[st];
+  }
+  return false;
+}
+
+void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
+  if (layer < 0 || layer >= cfg_.layers || kv_head < 0 || kv_head >= cfg_.kv_heads)
+    throw std::out_of_range("KV cache: no stream for layer " + std::to_string(layer) + ", KV head " +
+                            std::to_string(kv_head));
+  if (pos < 0 || pos >= cfg_.capacity)
+    throw std::out_of_range("KV cache: position " + std::to_string(pos) + " outside the capacity of " +
+                            std::to_string(cfg_.capacity));
+  const std::size_t st = stream(layer, kv_head);
+  if (pos != written_[st])
+    throw std::invalid_argument("KV cache: position " + std::to_string(pos) + " written out of order (expected " +
+                                std::to_string(written_[st]) + ")");
+  const std::int64_t slot = pos < table_.positions_mapped() ? table_.slot(pos) : table_.slot_for_write(pos);
+  const int d = cfg_.head_dim;
+  f16* ek = &exact_k_[(st * slots() + slot) * d];
+  f16* ev = &exact_v_[(st * slots() + slot) * d];
+  for (int i = 0; i < d; ++i) {
+    ek[i] = fp16_from_float(k[i]);  // the backing tier, written on every write
+    ev[i] = fp16_from_float(v[i]);
+  }
+  written_[st] = pos + 1;
+
+  if (k_.kind == FormatKind::dither_int8 && !outliers_fixed_[st]) {
+    if (pos + 1 >= cfg_.calibration_tokens) fix_outliers(st);  // encodes [0, pos]
+  } else if (k_.kind == FormatKind::scheme && k_.T > 1) {
+    if ((pos + 1) % k_.T == 0) encode_group(k_, quant::KvSide::key, st, pos / k_.T);
+  } else if (k_.kind != FormatKind::exact) {
+    encode_token(k_, quant::KvSide::key, st, pos);
+  }
+  if (v_.kind == FormatKind::scheme && v_.T > 1) {
+    if ((pos + 1) % v_.T == 0) encode_group(v_, quant::KvSide::value, st, pos / v_.T);
+  } else if (v_.kind != FormatKind::exact) {
+    encode_token(v_, quant::KvSide::value, st, pos);
+  }
+}
+
+void KvStore::fix_outliers(std::size_t st) {
+  const int d = cfg_.head_dim;
+  // Pair energy Σ_t k_lo² + k_hi² over the tokens seen so far picks the m outlier pairs.
+  std::vector<double> energy(d / 2, 0.0);
+  for (std::int64_t pos = 0; pos < written_[st]; ++pos) {
+    const f16* ek = &exact_k_[(st * slots() + table_.slot(pos)) * d];
+    for (int j = 0; j < d / 2; ++j) {
+      const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
+      const double a = fp16_to_float(ek[p.lo]), b = fp16_to_float(ek[p.hi]);
+      energy[j] += a * a + b * b;
+    }
+  }
+  std::uint8_t* mask = &outlier_mask_[st * d];
+  for (int m = 0; m < cfg_.outlier_pairs; ++m) {
+    const int j = static_cast<int>(std::max_element(energy.begin(), energy.end()) - energy.begin());
+    energy[j] = -1.0;
+    const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
+    mask[p.lo] = mask[p.hi] = 1;
+  }
+  outliers_fixed_[st] = 1;
+  for (std::int64_t pos = 0; pos < written_[st]; ++pos) encode_token(k_, quant::KvSide::key, st, pos);
+}
+
+void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) {
+  const int d = cfg_.head_dim;
+  const bool key = which == quant::KvSide::key;
+  const std::int64_t slot = table_.slot(pos);
+  const std::size_t at = st * slots() + slot;
+  const f16* exact = key ? &exact_k_[at * d] : &exact_v_[at * d];
+  std::vector<float> x(d), x_hat(d);
+  for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
+
+  if (side.kind == FormatKind::dither_int8) {
+    std::vector<float> xi(d, 0.0f);  // values are rounded without dither: their bound is deterministic
+    std::vector<std::uint8_t> no_outliers(d, 0);
+    const std::uint8_t* mask = key ? &outlier_mask_[st * d] : no_outliers.data();
+    if (key) {
+      const quant::DitherStream stream{cfg_.seed, static_cast<std::uint32_t>(st / cfg_.kv_heads),
+                                       static_cast<std::uint32_t>(st % cfg_.kv_heads)};
+      quant::dither_values(stream, dither_counter_slot(pos), xi);
+    }
+    const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg_.outlier_pairs) : 0;
+    quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup,
+                              std::span<std::int8_t>(&side.codes[at * d], d),
+                              std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
+                              std::span<f16>(key ? &side.outlier_values[at * n_out] : nullptr, n_out));
+    return;
+  }
+  std::uint8_t* packed = &side.packed[at * side.block_bytes];
+  side.scheme->encode(x.data(), d, packed);
+  side.scheme->decode(packed, d, x_hat.data());
+  f16* meta = &side.meta[at * side.meta_per_token];
+  if (key) {
+    cert::tier_a_witness(bands_, x_hat, x, std::span<f16>(meta, cfg_.bands));
+  } else {
+    double rho = 0.0;
+    for (int i = 0; i < d; ++i) rho += (double(x_hat[i]) - x[i]) * (double(x_hat[i]) - x[i]);
+    meta[0] = fp16_from_double(std::sqrt(rho) * cert::kRoundUpMargin, Round::up);
+  }
+}
+
+void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group) {
+  const int d = cfg_.head_dim, T = side.T;
+  const bool key = which == quant::KvSide::key;
+  std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
+  for (int t = 0; t < T; ++t) {
+    const std::size_t at = st * slots() + table_.slot(group * T + t);
+    const f16* exact = key ? &exact_k_[at * d] : &exact_v_[at * d];
+    for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
+  }
+  const std::size_t blocks = (cfg_.capacity + T - 1) / T;
+  std::uint8_t* packed = &side.packed[(st * blocks + group) * side.block_bytes];
+  side.scheme->encode(x.data(), d, packed);
+  side.scheme->decode(packed, d, x_hat.data());
+  for (int t = 0; t < T; ++t) {
+    f16* meta = &side.meta[(st * slots() + table_.slot(group * T + t)) * side.meta_per_token];
+    const std::span<const float> xt(&x[t * d], d), ht(&x_hat[t * d], d);
+    if (key) {
+      cert::tier_a_witness(bands_, ht, xt, std::span<f16>(meta, cfg_.bands));
+    } else {
+      double rho = 0.0;
+      for (int i = 0; i < d; ++i) rho += (double(ht[i]) - xt[i]) * (double(ht[i]) - xt[i]);
+      meta[0] = fp16_from_double(std::sqrt(rho) * cert::kRoundUpMargin, Round::up);
+    }
+  }
+}
+
+std::size_t KvStore::compressed_bytes() const {
+  std::size_t b = k_.bytes() + v_.bytes() + outlier_mask_.size();
+  if (k_.kind == FormatKind::exact) b += exact_k_.size() * sizeof(f16);  // fp16 is served from the tier itself
+  if (v_.kind == FormatKind::exact) b += exact_v_.size() * sizeof(f16);
+  return b;
+}
+
+std::size_t KvStore::backing_bytes() const { return (exact_k_.size() + exact_v_.size()) * sizeof(f16); }
+
+double KvStore::bytes_per_token_head(quant::KvSide side) const {
+  const Side& s = side == quant::KvSide::key ? k_ : v_;
+  const double tokens = static_cast<double>(cfg_.layers) * cfg_.kv_heads * static_cast<double>(slots());
+  if (s.kind == FormatKind::exact) return (side == quant::KvSide::key ? exact_k_ : exact_v_).size() * sizeof(f16) / tokens;
+  double b = static_cast<double>(s.bytes());
+  if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += outlier_mask_.size();
+  return b / tokens;
+}
+
+// --- Reader ---
+
+KvStore::Reader::Reader(const KvStore& store, int layer, int kv_head)
+    : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg_.head_dim) {}
+
+const f16* KvStore::Reader::exact_key_row(std::int64_t pos) const {
+  return &s_.exact_k_[(stream_ * s_.slots() + s_.table_.slot(pos)) * s_.cfg_.head_dim];
+}
+
+const f16* KvStore::Reader::exact_value_row(std::int64_t pos) const {
+  return &s_.exact_v_[(stream_ * s_.slots() + s_.table_.slot(pos)) * s_.cfg_.head_dim];
+}
+
+void KvStore::Reader::exact_key(std::int64_t pos, float* k) const {
+  const f16* e = exact_key_row(pos);
+  for (int i = 0; i < s_.cfg_.head_dim; ++i) k[i] = fp16_to_float(e[i]);
+}
+
+void KvStore::Reader::exact_value(std::int64_t pos, float* v) const {
+  const f16* e = exact_value_row(pos);
+  for (int i = 0; i < s_.cfg_.head_dim; ++i) v[i] = fp16_to_float(e[i]);
+}
+
+const std::uint8_t* KvStore::Reader::outlier_mask() const { return &s_.outlier_mask_[stream_ * s_.cfg_.head_dim]; }
+
+int KvStore::Reader::non_outlier_channels() const {
+  const std::uint8_t* m = outlier_mask();
+  return static_cast<int>(s_.cfg_.head_dim - std::count(m, m + s_.cfg_.head_dim, 1));
+}
+
+void KvStore::Reader::decode_scheme(quant::KvSide side, std::int64_t pos, float* out, BlockCache& cache) {
+  const Side& sd = side == quant::KvSide::key ? s_.k_ : s_.v_;
+  const int d = s_.cfg_.head_dim;
+  if (sd.T == 1) {
+    sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.table_.slot(pos)) * sd.block_bytes], d, out);
+    return;
+  }
+  const std::int64_t group = pos / sd.T;
+  if (cache.group != group) {  // a group scheme decodes its whole block once per call
+    const std::size_t blocks = (s_.cfg_.capacity + sd.T - 1) / sd.T;
+    cache.decoded.resize(static_cast<std::size_t>(sd.T) * d);
+    sd.scheme->decode(&sd.packed[(stream_ * blocks + group) * sd.block_bytes], d, cache.decoded.data());
+    cache.group = group;
+  }
+  std::copy_n(&cache.decoded[(pos % sd.T) * d], d, out);
+}
+
+void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
+  const Side& sd = s_.k_;
+  if (!s_.encoded(sd, quant::KvSide::key, stream_, pos)) {
+    exact_key(pos, k_hat);
+    bound = KeyBound{};
+    return;
+  }
+  const int d = s_.cfg_.head_dim;
+  const std::size_t at = stream_ * s_.slots() + s_.table_.slot(pos);
+  if (sd.kind == FormatKind::scheme) {
+    decode_scheme(quant::KvSide::key, pos, k_hat, k_block_);
+    bound = KeyBound{KeyBound::tier_a, &sd.meta[at * sd.meta_per_token], nullptr};
+    return;
+  }
+  const quant::DitherStream stream{s_.cfg_.seed, static_cast<std::uint32_t>(layer_),
+                                   static_cast<std::uint32_t>(kv_head_)};
+  quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
+  const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg_.outlier_pairs);
+  quant::decode_dither_int8(std::span<const std::int8_t>(&sd.codes[at * d], d),
+                            std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
+                            std::span<const std::uint8_t>(outlier_mask(), d),
+                            std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,
+                            std::span<float>(k_hat, d));
+  bound = KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token]};
+}
+
+void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
+  const Side& sd = s_.v_;
+  if (!s_.encoded(sd, quant::KvSide::value, stream_, pos)) {
+    exact_value(pos, v_hat);
+    rho = 0.0;
+    return;
+  }
+  const int d = s_.cfg_.head_dim;
+  const std::size_t at = stream_ * s_.slots() + s_.table_.slot(pos);
+  if (sd.kind == FormatKind::scheme) {
+    decode_scheme(quant::KvSide::value, pos, v_hat, v_block_);
+    rho = fp16_to_double(sd.meta[at]);
+    return;
+  }
+  std::fill(xi_.begin(), xi_.end(), 0.0f);
+  no_outliers_.assign(d, 0);
+  quant::decode_dither_int8(std::span<const std::int8_t>(&sd.codes[at * d], d),
+                            std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
+                            no_outliers_, {}, kDitherGroup,
+                            std::span<float>(v_hat, d));
+  // |x̂ − x| ≤ s/2 per channel, plus the float rounding of the decode (≤ 127.5·2^-24·s).
+  double sum = 0.0;
+  for (int g = 0; g < sd.meta_per_token; ++g) {
+    const double half = fp16_to_double(sd.meta[at * sd.meta_per_token + g]) * (0.5 + 0x1p-17);
+    sum += kDitherGroup * half * half;
+  }
+  rho = std::sqrt(sum) * cert::kRoundUpMargin;
+}
+
+}  // namespace witcert::cache

@@ -1,0 +1,155 @@
+// The certified KV cache's storage (DESIGN §2, layer 3): for every (layer, KV head), the real
+// packed bytes of the chosen formats in a paged pool, the metadata the meter needs beside them,
+// and an exact fp16 backing tier written on every cache write.
+//
+// Formats, per side (K and V may differ):
+//   fp16             exact; the meter is 0.
+//   <scheme>         any black-box scheme of quant/schemes.h. Keys carry the Tier-A witness:
+//                    B band norms of the residual, fp16 rounded up (paper §4.1). Values carry
+//                    ρ_t = ‖v̂_t − v_t‖, fp16 rounded up, for the value-side term.
+//   dither-int8      Tier B (§4.2): int8 codes + one fp16 scale per token × 32 channels; keys
+//                    also keep m fixed outlier RoPE pairs per (layer, KV head) in fp16, excluded
+//                    from the amax. The key dither is regenerated from Philox at read time from
+//                    the slot (or the page, DitherMode::shared_page). Values are rounded without
+//                    dither: their bound ρ_t ≤ ‖s/2‖ is deterministic.
+// Tokens whose group-scheme block has not filled, and dither-int8 keys written before the
+// outlier pairs are fixed (the first calibration_tokens positions), are served from the exact
+// tier with a zero bound.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/fp16.h"
+#include "cache/page_pool.h"
+#include "cert/witness.h"
+#include "quant/dither_int8.h"
+#include "quant/schemes.h"
+
+namespace witcert::cache {
+
+enum class DitherMode {
+  per_slot,     // the paper's: one ξ per (slot, channel)
+  shared_page,  // one ξ per (page, channel), shared by the page's tokens (docs/dither-cost.md)
+};
+
+inline constexpr const char* kDitherInt8 = "dither-int8";
+
+struct CacheConfig {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  std::int64_t capacity = 0;  // positions of the one sequence
+  int page_size = 16;
+  std::string k_format = "fp16";
+  std::string v_format = "fp16";
+  int outlier_pairs = 4;        // m (dither-int8 keys)
+  int calibration_tokens = 16;  // dither-int8 keys stay exact until the outlier pairs are fixed
+  int bands = cert::kDefaultBands;
+  cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
+  std::uint64_t seed = 0x5EED;
+  DitherMode dither = DitherMode::per_slot;
+  std::uint64_t shuffle_pages = 0;  // ≠ 0: physical pages in a shuffled order (tests)
+};
+
+enum class FormatKind { exact, scheme, dither_int8 };
+
+// How the meter bounds one stored key.
+struct KeyBound {
+  enum Kind { exact, tier_a, tier_b } kind = exact;
+  const f16* witness = nullptr;  // B band norms (tier_a)
+  const f16* scales = nullptr;   // head_dim / 32 group scales (tier_b)
+};
+
+class KvStore {
+ public:
+  // Throws std::invalid_argument for an unknown format or a shape the format cannot hold.
+  explicit KvStore(const CacheConfig& cfg);
+
+  const CacheConfig& config() const { return cfg_; }
+  FormatKind kind(quant::KvSide side) const { return side == quant::KvSide::key ? k_.kind : v_.kind; }
+
+  // Stores the post-RoPE key and value of `pos` for (layer, kv_head); positions arrive in order
+  // for each (layer, kv_head). Throws std::out_of_range beyond the capacity.
+  void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v);
+  void clear();
+  std::int64_t length(int layer, int kv_head) const { return written_[stream(layer, kv_head)]; }
+
+  // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.
+  class Reader {
+   public:
+    Reader(const KvStore& store, int layer, int kv_head);
+    const CacheConfig& config() const { return s_.cfg_; }
+    // The fp16 exact-tier rows of a position (what the exact attention path reads).
+    const f16* exact_key_row(std::int64_t pos) const;
+    const f16* exact_value_row(std::int64_t pos) const;
+    // k̂ as the runtime sees it (head_dim floats) and what bounds its logit error.
+    void key(std::int64_t pos, float* k_hat, KeyBound& bound);
+    // v̂ and an upper bound ρ_t ≥ ‖v̂ − v‖.
+    void value(std::int64_t pos, float* v_hat, double& rho);
+    // The exact tier (the fp16 the model produced).
+    void exact_key(std::int64_t pos, float* k) const;
+    void exact_value(std::int64_t pos, float* v) const;
+    const std::uint8_t* outlier_mask() const;  // dither-int8 keys: 1 on the m outlier pairs
+    int non_outlier_channels() const;
+
+   private:
+    struct BlockCache {
+      std::int64_t group = -1;
+      std::vector<float> decoded;
+    };
+    void decode_scheme(quant::KvSide side, std::int64_t pos, float* out, BlockCache& cache);
+
+    const KvStore& s_;
+    int layer_, kv_head_;
+    std::size_t stream_;
+    BlockCache k_block_, v_block_;
+    std::vector<float> xi_;
+    std::vector<std::uint8_t> no_outliers_;
+  };
+
+  // Measured bytes of the allocations: the compressed cache (payload + meter metadata) and the
+  // exact backing tier.
+  std::size_t compressed_bytes() const;
+  std::size_t backing_bytes() const;
+  // Compressed bytes per token per KV head, per side, from the allocations.
+  double bytes_per_token_head(quant::KvSide side) const;
+
+ private:
+  struct Side {
+    FormatKind kind = FormatKind::exact;
+    const quant::KvScheme* scheme = nullptr;
+    int T = 1;                       // tokens per block
+    std::size_t block_bytes = 0;     // packed bytes per block
+    std::vector<std::uint8_t> packed;  // per-token formats: [stream][slot][block_bytes]; group: [stream][group][block_bytes]
+    std::vector<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
+    int meta_per_token = 0;
+    std::vector<std::int8_t> codes;  // dither-int8: [stream][slot][head_dim]
+    std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
+    std::size_t bytes() const;
+  };
+
+  std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg_.kv_heads + kv_head; }
+  std::size_t slots() const { return static_cast<std::size_t>(pool_.pages()) * cfg_.page_size; }
+  void init_side(Side& side, const std::string& format, quant::KvSide which);
+  void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
+  void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
+  void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
+  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token
+  bool encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const;
+
+  CacheConfig cfg_;
+  cert::BandLayout bands_;
+  PagePool pool_;
+  PageTable table_;
+  Side k_, v_;
+  std::vector<f16> exact_k_, exact_v_;              // [stream][slot][head_dim]
+  std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
+  std::vector<char> outliers_fixed_;                // [stream]
+  std::vector<std::int64_t> written_;               // [stream]
+  std::int64_t mapped_ = 0;                         // positions with a page
+};
+
+}  // namespace witcert::cache

@@ -1,0 +1,55 @@
+// Paged token storage: a pool of fixed-size pages and per-sequence page tables (DESIGN §2,
+// layer 3). A page holds page_size token slots of every (layer, KV head); the slot of position
+// pos is page_table[pos / page_size]·page_size + pos % page_size. The slot, not the position,
+// names a token's storage and its dither stream, so paging cannot change either.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace witcert::cache {
+
+class PagePool {
+ public:
+  // pages × page_size slots. shuffle_seed ≠ 0 hands pages out in a shuffled order (tests:
+  // nothing may depend on physical pages being contiguous or ordered).
+  PagePool(std::int64_t pages, int page_size, std::uint64_t shuffle_seed = 0);
+
+  int page_size() const { return page_size_; }
+  std::int64_t pages() const { return pages_; }
+  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+
+  // Throws std::runtime_error when the pool is exhausted.
+  std::int64_t allocate();
+  void release(std::int64_t page);
+
+ private:
+  std::int64_t pages_;
+  int page_size_;
+  std::vector<std::int64_t> free_;  // a stack: the next page handed out is free_.back()
+};
+
+// One sequence's logical pages, mapped to physical pages on demand.
+class PageTable {
+ public:
+  explicit PageTable(PagePool& pool) : pool_(&pool) {}
+  ~PageTable();
+  PageTable(const PageTable&) = delete;
+  PageTable& operator=(const PageTable&) = delete;
+
+  // The slot of position pos, allocating its page when pos is the first position on it.
+  std::int64_t slot_for_write(std::int64_t pos);
+  // The slot of an already written position.
+  std::int64_t slot(std::int64_t pos) const {
+    return pages_[pos / pool_->page_size()] * pool_->page_size() + pos % pool_->page_size();
+  }
+  std::int64_t page_of(std::int64_t pos) const { return pages_[pos / pool_->page_size()]; }
+  std::int64_t positions_mapped() const { return static_cast<std::int64_t>(pages_.size()) * pool_->page_size(); }
+  void clear();
+
+ private:
+  PagePool* pool_;
+  std::vector<std::int64_t> pages_;
+};
+
+}  // namespace witcert::cache
