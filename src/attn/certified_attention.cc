@@ -21,16 +21,56 @@ void HeadPartial::merge(const HeadPartial& o) {
   meter.merge(o.meter);
 }
 
+namespace {
+
+// c_t for each query head of the group from a token's stored bound: Tier A from the witness
+// and ‖q_b‖ (precomputed), Tier B from the dither scales, 0 for exact tokens.
+class BoundEvaluator {
+ public:
+  BoundEvaluator(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, const BoundContext& ctx)
+      : reader_(reader), q_(q), d_(head_dim), ctx_(ctx), bands_(reader.config().bands) {
+    const cert::BandLayout layout(d_, bands_, reader.config().rope_layout);
+    q_norms_.resize(static_cast<std::size_t>(group) * bands_);
+    for (int h = 0; h < group; ++h)
+      cert::band_norms(layout, std::span<const float>(q + h * d_, d_), std::span<double>(&q_norms_[h * bands_], bands_));
+  }
+
+  double c(int h, const cache::KeyBound& bound) const {
+    if (bound.kind == cache::KeyBound::tier_a)
+      return cert::tier_a_c(std::span<const double>(&q_norms_[h * bands_], bands_),
+                            std::span<const f16>(bound.witness, bands_), ctx_.sm);
+    if (bound.kind == cache::KeyBound::tier_b) {
+      const double v2 = cert::dither_variance_proxy(std::span<const float>(q_ + h * d_, d_),
+                                                    std::span<const f16>(bound.scales, d_ / quant::kDefaultGroup),
+                                                    std::span<const std::uint8_t>(reader_.outlier_mask(), d_),
+                                                    quant::kDefaultGroup, ctx_.sm);
+      return cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, reader_.non_outlier_channels());
+    }
+    return 0.0;
+  }
+
+ private:
+  cache::KvStore::Reader& reader_;
+  const float* q_;
+  int d_;
+  BoundContext ctx_;
+  int bands_;
+  std::vector<double> q_norms_;
+};
+
+double dot(const float* a, const float* b, int d) {
+  double s = 0.0;
+  for (int i = 0; i < d; ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+}  // namespace
+
 void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                             std::int64_t begin, std::int64_t end, const BoundContext& ctx,
                             std::vector<HeadPartial>& partials) {
   const int d = head_dim;
-  const cache::CacheConfig& cfg = reader.config();
-  const cert::BandLayout bands(d, cfg.bands, cfg.rope_layout);
-  // Per query: band norms ‖q_b‖ for Tier A.
-  std::vector<double> q_norms(static_cast<std::size_t>(group) * cfg.bands);
-  for (int h = 0; h < group; ++h)
-    cert::band_norms(bands, std::span<const float>(q + h * d, d), std::span<double>(&q_norms[h * cfg.bands], cfg.bands));
+  const BoundEvaluator bounds(reader, q, group, d, ctx);
   partials.resize(group);
   for (HeadPartial& p : partials) p.acc.resize(d, 0.0);
   std::vector<float> k(d), v(d);
@@ -39,27 +79,11 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
     reader.key(t, k.data(), bound);
     double rho = 0.0;
     reader.value(t, v.data(), rho);
-    double v_norm = 0.0;
-    for (int i = 0; i < d; ++i) v_norm += double(v[i]) * v[i];
-    v_norm = std::sqrt(v_norm);
+    const double v_norm = std::sqrt(dot(v.data(), v.data(), d));
     for (int h = 0; h < group; ++h) {
-      const float* qh = q + h * d;
-      double dot = 0.0;
-      for (int i = 0; i < d; ++i) dot += double(qh[i]) * k[i];
-      const double z = ctx.sm * dot;
-      double c = 0.0;
-      if (bound.kind == cache::KeyBound::tier_a) {
-        c = cert::tier_a_c(std::span<const double>(&q_norms[h * cfg.bands], cfg.bands),
-                           std::span<const f16>(bound.witness, cfg.bands), ctx.sm);
-      } else if (bound.kind == cache::KeyBound::tier_b) {
-        const double v2 = cert::dither_variance_proxy(std::span<const float>(qh, d),
-                                                      std::span<const f16>(bound.scales, d / quant::kDefaultGroup),
-                                                      std::span<const std::uint8_t>(reader.outlier_mask(), d),
-                                                      quant::kDefaultGroup, ctx.sm);
-        c = cert::subgaussian_radius(v2, ctx.S, ctx.delta_loc, reader.non_outlier_channels());
-      }
+      const double z = ctx.sm * dot(q + h * d, k.data(), d);
       HeadPartial& p = partials[h];
-      p.meter.add(z, c);
+      p.meter.add(z, bounds.c(h, bound));
       if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
         p.m = std::isnan(z) ? NAN : std::max(p.m, z);
         continue;
@@ -78,6 +102,25 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
       p.v_max = std::max(p.v_max, v_norm + rho);
     }
   }
+}
+
+std::vector<std::vector<double>> page_contributions(cache::KvStore::Reader& reader, const float* q, int group,
+                                                    int head_dim, std::int64_t n_ctx, const BoundContext& ctx,
+                                                    const std::vector<double>& lse_z) {
+  const int d = head_dim;
+  const std::int64_t page = reader.config().page_size;
+  const BoundEvaluator bounds(reader, q, group, d, ctx);
+  std::vector<std::vector<double>> contribution(group, std::vector<double>((n_ctx + page - 1) / page, 0.0));
+  std::vector<float> k(d);
+  cache::KeyBound bound;
+  for (std::int64_t t = 0; t < n_ctx; ++t) {
+    reader.key(t, k.data(), bound);
+    for (int h = 0; h < group; ++h) {
+      const double z = ctx.sm * dot(q + h * d, k.data(), d);
+      contribution[h][t / page] += std::exp(z - lse_z[h]) * std::expm1(bounds.c(h, bound));  // p̃_t (e^{c_t} − 1)
+    }
+  }
+  return contribution;
 }
 
 HeadResult finish(const HeadPartial& p, int head_dim, float* out) {

@@ -53,6 +53,14 @@ struct HeadResult {
 // Writes the output (head_dim floats) and returns the head's meters.
 HeadResult finish(const HeadPartial& p, int head_dim, float* out);
 
+// Block repair planning (§6.3.5): each page's term Σ_{t∈page} p̃_t (e^{c_t} − 1) of A, per query
+// head of the group (result[h][j] for logical page j of [0, n_ctx)). Replacing page j by exact
+// keys removes exactly this term from A = Σ_t p̃_t e^{c_t} with p̃ held fixed. lse_z[h] is LSE(z̃)
+// of head h over [0, n_ctx).
+std::vector<std::vector<double>> page_contributions(cache::KvStore::Reader& reader, const float* q, int group,
+                                                    int head_dim, std::int64_t n_ctx, const BoundContext& ctx,
+                                                    const std::vector<double>& lse_z);
+
 // True TV(p, p̃) between attention over the exact tier and over the keys the runtime reads,
 // for one query (the soundness check; reads every key twice).
 double true_tv(cache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t n_ctx);

@@ -1,5 +1,6 @@
 #include "attn/certified_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -15,7 +16,15 @@ CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const Certifie
       store_(cfg),
       delta_loc_(cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget)) {
   if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
+  if (opts.gate.tau < 0.0 || std::isnan(opts.gate.tau))
+    throw std::invalid_argument("the gate threshold tau must be positive");
 }
+
+struct CertifiedKvCache::Group {
+  std::vector<HeadPartial> partials;
+  std::vector<HeadResult> results;
+  std::vector<float> out;
+};
 
 bool CertifiedKvCache::exact() const {
   return store_.kind(quant::KvSide::key) == cache::FormatKind::exact &&
@@ -37,6 +46,82 @@ std::vector<MeterCell> CertifiedKvCache::cells() const {
   return cells_;
 }
 
+void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
+                               Group& g) const {
+  const int d = g_.head_dim;
+  const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n_ctx, delta_loc_};
+  // Split-KV over page-aligned ranges; partials merge under the LSE weights.
+  const std::int64_t page = store_.config().page_size;
+  const std::int64_t pages = (n_ctx + page - 1) / page;
+  g.partials.assign(group, HeadPartial{});
+  std::vector<HeadPartial> part;
+  for (int s = 0; s < opts_.splits; ++s) {
+    const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
+    const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
+    if (b >= e) continue;
+    part.assign(group, HeadPartial{});
+    attend_range_reference(reader, q, group, d, b, e, ctx, part);
+    for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
+  }
+  g.out.resize(static_cast<std::size_t>(group) * d);
+  g.results.resize(group);
+  for (int h = 0; h < group; ++h) g.results[h] = finish(g.partials[h], d, &g.out[h * d]);
+}
+
+bool CertifiedKvCache::triggered(const Group& g) const {
+  const GateOptions& gate = opts_.gate;
+  if (gate.tau == 0.0) return false;
+  for (const HeadResult& r : g.results)  // any-of-G over the query heads of the KV head
+    if (gate.certified() ? r.meter > gate.tau : !(r.eform_raw <= gate.tau)) return true;
+  return false;
+}
+
+bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
+                              std::int64_t n_ctx, const Group& g) const {
+  const std::int64_t page = store_.config().page_size;
+  const std::int64_t pages = (n_ctx + page - 1) / page;
+  std::vector<std::int64_t> order;
+  for (std::int64_t j = 0; j < pages; ++j)
+    if (!store_.promoted(layer, kv_head, j)) order.push_back(j);
+  if (order.empty()) return false;
+  if (opts_.gate.granularity == Granularity::request) {
+    for (int l = 0; l < g_.layers; ++l)
+      for (int h = 0; h < g_.kv_heads; ++h)
+        for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) store_.promote(l, h, j);
+    return true;
+  }
+  if (opts_.gate.granularity == Granularity::block) {
+    // Plan with p̃ held fixed: take pages by decreasing term of A until every head's
+    // ½(A² − 1) would be within τ (τ is on the raw score when risk-ranked, on the meter otherwise).
+    std::vector<double> lse_z(group), A(group);
+    for (int h = 0; h < group; ++h) {
+      lse_z[h] = g.partials[h].meter.z.value();
+      A[h] = std::exp(g.partials[h].meter.log_A());
+    }
+    const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(g_.head_dim)), n_ctx, delta_loc_};
+    const std::vector<std::vector<double>> term = page_contributions(reader, q, group, g_.head_dim, n_ctx, ctx, lse_z);
+    auto total = [&](std::int64_t j) {
+      double t = 0.0;
+      for (int h = 0; h < group; ++h) t += term[h][j];
+      return t;
+    };
+    const bool finite = std::all_of(A.begin(), A.end(), [](double a) { return std::isfinite(a); }) &&
+                        std::all_of(order.begin(), order.end(), [&](std::int64_t j) { return std::isfinite(total(j)); });
+    if (finite) {
+      std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return total(a) > total(b); });
+      const double target = std::sqrt(1.0 + 2.0 * opts_.gate.tau);  // ½(A² − 1) ≤ τ
+      std::size_t take = 0;
+      while (take < order.size() && std::any_of(A.begin(), A.end(), [&](double a) { return a > target; })) {
+        for (int h = 0; h < group; ++h) A[h] -= term[h][order[take]];
+        ++take;
+      }
+      order.resize(std::max<std::size_t>(take, 1));
+    }
+  }
+  for (std::int64_t j : order) store_.promote(layer, kv_head, j);
+  return true;
+}
+
 void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
                               float* out) const {
   const int d = g_.head_dim;
@@ -48,26 +133,26 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
       exact_attention(
           q + h * d, [&](std::int64_t t) { return reader.exact_key_row(t); },
           [&](std::int64_t t) { return reader.exact_value_row(t); }, n_ctx, d, out + h * d);
-      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, opts_.check_soundness ? 0.0 : NAN});
+      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0,
+                       opts_.check_soundness ? 0.0 : NAN, 0.0, false});
     }
   } else {
-    const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n_ctx, delta_loc_};
-    // Split-KV over page-aligned ranges; partials merge under the LSE weights.
-    const std::int64_t page = store_.config().page_size;
-    const std::int64_t pages = (n_ctx + page - 1) / page;
-    std::vector<HeadPartial> merged(group), part;
-    for (int s = 0; s < opts_.splits; ++s) {
-      const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
-      const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
-      if (b >= e) continue;
-      part.assign(group, HeadPartial{});
-      attend_range_reference(reader, q, group, d, b, e, ctx, part);
-      for (int h = 0; h < group; ++h) merged[h].merge(part[h]);
+    Group g;
+    compute(reader, q, group, n_ctx, g);
+    std::vector<double> raw_before(group);
+    for (int h = 0; h < group; ++h) raw_before[h] = g.results[h].eform_raw;
+    bool repaired = false;
+    // Repair and recompute the step until the gate is satisfied (every page exact at worst).
+    while (triggered(g) && repair(reader, layer, kv_head, q, group, n_ctx, g)) {
+      repaired = true;
+      compute(reader, q, group, n_ctx, g);
     }
+    std::copy(g.out.begin(), g.out.end(), out);
     for (int h = 0; h < group; ++h) {
-      const HeadResult r = finish(merged[h], d, out + h * d);
+      const HeadResult& r = g.results[h];
       const double tv = opts_.check_soundness ? true_tv(reader, q + h * d, d, n_ctx) : NAN;
-      local.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv});
+      local.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, raw_before[h],
+                       repaired});
     }
   }
   std::lock_guard<std::mutex> lock(mu_);

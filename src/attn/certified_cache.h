@@ -12,12 +12,28 @@
 
 namespace witcert::attn {
 
+// The gate (§4.3, §6.3.4–6.3.5): when a (layer, KV head) group's meter exceeds τ for any of its
+// query heads, repair it from the exact tier and recompute the step's attention. τ < 1 is
+// certified gating on the clamped meter; τ ≥ 1 is risk-ranked gating on the raw score.
+enum class Granularity {
+  head,     // every page of the (layer, KV head)
+  block,    // pages in decreasing order of their term of A, until the meter is under τ
+  request,  // every page of every (layer, KV head) of the request
+};
+
+struct GateOptions {
+  double tau = 0.0;  // 0: no gate
+  Granularity granularity = Granularity::block;
+  bool certified() const { return tau < 1.0; }
+};
+
 struct CertifiedOptions {
   int q_heads = 1;                  // query heads per layer (H in δ_loc = δ_req/(L·H·T))
   double delta_req = 1e-2;          // request-level failure budget of Tier B
   std::int64_t decode_budget = 256; // T
   int splits = 1;                   // split-KV partitions per attention call, merged under LSE weights
   bool check_soundness = false;     // also compute the true TV of every cell from the exact tier
+  GateOptions gate;
 };
 
 // One (layer, query head, position) cell.
@@ -29,11 +45,13 @@ struct MeterCell {
   double meter;         // min(1, sound K forms)
   double v_meter;
   double tv;            // the true TV (NaN unless check_soundness)
+  double raw_before;    // the raw score before any repair (= eform_raw when not repaired)
+  bool repaired;
 };
 
 class CertifiedKvCache final : public KvCache {
  public:
-  // Throws std::invalid_argument for an impossible δ, an unknown format or a bad shape.
+  // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape.
   CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts);
 
   const KvGeometry& geometry() const override { return g_; }
@@ -46,9 +64,16 @@ class CertifiedKvCache final : public KvCache {
   std::vector<MeterCell> cells() const;
 
  private:
+  struct Group;  // the results of one attention call
+  void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g) const;
+  bool triggered(const Group& g) const;
+  // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
+  bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+              const Group& g) const;
+
   KvGeometry g_;
   CertifiedOptions opts_;
-  cache::KvStore store_;
+  mutable cache::KvStore store_;  // promotions (repairs) happen inside attend
   double delta_loc_;
   mutable std::mutex mu_;
   mutable std::vector<MeterCell> cells_;

@@ -38,6 +38,12 @@ Tokens draw_tokens(std::int64_t n, std::uint64_t seed) {
   return t;
 }
 
+CertifiedOptions heads(int q_heads) {
+  CertifiedOptions o;
+  o.q_heads = q_heads;
+  return o;
+}
+
 std::vector<std::string> all_formats() {
   std::vector<std::string> f = quant::kv_scheme_names();
   f.push_back(cache::kDitherInt8);
@@ -68,7 +74,7 @@ void fill(KvCache& cache, const Tokens& t) {
 TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
   const Tokens t = draw_tokens(40, 1);
   for (const std::string& fmt : all_formats()) {
-    CertifiedKvCache cache(config(fmt, fmt, 40, 16, 9), {kGroup * kKvHeads});
+    CertifiedKvCache cache(config(fmt, fmt, 40, 16, 9), heads(kGroup * kKvHeads));
     fill(cache, t);
     for (int l = 0; l < kLayers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
@@ -85,7 +91,7 @@ TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
 TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
   const Tokens t = draw_tokens(50, 2);
   ExactKvCache plain({kLayers, kKvHeads, kDim, 50});
-  CertifiedKvCache certified(config("fp16", "fp16", 50, 16, 3), {kGroup * kKvHeads});
+  CertifiedKvCache certified(config("fp16", "fp16", 50, 16, 3), heads(kGroup * kKvHeads));
   fill(plain, t);
   fill(certified, t);
   std::mt19937_64 rng(3);
@@ -109,7 +115,7 @@ TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
     for (cache::DitherMode mode : {cache::DitherMode::per_slot, cache::DitherMode::shared_page}) {
       cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, page, 77);
       c.dither = mode;
-      CertifiedKvCache cache(c, {kGroup * kKvHeads});
+      CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
       fill(cache, t);
       for (int l = 0; l < kLayers; ++l)
         for (int h = 0; h < kKvHeads; ++h) {
@@ -202,7 +208,7 @@ TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
 TEST(CertifiedCache, OutputIsAttentionOverTheStoredKeysAndValues) {
   const Tokens t = draw_tokens(30, 8);
   for (const std::string& fmt : {std::string("q4_0"), std::string("kivi-2bit"), std::string(cache::kDitherInt8)}) {
-    CertifiedKvCache cache(config(fmt, fmt, 30, 16, 0), {kGroup * kKvHeads});
+    CertifiedKvCache cache(config(fmt, fmt, 30, 16, 0), heads(kGroup * kKvHeads));
     fill(cache, t);
     std::vector<float> q(kGroup * kDim, 0.3f), out(kGroup * kDim);
     q[1] = -2.0f;
@@ -232,7 +238,7 @@ TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
   Tokens t = draw_tokens(20, 9);
   t.k[((1 * kKvHeads + 0) * t.n + 5) * kDim + 3] = NAN;  // layer 1, head 0, position 5
   for (const std::string& fmt : {std::string("rtn-int8"), std::string(cache::kDitherInt8)}) {
-    CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), {kGroup * kKvHeads});
+    CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), heads(kGroup * kKvHeads));
     fill(cache, t);
     std::vector<float> q(kGroup * kDim, 0.1f), out(kGroup * kDim);
     cache.attend(1, 0, q.data(), kGroup, 20, out.data());
@@ -244,22 +250,22 @@ TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
 }
 
 TEST(CertifiedCache, RejectsBadConfiguration) {
-  EXPECT_THROW(CertifiedKvCache(config("nope", "fp16", 8, 16, 0), {6}), std::invalid_argument);
+  EXPECT_THROW(CertifiedKvCache(config("nope", "fp16", 8, 16, 0), heads(6)), std::invalid_argument);
   CertifiedOptions bad_delta;
   bad_delta.delta_req = 1.5;
   EXPECT_THROW(CertifiedKvCache(config("fp16", "fp16", 8, 16, 0), bad_delta), std::invalid_argument);
   cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 8, 16, 0);
   c.outlier_pairs = 32;
-  EXPECT_THROW(CertifiedKvCache(c, {6}), std::invalid_argument);
-  CertifiedKvCache ok(config("q8_0", "fp16", 8, 16, 0), {6});
+  EXPECT_THROW(CertifiedKvCache(c, heads(6)), std::invalid_argument);
+  CertifiedKvCache ok(config("q8_0", "fp16", 8, 16, 0), heads(6));
   std::vector<float> k(kDim), v(kDim);
   EXPECT_THROW(ok.write(0, 0, 1, k.data(), v.data()), std::invalid_argument);  // out of order
   EXPECT_THROW(ok.write(0, 0, 8, k.data(), v.data()), std::out_of_range);
 }
 
 TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
-  CertifiedKvCache fp16(config("fp16", "fp16", 4096, 16, 0), {6});
-  CertifiedKvCache dither(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), {6});
+  CertifiedKvCache fp16(config("fp16", "fp16", 4096, 16, 0), heads(6));
+  CertifiedKvCache dither(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), heads(6));
   EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(quant::KvSide::key), 128.0);
   // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the mask amortized.
   EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.0, 0.1);

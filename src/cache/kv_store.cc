@@ -32,6 +32,8 @@ KvStore::KvStore(const CacheConfig& cfg)
   outlier_mask_.assign(streams * cfg.head_dim, 0);
   outliers_fixed_.assign(streams, 0);
   written_.assign(streams, 0);
+  logical_pages_ = (cfg.capacity + cfg.page_size - 1) / cfg.page_size;
+  promoted_ = std::make_unique<std::atomic<std::uint8_t>[]>(streams * logical_pages_);
   init_side(k_, cfg.k_format, quant::KvSide::key);
   init_side(v_, cfg.v_format, quant::KvSide::value);
 }
@@ -68,6 +70,10 @@ void KvStore::init_side(Side& side, const std::string& format, quant::KvSide whi
 }
 
 void KvStore::clear() {
+  const std::size_t streams = static_cast<std::size_t>(cfg_.layers) * cfg_.kv_heads;
+  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
+  page_ins_ = 0;
+  page_in_bytes_ = 0;
   table_.clear();
   std::fill(written_.begin(), written_.end(), 0);
   std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
@@ -80,7 +86,23 @@ std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
   return static_cast<std::uint32_t>(table_.slot(pos));
 }
 
+bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
+  std::uint8_t expected = 0;
+  if (!promoted_[stream(layer, kv_head) * logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
+    return false;
+  const std::int64_t first = logical_page * cfg_.page_size;
+  const std::int64_t tokens = std::clamp<std::int64_t>(written_[stream(layer, kv_head)] - first, 0, cfg_.page_size);
+  page_ins_ += 1;
+  page_in_bytes_ += tokens * cfg_.head_dim * 2 * static_cast<std::int64_t>(sizeof(f16));
+  return true;
+}
+
+bool KvStore::promoted(int layer, int kv_head, std::int64_t logical_page) const {
+  return promoted_[stream(layer, kv_head) * logical_pages_ + logical_page].load(std::memory_order_acquire) != 0;
+}
+
 bool KvStore::encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {
+  if (promoted_[st * logical_pages_ + pos / cfg_.page_size].load(std::memory_order_acquire)) return false;
   switch (side.kind) {
     case FormatKind::exact:
       return false;

@@ -17,6 +17,7 @@
 // tier with a zero bound.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -110,6 +111,18 @@ class KvStore {
     std::vector<std::uint8_t> no_outliers_;
   };
 
+  // Repair (§6.3.5): serve one logical page of (layer, kv_head) from the exact tier from now on,
+  // for the rest of the request (the request-level repair cache, §6.3.9 (c)). Returns false,
+  // and moves nothing, when the page was already promoted. Thread-safe.
+  bool promote(int layer, int kv_head, std::int64_t logical_page);
+  bool promoted(int layer, int kv_head, std::int64_t logical_page) const;
+
+  struct PageInStats {
+    std::int64_t page_ins = 0;       // promotions
+    std::int64_t page_in_bytes = 0;  // exact K and V bytes read from the backing tier
+  };
+  PageInStats page_in_stats() const { return {page_ins_.load(), page_in_bytes_.load()}; }
+
   // Measured bytes of the allocations: the compressed cache (payload + meter metadata) and the
   // exact backing tier.
   std::size_t compressed_bytes() const;
@@ -149,7 +162,9 @@ class KvStore {
   std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
   std::vector<char> outliers_fixed_;                // [stream]
   std::vector<std::int64_t> written_;               // [stream]
-  std::int64_t mapped_ = 0;                         // positions with a page
+  std::int64_t logical_pages_ = 0;                  // per stream
+  std::unique_ptr<std::atomic<std::uint8_t>[]> promoted_;  // [stream][logical page]
+  std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};
 };
 
 }  // namespace witcert::cache
