@@ -9,3 +9,6 @@ build/witcert selfcheck
 echo
 echo '$ build/witcert generate --chat --prompt "What is the capital of France?"'
 build/witcert generate --chat --prompt "What is the capital of France?" --n 64
+echo
+echo '$ build/witcert demo'
+build/witcert demo

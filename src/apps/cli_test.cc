@@ -205,3 +205,30 @@ TEST(CliEngine, SeededSamplingIsReproducible) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
+  const std::string dir = scratch("report");
+  const Result r = run("run --model " + kModel + " --kv q4_0 --gate 0.2 --n 4 --check-soundness --report " + dir +
+                       " 'The capital of France is'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("certified tau=0.2 block"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", 0 violations"), std::string::npos) << r.out;
+  std::ifstream json(dir + "/report.json");
+  ASSERT_TRUE(json.good());
+  const auto j = nlohmann::json::parse(json);
+  ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_GE(j["runs"][0]["meter"]["coverage"].get<double>(), 1.0) << "every served cell within tau";
+  EXPECT_TRUE(std::ifstream(dir + "/report.md").good());
+  EXPECT_TRUE(std::ifstream(dir + "/heatmap-1.svg").good());
+}
+
+TEST(CliEngine, RunRejectsBadArguments) {
+  EXPECT_NE(run("run --model " + kModel + " --kv nope 'hi'").exit_code, 0);
+  EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);
+  EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --delta 2 'hi'").exit_code, 0);
+  EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --granularity page 'hi'").exit_code, 0);
+}
+
+}  // namespace

@@ -58,6 +58,28 @@ struct LogitsArgs {
   int threads = 2;
 };
 
+struct RunArgs {
+  std::string model;
+  std::string prompt;
+  bool chat = false;
+  int n = 32;
+  std::string kv;
+  std::string kv_v;
+  std::string scheme_sweep;  // comma-separated formats: one run each, one table
+  double gate = 0.0;         // τ; 0: no gate
+  std::string granularity = "block";
+  double delta = 1e-2;
+  bool check_soundness = false;
+  std::string report;  // directory
+  int threads = 2;
+};
+
+// `witcert run`: fp16 vs the given format(s), gated or not: texts, quality, meter, page-ins.
+int run_run(const RunArgs& args, std::ostream& out, std::ostream& err);
+
+// `witcert demo`: the needle-retrieval demo of the README's main job.
+int run_demo(const std::string& model, int threads, const std::string& report, std::ostream& out, std::ostream& err);
+
 // `witcert logits`: the top-K next-token ids, pieces and logits after the prompt, as JSON.
 int run_logits(const LogitsArgs& args, std::ostream& out);
 

@@ -50,6 +50,29 @@ int main(int argc, char** argv) {
   logits->add_option("--top", lg.top, "how many candidates")->check(CLI::PositiveNumber);
   logits->add_option("--threads", lg.threads, "worker threads")->check(CLI::PositiveNumber);
 
+  witcert::apps::RunArgs ra;
+  auto* runc = app.add_subcommand("run", "One request under a KV format, gated or not, against fp16: quality, meter, page-ins");
+  runc->add_option("prompt", ra.prompt, "prompt text")->required();
+  runc->add_option("--model", ra.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  runc->add_option("--kv", ra.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
+  runc->add_option("--kv-v", ra.kv_v, "format of the values (default: --kv)");
+  runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table");
+  runc->add_option("--gate", ra.gate, "gate threshold tau: < 1 certified (meter), >= 1 risk-ranked (raw score); 0 off");
+  runc->add_option("--granularity", ra.granularity, "repair granularity: head, block or request");
+  runc->add_option("--delta", ra.delta, "Tier-B request-level failure budget in (0, 1)");
+  runc->add_option("--n", ra.n, "tokens to generate")->check(CLI::PositiveNumber);
+  runc->add_flag("--chat", ra.chat, "wrap the prompt as a user turn of the chat template");
+  runc->add_flag("--check-soundness", ra.check_soundness, "compare every meter with the true TV from the exact tier");
+  runc->add_option("--report", ra.report, "directory for report.json, report.md and heatmaps");
+  runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
+
+  std::string demo_model, demo_report = "out/demo";
+  int demo_threads = 2;
+  auto* demo = app.add_subcommand("demo", "Needle retrieval under damaging and safe caches, raw and gated (the main job)");
+  demo->add_option("--model", demo_model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  demo->add_option("--report", demo_report, "directory for the report");
+  demo->add_option("--threads", demo_threads, "worker threads")->check(CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*bound) return witcert::apps::run_bound(std::cin, std::cout);
@@ -58,6 +81,8 @@ int main(int argc, char** argv) {
     if (*selfcheck) return witcert::apps::run_selfcheck(std::cout);
     if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
+    if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
+    if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";
     return 2;

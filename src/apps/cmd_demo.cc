@@ -1,0 +1,89 @@
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "apps/run.h"
+
+namespace witcert::apps {
+namespace {
+
+constexpr const char* kNeedle = "The secret passphrase for the archive is orange-falcon-17.";
+constexpr const char* kAnswer = "orange-falcon-17";
+
+// A haystack of ordinary sentences with the needle about 40 % of the way in, and the question.
+std::string needle_prompt(const Engine& e, int target_tokens) {
+  static const char* const kFiller[] = {
+      "The river flows slowly through the valley, past farms and old stone bridges.",
+      "In the spring the orchards bloom, and the air smells of apples and cut grass.",
+      "Merchants once carried salt and wool along this road to the coastal towns.",
+      "The library keeps maps of the region drawn by surveyors two centuries ago.",
+      "Every autumn the village holds a market where bakers sell bread and honey cakes.",
+      "A lighthouse stands on the cliff, and its keeper writes the weather in a ledger.",
+      "The school teaches mathematics, music and the history of the northern provinces.",
+      "Fishermen mend their nets on the pier while gulls circle above the harbour.",
+      "The mountain pass closes in winter, when snow covers the path for months.",
+      "Scholars debate whether the old tower was built as a fortress or a granary.",
+  };
+  std::string before, after;
+  int i = 0;
+  while (static_cast<int>(e.tokenizer->encode(before, false).size()) < target_tokens * 2 / 5)
+    before += std::string(kFiller[i++ % 10]) + " ";
+  while (static_cast<int>(e.tokenizer->encode(before + after, false).size()) < target_tokens)
+    after += std::string(kFiller[i++ % 10]) + " ";
+  return "Read the following text carefully.\n\n" + before + kNeedle + " " + after +
+         "\n\nQuestion: What is the secret passphrase for the archive? Answer with the passphrase only.";
+}
+
+}  // namespace
+
+int run_demo(const std::string& model, int threads, const std::string& report, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Engine engine = Engine::load(model.empty() ? default_model_path() : model);
+  const std::string text = needle_prompt(engine, 1000);
+  const std::vector<std::int32_t> prompt = engine.prompt_tokens(text, /*chat=*/true);
+  const int n = 24;
+  err << fmt::format("WitCert demo: needle retrieval, {} prompt tokens, SmolLM2-135M on {} threads\n", prompt.size(),
+                     threads);
+  const RunOutcome fp16 = run_fp16(engine, prompt, n, threads);
+  err << "  fp16 reference answered: " << fp16.text << "\n";
+
+  auto config = [](std::string label, std::string kv, double tau) {
+    RunConfig c;
+    c.label = std::move(label);
+    c.kv_k = std::move(kv);
+    c.gate = {tau, attn::Granularity::block};
+    return c;
+  };
+  const std::vector<RunConfig> configs = {
+      config("q4_0 raw", "q4_0", 0.0),
+      config("q4_0 gated", "q4_0", 0.5),
+      config("fp8-e4m3 raw", "fp8-e4m3", 0.0),
+      config("fp8-e4m3 gated", "fp8-e4m3", 0.2),
+      config("rtn-int8 raw", "rtn-int8", 0.0),
+      config("dither-int8 gated", "dither-int8", 0.2),
+  };
+  std::vector<RunOutcome> runs;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    const std::string label = fmt::format("[{}/{}] {}", i + 1, configs.size(), configs[i].label);
+    runs.push_back(run_request(engine, prompt, n, configs[i], threads, [&](std::int64_t done, std::int64_t total) {
+      const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
+      err << fmt::format("\r  {:<26} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
+                         std::string(width - filled, '.'), done, total)
+          << (done == total ? "\n" : "") << std::flush;
+    }));
+  }
+  out << fmt::format("\nNeedle retrieval ({} prompt tokens; the needle: \"{}\")\n", prompt.size(), kNeedle);
+  out << "fp16 answer: " << fp16.text << "\n\n";
+  print_table(out, runs, kAnswer);
+  out << "\ncov@0.2: (layer, head, decode step) cells with served meter <= 0.2 (after repair); cov pre: the step's\n"
+         "meter before its own repair. KL/tok: mean KL(p_fp16 || p_run) over the generated tokens, fp16 teacher-forced.\n"
+         "gate: certified tau < 1 on the clamped meter, block repair from the exact tier. page-in: exact K/V bytes paged in.\n";
+  write_report(report, text, fp16, runs);
+  out << fmt::format("report: {}/report.md   (total {:.0f} s)\n", report,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
+}  // namespace witcert::apps

@@ -1,0 +1,75 @@
+#include <fmt/format.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "apps/run.h"
+
+namespace witcert::apps {
+namespace {
+
+attn::Granularity parse_granularity(const std::string& s) {
+  if (s == "head") return attn::Granularity::head;
+  if (s == "block") return attn::Granularity::block;
+  if (s == "request") return attn::Granularity::request;
+  throw std::invalid_argument("--granularity must be head, block or request, got '" + s + "'");
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// A progress bar on stderr for one run's prefill.
+std::function<void(std::int64_t, std::int64_t)> bar(std::ostream& err, const std::string& label) {
+  return [&err, label](std::int64_t done, std::int64_t total) {
+    const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
+    err << fmt::format("\r  {:<28} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
+                       std::string(width - filled, '.'), done, total)
+        << (done == total ? "\n" : "") << std::flush;
+  };
+}
+
+}  // namespace
+
+int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
+  if (a.gate < 0.0) throw std::invalid_argument("--gate must be positive (0 turns the gate off)");
+  if (!(a.delta > 0.0 && a.delta < 1.0)) throw std::invalid_argument("--delta must lie in (0, 1)");
+  Engine engine = Engine::load(a.model.empty() ? default_model_path() : a.model);
+  const std::vector<std::int32_t> prompt = engine.prompt_tokens(a.prompt, a.chat);
+  std::vector<std::string> schemes = a.scheme_sweep.empty() ? std::vector<std::string>{a.kv} : split_list(a.scheme_sweep);
+  if (schemes.empty() || schemes[0].empty()) throw std::invalid_argument("give --kv SCHEME or --scheme-sweep A,B,...");
+  err << fmt::format("prompt: {} tokens; generating up to {} tokens per run\n", prompt.size(), a.n);
+  const RunOutcome fp16 = run_fp16(engine, prompt, a.n, a.threads);
+  std::vector<RunOutcome> runs;
+  for (const std::string& s : schemes) {
+    RunConfig rc;
+    rc.kv_k = s;
+    rc.kv_v = a.kv_v;
+    rc.gate = {a.gate, parse_granularity(a.granularity)};
+    rc.delta = a.delta;
+    rc.check_soundness = a.check_soundness;
+    rc.label = s + (a.kv_v.empty() ? "" : "/" + a.kv_v);
+    runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, bar(err, rc.label)));
+  }
+  out << "fp16:        " << fp16.text << "\n";
+  for (const RunOutcome& r : runs) out << fmt::format("{:<12} {}\n", r.config.label + ":", r.text);
+  out << "\n";
+  print_table(out, runs);
+  for (const RunOutcome& r : runs)
+    if (r.meter.checked > 0)
+      out << fmt::format("soundness {}: {} cells checked, {} violations\n", r.config.label, r.meter.checked,
+                         r.meter.violations);
+  if (!a.report.empty()) {
+    write_report(a.report, a.prompt, fp16, runs);
+    out << "report: " << a.report << "/report.md\n";
+  }
+  return 0;
+}
+
+}  // namespace witcert::apps

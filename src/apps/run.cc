@@ -1,0 +1,227 @@
+#include "apps/run.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <ostream>
+
+#include "attn/exact_cache.h"
+#include "model/sampler.h"
+
+namespace witcert::apps {
+namespace {
+
+constexpr int kChunk = 64;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Prefills the prompt, then decodes greedily; rows receives the logits that chose each token.
+std::vector<std::int32_t> greedy(const Engine& e, const std::vector<std::int32_t>& prompt, int n, attn::KvCache& cache,
+                                 ThreadPool& pool, std::vector<std::vector<float>>* rows,
+                                 const std::function<void(std::int64_t, std::int64_t)>& progress) {
+  const model::LlamaModel& m = *e.model;
+  const std::vector<std::int32_t> stops = e.stop_tokens();
+  std::vector<float> logits(m.config().vocab);
+  const std::int64_t len = static_cast<std::int64_t>(prompt.size());
+  for (std::int64_t p = 0; p < len; p += kChunk) {
+    const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
+    m.forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, cache, pool, logits);
+    if (progress) progress(p + c, len);
+  }
+  std::vector<std::int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    if (rows) rows->push_back(logits);
+    const std::int32_t next = model::argmax(logits);
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
+    out.push_back(next);
+    if (i + 1 == n) break;
+    m.forward(std::span<const std::int32_t>(&next, 1), len + i, cache, pool, logits);
+  }
+  return out;
+}
+
+std::vector<double> log_softmax(const std::vector<float>& z) {
+  const double mx = *std::max_element(z.begin(), z.end());
+  double s = 0.0;
+  for (float v : z) s += std::exp(v - mx);
+  const double lse = mx + std::log(s);
+  std::vector<double> out(z.size());
+  for (std::size_t i = 0; i < z.size(); ++i) out[i] = z[i] - lse;
+  return out;
+}
+
+std::string join_text(const Engine& e, const std::vector<std::int32_t>& t) { return e.tokenizer->decode(t); }
+
+std::string fmt_bytes(double b) {
+  if (b >= 1 << 20) return fmt::format("{:.1f} MiB", b / (1 << 20));
+  if (b >= 1 << 10) return fmt::format("{:.1f} KiB", b / (1 << 10));
+  return fmt::format("{:.0f} B", b);
+}
+
+std::string gate_label(const attn::GateOptions& g) {
+  if (g.tau == 0.0) return "raw";
+  const char* gran = g.granularity == attn::Granularity::block ? "block" : g.granularity == attn::Granularity::head ? "head" : "request";
+  return fmt::format("{} tau={} {}", g.certified() ? "certified" : "risk-ranked", g.tau, gran);
+}
+
+}  // namespace
+
+RunOutcome run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::LlamaConfig& cfg = engine.model->config();
+  attn::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size()) + n));
+  ThreadPool pool(threads);
+  RunOutcome r;
+  r.config.label = "fp16 (plain)";
+  r.tokens = greedy(engine, prompt, n, cache, pool, nullptr, {});
+  r.text = join_text(engine, r.tokens);
+  r.top1 = r.top5 = 1.0;
+  r.kv_bytes_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& rc,
+                       int threads, const std::function<void(std::int64_t, std::int64_t)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::LlamaConfig& cfg = engine.model->config();
+  const std::int64_t len = static_cast<std::int64_t>(prompt.size());
+  if (len == 0) throw std::invalid_argument("the prompt is empty");
+  if (len + n > cfg.context)
+    throw std::out_of_range("the prompt has " + std::to_string(len) + " tokens; with " + std::to_string(n) +
+                            " new tokens that exceeds the model's context of " + std::to_string(cfg.context));
+  cache::CacheConfig cc;
+  cc.layers = cfg.layers;
+  cc.kv_heads = cfg.kv_heads;
+  cc.head_dim = cfg.head_dim;
+  cc.capacity = len + n;
+  cc.page_size = rc.page_size;
+  cc.k_format = rc.kv_k;
+  cc.v_format = rc.kv_v.empty() ? rc.kv_k : rc.kv_v;
+  cc.outlier_pairs = rc.outliers;
+  cc.rope_layout = cfg.rope_layout;
+  attn::CertifiedOptions opts;
+  opts.q_heads = cfg.heads;
+  opts.delta_req = rc.delta;
+  opts.decode_budget = std::max(1, n);
+  opts.check_soundness = rc.check_soundness;
+  opts.gate = rc.gate;
+  attn::CertifiedKvCache cache(cc, opts);
+  ThreadPool pool(threads);
+
+  RunOutcome r;
+  r.config = rc;
+  std::vector<std::vector<float>> rows;
+  r.tokens = greedy(engine, prompt, n, cache, pool, &rows, progress);
+  r.text = join_text(engine, r.tokens);
+
+  // fp16 teacher-forced on the same tokens: the distribution each generated token was drawn from.
+  attn::ExactKvCache exact(cfg.kv_geometry(len + n));
+  std::vector<float> logits(cfg.vocab);
+  for (std::int64_t p = 0; p < len; p += kChunk) {
+    const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
+    engine.model->forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, exact, pool, logits);
+  }
+  double kl = 0.0;
+  int top1 = 0, top5 = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<double> lp = log_softmax(logits), lq = log_softmax(rows[i]);
+    double d = 0.0;
+    for (std::size_t v = 0; v < lp.size(); ++v) d += std::exp(lp[v]) * (lp[v] - lq[v]);
+    kl += d;
+    const std::int32_t want = model::argmax(logits);
+    top1 += model::argmax(rows[i]) == want;
+    int rank = 0;
+    for (float x : rows[i]) rank += x > rows[i][want];
+    top5 += rank < 5;
+    if (i < r.tokens.size() && i + 1 < rows.size())
+      engine.model->forward(std::span<const std::int32_t>(&r.tokens[i], 1), len + static_cast<std::int64_t>(i), exact,
+                            pool, logits);
+  }
+  if (!rows.empty()) {
+    r.kl = kl / rows.size();
+    r.top1 = static_cast<double>(top1) / rows.size();
+    r.top5 = static_cast<double>(top5) / rows.size();
+  }
+  gate::Telemetry tel(cfg.layers, cfg.heads, rc.tau_report);
+  const std::vector<attn::MeterCell> cells = cache.cells();
+  tel.add(cells, len);
+  r.meter = tel.summary();
+  r.heatmap = tel.heatmap();
+  r.heatmap_svg = tel.heatmap_svg("mean served meter: " + rc.label);
+  const cache::KvStore::PageInStats pi = cache.store().page_in_stats();
+  r.page_ins = pi.page_ins;
+  r.page_in_bytes = pi.page_in_bytes;
+  r.kv_bytes_per_token = (cache.store().bytes_per_token_head(quant::KvSide::key) +
+                          cache.store().bytes_per_token_head(quant::KvSide::value)) *
+                         cfg.layers * cfg.kv_heads;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const std::string& answer) {
+  out << fmt::format("{:<26} {:<28} {:>8} {:>8} {:>9} {:>6} {:>6} {:>8} {:>10} {:>9} {:>7}\n", "run", "gate",
+                     "cov@0.2", "cov pre", "KL/tok", "top-1", "top-5", "answer", "page-in", "KV B/tok", "time");
+  for (const RunOutcome& r : runs) {
+    const bool has_meter = r.meter.cells > 0;
+    std::string lower = r.text;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    const std::string correct = answer.empty() ? "-" : (lower.find(answer) != std::string::npos ? "yes" : "NO");
+    out << fmt::format("{:<26} {:<28} {:>8} {:>8} {:>9.4f} {:>6.2f} {:>6.2f} {:>8} {:>10} {:>9.0f} {:>6.1f}s\n",
+                       r.config.label, r.meter.cells > 0 ? gate_label(r.config.gate) : "-",
+                       has_meter ? fmt::format("{:.3f}", r.meter.coverage) : "-",
+                       has_meter ? fmt::format("{:.3f}", r.meter.coverage_before) : "-", r.kl, r.top1, r.top5, correct,
+                       fmt_bytes(static_cast<double>(r.page_in_bytes)), r.kv_bytes_per_token, r.seconds);
+  }
+}
+
+void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
+                  const std::vector<RunOutcome>& runs) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  nlohmann::json j;
+  j["prompt"] = prompt;
+  j["fp16_text"] = fp16.text;
+  j["runs"] = nlohmann::json::array();
+  for (const RunOutcome& r : runs) {
+    nlohmann::json run = {{"label", r.config.label},
+                          {"kv_k", r.config.kv_k},
+                          {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
+                          {"gate", gate_label(r.config.gate)},
+                          {"text", r.text},
+                          {"kl_vs_fp16", r.kl},
+                          {"top1_agreement", r.top1},
+                          {"top5_agreement", r.top5},
+                          {"meter", r.meter.to_json()},
+                          {"page_ins", r.page_ins},
+                          {"page_in_bytes", r.page_in_bytes},
+                          {"kv_bytes_per_token", r.kv_bytes_per_token},
+                          {"seconds", r.seconds}};
+    j["runs"].push_back(run);
+    const std::string name = "heatmap-" + std::to_string(j["runs"].size()) + ".svg";
+    std::ofstream(fs::path(dir) / name) << r.heatmap_svg;
+  }
+  std::ofstream(fs::path(dir) / "report.json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::ofstream md(fs::path(dir) / "report.md");
+  md << "# WitCert run report\n\n## Table\n\n```\n";
+  print_table(md, runs);
+  md << "```\n\ncov@0.2: fraction of (layer, query head, decode step) cells whose served meter is ≤ 0.2; cov pre: "
+        "the same on the step's meter before its own repair (pages repaired at earlier steps stay exact). KL/tok: mean KL(p_fp16 ‖ p_run) over the generated positions, fp16 teacher-forced "
+        "on the run's tokens.\n\n## fp16 text\n\n"
+     << fp16.text << "\n";
+  int i = 0;
+  for (const RunOutcome& r : runs) {
+    md << "\n## " << r.config.label << " (" << gate_label(r.config.gate) << ")\n\n" << r.text << "\n\n![heatmap](heatmap-"
+       << ++i << ".svg)\n";
+  }
+}
+
+}  // namespace witcert::apps

@@ -1,0 +1,120 @@
+#include "gate/telemetry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace witcert::gate {
+namespace {
+
+nlohmann::json number(double v) {
+  if (std::isnan(v)) return nullptr;
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + i, v.end());
+  return v[i];
+}
+
+}  // namespace
+
+nlohmann::json TelemetrySummary::to_json() const {
+  return {{"cells", cells},          {"coverage", number(coverage)},     {"coverage_before_gate", number(coverage_before)},
+          {"raw_p50", number(raw_p50)}, {"raw_p90", number(raw_p90)},     {"raw_p99", number(raw_p99)},
+          {"raw_max", number(raw_max)}, {"overflow", overflow},           {"repaired", repaired},
+          {"soundness_checked", checked}, {"soundness_violations", violations}};
+}
+
+Telemetry::Telemetry(int layers, int heads, double tau, int stride)
+    : layers_(layers), heads_(heads), tau_(tau), stride_(stride) {
+  if (layers <= 0 || heads <= 0) throw std::invalid_argument("telemetry needs at least one layer and head");
+  if (!(tau > 0.0)) throw std::invalid_argument("the coverage threshold tau must be positive");
+  if (stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
+  sum_meter_.assign(static_cast<std::size_t>(layers) * heads, 0.0);
+  count_.assign(sum_meter_.size(), 0);
+  seen_.assign(sum_meter_.size(), 0);
+}
+
+void Telemetry::add(std::span<const attn::MeterCell> cells, std::int64_t first_pos) {
+  for (const attn::MeterCell& c : cells) {
+    if (c.pos < first_pos) continue;
+    const std::size_t at = static_cast<std::size_t>(c.layer) * heads_ + c.q_head;
+    ++cells_;
+    covered_ += c.meter <= tau_;
+    covered_before_ += std::min(1.0, c.raw_before) <= tau_;
+    overflow_ += std::isinf(c.raw_before);
+    repaired_ += c.repaired;
+    raw_max_ = std::max(raw_max_, c.raw_before);
+    if (!std::isnan(c.tv)) {
+      ++checked_;
+      violations_ += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+    }
+    sum_meter_[at] += c.meter;
+    ++count_[at];
+    if (seen_[at]++ % stride_ == 0) raw_samples_.push_back(c.raw_before);
+  }
+}
+
+TelemetrySummary Telemetry::summary() const {
+  TelemetrySummary s;
+  s.cells = cells_;
+  if (cells_ > 0) {
+    s.coverage = static_cast<double>(covered_) / cells_;
+    s.coverage_before = static_cast<double>(covered_before_) / cells_;
+  }
+  s.raw_p50 = quantile(raw_samples_, 0.5);
+  s.raw_p90 = quantile(raw_samples_, 0.9);
+  s.raw_p99 = quantile(raw_samples_, 0.99);
+  s.raw_max = raw_max_;
+  s.overflow = overflow_;
+  s.repaired = repaired_;
+  s.checked = checked_;
+  s.violations = violations_;
+  return s;
+}
+
+std::vector<double> Telemetry::heatmap() const {
+  std::vector<double> h(sum_meter_.size(), NAN);
+  for (std::size_t i = 0; i < h.size(); ++i)
+    if (count_[i] > 0) h[i] = sum_meter_[i] / count_[i];
+  return h;
+}
+
+std::string Telemetry::heatmap_svg(const std::string& title) const {
+  const std::vector<double> h = heatmap();
+  const int cell = 18, left = 60, top = 40;
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + heads_ * cell + 140 << "' height='"
+      << top + layers_ * cell + 30 << "' font-family='sans-serif' font-size='11'>\n";
+  svg << "<text x='4' y='16' font-size='13'>" << title << "</text>\n";
+  svg << "<text x='" << left << "' y='32'>query head →</text>\n";
+  for (int l = 0; l < layers_; ++l) {
+    svg << "<text x='4' y='" << top + l * cell + 13 << "'>layer " << l << "</text>\n";
+    for (int q = 0; q < heads_; ++q) {
+      const double m = h[static_cast<std::size_t>(l) * heads_ + q];
+      // White (meter 0) to red (meter 1); grey where the cell was never seen.
+      const int shade = std::isnan(m) ? -1 : static_cast<int>(255.0 * (1.0 - std::clamp(m, 0.0, 1.0)));
+      svg << "<rect x='" << left + q * cell << "' y='" << top + l * cell << "' width='" << cell - 1 << "' height='"
+          << cell - 1 << "' fill='" << (shade < 0 ? std::string("#bbbbbb")
+                                                  : "rgb(255," + std::to_string(shade) + "," + std::to_string(shade) + ")")
+          << "'><title>layer " << l << " head " << q << ": mean meter " << m << "</title></rect>\n";
+    }
+  }
+  const int lx = left + heads_ * cell + 20;
+  for (int i = 0; i <= 10; ++i) {
+    const int shade = static_cast<int>(255.0 * (1.0 - i / 10.0));
+    svg << "<rect x='" << lx << "' y='" << top + (10 - i) * 12 << "' width='14' height='12' fill='rgb(255," << shade
+        << "," << shade << ")'/>\n";
+  }
+  svg << "<text x='" << lx + 18 << "' y='" << top + 10 << "'>meter 1</text>\n";
+  svg << "<text x='" << lx + 18 << "' y='" << top + 130 << "'>meter 0</text>\n";
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+}  // namespace witcert::gate
