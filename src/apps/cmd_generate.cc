@@ -98,6 +98,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     cc.outlier_pairs = args.outliers;
     cc.rope_layout = cfg.rope_layout;
     cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
+    cc.backing_file = args.backing_file;
     attn::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
     opts.delta_req = args.delta;

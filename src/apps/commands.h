@@ -45,6 +45,7 @@ struct GenerateArgs {
   bool shared_page_dither = false;
   bool check_soundness = false;
   std::string meter_json;
+  std::string backing_file;  // "" keeps the exact tier in RAM
 };
 
 // `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   generate->add_flag("--shared-page-dither", gen.shared_page_dither, "dither-int8: one dither per page and channel");
   generate->add_flag("--check-soundness", gen.check_soundness, "compare every meter with the true TV from the exact tier");
   generate->add_option("--meter-json", gen.meter_json, "write every (layer, head, position) meter as JSON lines");
+  generate->add_option("--backing-file", gen.backing_file, "keep the exact tier in this memory-mapped file instead of RAM");
 
   witcert::apps::LogitsArgs lg;
   auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");

@@ -27,8 +27,7 @@ KvStore::KvStore(const CacheConfig& cfg)
   if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
     throw config_error("layers, KV heads, head dimension and capacity must be positive");
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
-  exact_k_.assign(streams * slots() * cfg.head_dim, 0);
-  exact_v_.assign(streams * slots() * cfg.head_dim, 0);
+  exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing_file);
   outlier_mask_.assign(streams * cfg.head_dim, 0);
   outliers_fixed_.assign(streams, 0);
   written_.assign(streams, 0);
@@ -127,8 +126,8 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
                                 std::to_string(written_[st]) + ")");
   const std::int64_t slot = pos < table_.positions_mapped() ? table_.slot(pos) : table_.slot_for_write(pos);
   const int d = cfg_.head_dim;
-  f16* ek = &exact_k_[(st * slots() + slot) * d];
-  f16* ev = &exact_v_[(st * slots() + slot) * d];
+  f16* ek = exact_->key_row(st * slots() + slot);
+  f16* ev = exact_->value_row(st * slots() + slot);
   for (int i = 0; i < d; ++i) {
     ek[i] = fp16_from_float(k[i]);  // the backing tier, written on every write
     ev[i] = fp16_from_float(v[i]);
@@ -154,7 +153,7 @@ void KvStore::fix_outliers(std::size_t st) {
   // Pair energy Σ_t k_lo² + k_hi² over the tokens seen so far picks the m outlier pairs.
   std::vector<double> energy(d / 2, 0.0);
   for (std::int64_t pos = 0; pos < written_[st]; ++pos) {
-    const f16* ek = &exact_k_[(st * slots() + table_.slot(pos)) * d];
+    const f16* ek = exact_->key_row(st * slots() + table_.slot(pos));
     for (int j = 0; j < d / 2; ++j) {
       const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
       const double a = fp16_to_float(ek[p.lo]), b = fp16_to_float(ek[p.hi]);
@@ -177,7 +176,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   const bool key = which == quant::KvSide::key;
   const std::int64_t slot = table_.slot(pos);
   const std::size_t at = st * slots() + slot;
-  const f16* exact = key ? &exact_k_[at * d] : &exact_v_[at * d];
+  const f16* exact = key ? exact_->key_row(at) : exact_->value_row(at);
   std::vector<float> x(d), x_hat(d);
   for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
 
@@ -216,7 +215,7 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
   std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
   for (int t = 0; t < T; ++t) {
     const std::size_t at = st * slots() + table_.slot(group * T + t);
-    const f16* exact = key ? &exact_k_[at * d] : &exact_v_[at * d];
+    const f16* exact = key ? exact_->key_row(at) : exact_->value_row(at);
     for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
   }
   const std::size_t blocks = (cfg_.capacity + T - 1) / T;
@@ -238,17 +237,17 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
 
 std::size_t KvStore::compressed_bytes() const {
   std::size_t b = k_.bytes() + v_.bytes() + outlier_mask_.size();
-  if (k_.kind == FormatKind::exact) b += exact_k_.size() * sizeof(f16);  // fp16 is served from the tier itself
-  if (v_.kind == FormatKind::exact) b += exact_v_.size() * sizeof(f16);
+  if (k_.kind == FormatKind::exact) b += exact_->bytes() / 2;  // fp16 is served from the tier itself
+  if (v_.kind == FormatKind::exact) b += exact_->bytes() / 2;
   return b;
 }
 
-std::size_t KvStore::backing_bytes() const { return (exact_k_.size() + exact_v_.size()) * sizeof(f16); }
+std::size_t KvStore::backing_bytes() const { return exact_->bytes(); }
 
 double KvStore::bytes_per_token_head(quant::KvSide side) const {
   const Side& s = side == quant::KvSide::key ? k_ : v_;
   const double tokens = static_cast<double>(cfg_.layers) * cfg_.kv_heads * static_cast<double>(slots());
-  if (s.kind == FormatKind::exact) return (side == quant::KvSide::key ? exact_k_ : exact_v_).size() * sizeof(f16) / tokens;
+  if (s.kind == FormatKind::exact) return static_cast<double>(exact_->bytes()) / 2 / tokens;
   double b = static_cast<double>(s.bytes());
   if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += outlier_mask_.size();
   return b / tokens;
@@ -260,11 +259,11 @@ KvStore::Reader::Reader(const KvStore& store, int layer, int kv_head)
     : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg_.head_dim) {}
 
 const f16* KvStore::Reader::exact_key_row(std::int64_t pos) const {
-  return &s_.exact_k_[(stream_ * s_.slots() + s_.table_.slot(pos)) * s_.cfg_.head_dim];
+  return s_.exact_->key_row(stream_ * s_.slots() + s_.table_.slot(pos));
 }
 
 const f16* KvStore::Reader::exact_value_row(std::int64_t pos) const {
-  return &s_.exact_v_[(stream_ * s_.slots() + s_.table_.slot(pos)) * s_.cfg_.head_dim];
+  return s_.exact_->value_row(stream_ * s_.slots() + s_.table_.slot(pos));
 }
 
 void KvStore::Reader::exact_key(std::int64_t pos, float* k) const {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/fp16.h"
+#include "cache/backing_tier.h"
 #include "cache/page_pool.h"
 #include "cert/witness.h"
 #include "quant/dither_int8.h"
@@ -53,6 +54,7 @@ struct CacheConfig {
   std::uint64_t seed = 0x5EED;
   DitherMode dither = DitherMode::per_slot;
   std::uint64_t shuffle_pages = 0;  // ≠ 0: physical pages in a shuffled order (tests)
+  std::string backing_file;         // "" keeps the exact tier in RAM; else a memory-mapped file
 };
 
 enum class FormatKind { exact, scheme, dither_int8 };
@@ -158,7 +160,7 @@ class KvStore {
   PagePool pool_;
   PageTable table_;
   Side k_, v_;
-  std::vector<f16> exact_k_, exact_v_;              // [stream][slot][head_dim]
+  std::unique_ptr<BackingTier> exact_;             // rows [stream][slot], head_dim each
   std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
   std::vector<char> outliers_fixed_;                // [stream]
   std::vector<std::int64_t> written_;               // [stream]
