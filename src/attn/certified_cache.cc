@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "attn/certified_attention.h"
+#include "attn/certified_attention_fast.h"
 #include "attn/exact_cache.h"
 #include "cert/subgaussian.h"
 
@@ -60,7 +61,7 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
     const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
     if (b >= e) continue;
     part.assign(group, HeadPartial{});
-    attend_range_reference(reader, q, group, d, b, e, ctx, part);
+    attend_range_fast(reader, q, group, d, b, e, ctx, part);
     for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
   }
   g.out.resize(static_cast<std::size_t>(group) * d);
