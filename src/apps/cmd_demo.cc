@@ -38,10 +38,12 @@ std::string needle_prompt(const Engine& e, int target_tokens) {
 
 }  // namespace
 
-int run_demo(const std::string& model, int threads, const std::string& report, std::ostream& out, std::ostream& err) {
+int run_demo(const std::string& model, int threads, int tokens, const std::string& report, std::ostream& out,
+             std::ostream& err) {
+  if (tokens < 64 || tokens > 7000) throw std::invalid_argument("--tokens must lie in [64, 7000]");
   const auto t0 = std::chrono::steady_clock::now();
   Engine engine = Engine::load(model.empty() ? default_model_path() : model);
-  const std::string text = needle_prompt(engine, 1000);
+  const std::string text = needle_prompt(engine, tokens);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(text, /*chat=*/true);
   const int n = 24;
   err << fmt::format("WitCert demo: needle retrieval, {} prompt tokens, SmolLM2-135M on {} threads\n", prompt.size(),

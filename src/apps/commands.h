@@ -79,7 +79,8 @@ struct RunArgs {
 int run_run(const RunArgs& args, std::ostream& out, std::ostream& err);
 
 // `witcert demo`: the needle-retrieval demo of the README's main job.
-int run_demo(const std::string& model, int threads, const std::string& report, std::ostream& out, std::ostream& err);
+int run_demo(const std::string& model, int threads, int tokens, const std::string& report, std::ostream& out,
+             std::ostream& err);
 
 // `witcert logits`: the top-K next-token ids, pieces and logits after the prompt, as JSON.
 int run_logits(const LogitsArgs& args, std::ostream& out);

@@ -68,11 +68,12 @@ int main(int argc, char** argv) {
   runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
 
   std::string demo_model, demo_report = "out/demo";
-  int demo_threads = 2;
+  int demo_threads = 2, demo_tokens = 1000;
   auto* demo = app.add_subcommand("demo", "Needle retrieval under damaging and safe caches, raw and gated (the main job)");
   demo->add_option("--model", demo_model, "GGUF model file (default: the fetched SmolLM2-135M)");
   demo->add_option("--report", demo_report, "directory for the report");
   demo->add_option("--threads", demo_threads, "worker threads")->check(CLI::PositiveNumber);
+  demo->add_option("--tokens", demo_tokens, "length of the haystack in tokens");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
     if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
-    if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_report, std::cout, std::cerr);
+    if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";
     return 2;
