@@ -227,6 +227,9 @@ TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
 TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(run("run --model " + kModel + " --kv nope 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);
+  const Result zero = run("run --model " + kModel + " --kv q8_0 --gate 0 'hi'");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.out.find("tau must be positive"), std::string::npos) << zero.out;
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --delta 2 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --granularity page 'hi'").exit_code, 0);
 }

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -38,7 +39,7 @@ std::function<void(std::int64_t, std::int64_t)> bar(std::ostream& err, const std
 }  // namespace
 
 int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
-  if (a.gate < 0.0) throw std::invalid_argument("--gate must be positive (0 turns the gate off)");
+  if (a.gate < 0.0 || std::isnan(a.gate)) throw std::invalid_argument("--gate tau must be positive");
   if (!(a.delta > 0.0 && a.delta < 1.0)) throw std::invalid_argument("--delta must lie in (0, 1)");
   Engine engine = Engine::load(a.model.empty() ? default_model_path() : a.model);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(a.prompt, a.chat);

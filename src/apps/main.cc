@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   runc->add_option("--kv", ra.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
   runc->add_option("--kv-v", ra.kv_v, "format of the values (default: --kv)");
   runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table");
-  runc->add_option("--gate", ra.gate, "gate threshold tau: < 1 certified (meter), >= 1 risk-ranked (raw score); 0 off");
+  auto* gate_opt = runc->add_option("--gate", ra.gate, "gate threshold tau > 0: < 1 certified (meter), >= 1 risk-ranked (raw score)");
   runc->add_option("--granularity", ra.granularity, "repair granularity: head, block or request");
   runc->add_option("--delta", ra.delta, "Tier-B request-level failure budget in (0, 1)");
   runc->add_option("--n", ra.n, "tokens to generate")->check(CLI::PositiveNumber);
@@ -83,7 +83,11 @@ int main(int argc, char** argv) {
     if (*selfcheck) return witcert::apps::run_selfcheck(std::cout);
     if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
-    if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
+    if (*runc) {
+      if (*gate_opt && !(ra.gate > 0.0))
+        throw std::invalid_argument("--gate tau must be positive (leave it out to run without a gate)");
+      return witcert::apps::run_run(ra, std::cout, std::cerr);
+    }
     if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";
