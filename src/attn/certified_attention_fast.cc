@@ -26,15 +26,16 @@
 // Soundness of the bound for the logits this kernel uses. Theorem 1 needs c_t ≥ |z̃'_t − z_t| for
 // the z̃'_t the softmax actually uses. Keys are decoded exactly into double (s_g·(code − ξ) has at
 // most 43 significant bits; scheme and fp16 keys are floats), so z̃'_t differs from sm·q·k̂_t only
-// by the rounding of the dot product. Each product passes through at most d + 3 roundings (an FMA
-// chain per lane, the pairwise lane sum, the shared-page subtraction of Σ_g s_g Q_g, the scaling
-// by sm), and Q_g through at most 40, so
-//   |z̃'_t − sm·q·k̂_t| ≤ sm·γ_{d+40}·(Σ_c |q_c k'_{t,c}| + Σ_g s_g Σ_{c∈g} |q_c ξ_c|)
-//                     ≤ sm·γ_{d+40}·‖q‖·(‖k'_t‖ + ½√32·‖s_t‖)          (Cauchy–Schwarz),
-// which η_t = sm·(d + 64)·2^-52·‖q‖·μ_t with μ_t = ‖k'_t‖ (+ 3‖s_t‖ with shared-page dither)
-// dominates with room for the rounding of the norms themselves; the kernel uses
-// c_t = (the reference's Tier A or Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the
-// reference: their logits are the reference point of every fp16 path.
+// by the rounding of the dot product. Each product passes through at most d + G + 36 ≤ d + 64
+// roundings (an FMA chain per lane, the pairwise lane sum, Q_g and the shared-page subtraction of
+// Σ_g s_g Q_g, the scaling by sm), so with γ_n = n·2^-53/(1 − n·2^-53)
+//   |z̃'_t − sm·q·k̂_t| ≤ sm·γ_{d+64}·(Σ_c |q_c k'_{t,c}| + Σ_g s_g Σ_{c∈g} |q_c ξ_c|),
+// and the sum is at most ‖q‖·‖k̂_t‖ (Tier A, Cauchy–Schwarz), or, since |code − ξ| ≤ 127.5 and
+// |ξ| ≤ ½, 128·Σ_g s_{g,t}·‖q_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}| (Tier B, q_g the
+// non-outlier channels of group g). η_t = sm·(d + 64)·2^-52 times that sum dominates the bound
+// with room for the rounding of η_t itself; the kernel uses c_t = (the reference's Tier A or
+// Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the reference: their logits are the
+// reference point of every fp16 path.
 //
 // The three LSEs accumulate in double. Every term e^{x_t − m} carries ≤ 1 ulp (Highway's Exp), and
 // the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most one rescale per
@@ -189,20 +190,19 @@ class FastAttention {
         B_(cfg_.bands),
         m2_(2 * cfg_.outlier_pairs) {
     qd_.assign(group_ * dp_, 0.0);
-    eta_.resize(group_);
-    for (int h = 0; h < group_; ++h) {
-      double norm2 = 0.0;
-      for (int c = 0; c < d_; ++c) {
-        qd_[h * dp_ + c] = q_[h * d_ + c];
-        norm2 += qd_[h * dp_ + c] * qd_[h * dp_ + c];
-      }
-      eta_[h] = ctx_.sm * (d_ + 64) * 0x1p-52 * std::sqrt(norm2) * cert::kRoundUpMargin;
-    }
+    for (int h = 0; h < group_; ++h)
+      for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
+    const double eta = ctx_.sm * (d_ + 64) * 0x1p-52;  // η_t per unit of Σ_c |q_c k'_{t,c}|
     if (k_kind_ == cache::FormatKind::scheme) {
       const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
       qn_.resize(static_cast<std::size_t>(group_) * B_);
-      for (int h = 0; h < group_; ++h)
+      eta_q_.resize(group_);
+      for (int h = 0; h < group_; ++h) {
         cert::band_norms(bands, std::span<const float>(q_ + h * d_, d_), std::span<double>(&qn_[h * B_], B_));
+        double norm2 = 0.0;
+        for (int c = 0; c < d_; ++c) norm2 += qd_[h * dp_ + c] * qd_[h * dp_ + c];
+        eta_q_[h] = eta * std::sqrt(norm2);
+      }
     }
     if (k_kind_ == cache::FormatKind::dither_int8) {
       const std::uint8_t* mask = r_.outlier_mask();
@@ -211,11 +211,18 @@ class FastAttention {
       // ς_t² = (sm²/12)·Σ_g s_{g,t}²·Σ_{c∈g, non-outlier} q_c² (Lemma 2, the sum regrouped by g).
       q2_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
       qbar_.assign(group_ * dp_, 0.0);
+      eta_g_.assign(q2_.size(), 0.0);
+      eta_x_.assign(group_, 0.0);
       for (int h = 0; h < group_; ++h)
         for (int c = 0; c < d_; ++c) {
-          if (mask[c]) continue;
-          q2_[h * G_ + c / kGroup] += qd_[h * dp_ + c] * qd_[h * dp_ + c];
-          qbar_[h * dp_ + c] = qd_[h * dp_ + c];
+          const double qc = qd_[h * dp_ + c];
+          if (mask[c]) {
+            eta_x_[h] = std::max(eta_x_[h], eta * std::fabs(qc));
+            continue;
+          }
+          q2_[h * G_ + c / kGroup] += qc * qc;
+          eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
+          qbar_[h * dp_ + c] = qc;
         }
       v2_scale_ = ctx_.sm * ctx_.sm / 12.0 * cert::kRoundUpMargin;
       // subgaussian_radius is sqrt(ς²)·κ with κ its value at ς² = 1: evaluated once per call.
@@ -227,11 +234,15 @@ class FastAttention {
       s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
       s2_.assign(s_.size(), 0.0);
     }
-    if (k_kind_ == cache::FormatKind::scheme) w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
+    if (k_kind_ == cache::FormatKind::scheme) {
+      w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
+      band_row_.assign(B_, 0.0);
+    }
     krows_.assign(kTile * dp_, 0.0);
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
     mu_.assign(kTile, 0.0);
+    x_out_.assign(kTile, 0.0);
     rho_.assign(kTile, 0.0);
     vnorm_.assign(kTile, 0.0);
     z_.assign(static_cast<std::size_t>(group_) * kTile, 0.0);
@@ -282,7 +293,7 @@ class FastAttention {
     const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
     if (!packed) {
       key_kind_ = KeyKind::exact;
-      for (int i = 0; i < n; ++i) F16Row(page.k.exact + (row0 + i) * d_, &krows_[i * dp_]);
+      for (int i = 0; i < n; ++i) F16ToDouble(page.k.exact + (row0 + i) * d_, d_, &krows_[i * dp_]);
       return;
     }
     if (k_kind_ == cache::FormatKind::scheme) {
@@ -292,26 +303,20 @@ class FastAttention {
       for (int i = 0; i < n; ++i) {
         DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, kfloat_.data(), k_block_);
         FloatRow(kfloat_.data(), &krows_[i * dp_]);
-        if (meter_)
-          for (int b = 0; b < B_; ++b) w_band_[b * kTile + i] = fp16_to_float(key_meta_[i * B_ + b]);
+        if (!meter_) continue;
+        F16ToDouble(key_meta_ + i * B_, B_, band_row_.data());
+        for (int b = 0; b < B_; ++b) w_band_[b * kTile + i] = band_row_[b];
       }
-    } else {
-      key_kind_ = KeyKind::tier_b;
-      key_meta_ = page.k.meta + row0 * G_;
-      if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
-      for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+      if (!meter_) return;
+      const DD dd;
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::Sqrt(SquaredNorms(&krows_[j0 * dp_], dp_, dp_)), dd, &mu_[j0]);
+      return;
     }
-    if (!meter_) return;
-    const DD dd;
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      VD mu = hn::Sqrt(SquaredNorms(&krows_[j0 * dp_], dp_, dp_));
-      if (key_kind_ == KeyKind::tier_b && shared_) {
-        VD s2 = hn::Zero(dd);
-        for (int g = 0; g < G_; ++g) s2 = hn::Add(s2, hn::LoadU(dd, &s2_[g * kTile + j0]));
-        mu = hn::MulAdd(hn::Set(dd, 3.0), hn::Sqrt(s2), mu);
-      }
-      hn::StoreU(mu, dd, &mu_[j0]);
-    }
+    key_kind_ = KeyKind::tier_b;
+    key_meta_ = page.k.meta + row0 * G_;
+    if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
+    for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
   }
 
   // k'_t = s_g·(code − ξ) (per-slot dither) or s_g·code (shared-page dither: Σ_g s_g Q_g is taken
@@ -336,7 +341,12 @@ class FastAttention {
       }
     }
     const f16* outlier_values = page.k.outlier_values + row * m2_;
-    for (std::size_t j = 0; j < outliers_.size(); ++j) out[outliers_[j]] = fp16_to_float(outlier_values[j]);
+    double x_out = 0.0;
+    for (std::size_t j = 0; j < outliers_.size(); ++j) {
+      out[outliers_[j]] = fp16_to_float(outlier_values[j]);
+      x_out += std::fabs(out[outliers_[j]]);
+    }
+    x_out_[i] = x_out;
   }
 
   // Shared-page dither: ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per query head, once
@@ -370,15 +380,17 @@ class FastAttention {
         VD sum = hn::Zero(dd);
         for (int b = 0; b < B_; ++b)
           sum = hn::MulAdd(hn::Set(dd, qn_[h * B_ + b]), hn::LoadU(dd, &w_band_[b * kTile + j0]), sum);
-        c = hn::Mul(sum, hn::Set(dd, ctx_.sm * cert::kRoundUpMargin));
+        c = hn::MulAdd(sum, hn::Set(dd, ctx_.sm * cert::kRoundUpMargin),
+                       hn::Mul(hn::Set(dd, eta_q_[h]), hn::LoadU(dd, &mu_[j0])));
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
-        // Lemma 2: u_t = sqrt(ς_t²)·κ.
-        VD v2 = hn::Zero(dd);
-        for (int g = 0; g < G_; ++g)
+        // Lemma 2: u_t = sqrt(ς_t²)·κ; then η_t.
+        VD v2 = hn::Zero(dd), eta = hn::Mul(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]));
+        for (int g = 0; g < G_; ++g) {
           v2 = hn::MulAdd(hn::Set(dd, q2_[h * G_ + g]), hn::LoadU(dd, &s2_[g * kTile + j0]), v2);
-        c = hn::Mul(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_));
+          eta = hn::MulAdd(hn::Set(dd, eta_g_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), eta);
+        }
+        c = hn::MulAdd(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_), eta);
       }
-      if (meter_ && key_kind_ != KeyKind::exact) c = hn::MulAdd(hn::Set(dd, eta_[h]), hn::LoadU(dd, &mu_[j0]), c);
       hn::StoreU(c, dd, &c_[h * kTile + j0]);
     }
   }
@@ -475,26 +487,54 @@ class FastAttention {
     L.s += hn::GetLane(hn::SumOfLanes(dd, sum));
   }
 
+  // While LSE(z̃ ± c) keep the reference point m of LSE(z̃) (the usual case: they start there and
+  // move with it), their terms are the softmax weights times e^{±c_t}: one exponential and one
+  // division per token instead of two exponentials. Below this c_t, Σ_t e^{z̃_t − m + c_t} cannot
+  // overflow for any realistic token count.
+  static constexpr double kSharedReferenceMaxC = 600.0;
+
   void Update(int h, int n, HeadPartial& p) {
     const DD dd;
+    cert::Lse& plus = p.meter.z_plus_c;
+    cert::Lse& minus = p.meter.z_minus_c;
+    double c_tile = 0.0;
+    if (meter_) {
+      VD c_max = hn::Zero(dd);
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
+                                                  hn::LoadU(dd, &c_[h * kTile + j0])));
+      c_tile = hn::GetLane(hn::MaxOfLanes(dd, c_max));
+      p.meter.c_max = std::max(p.meter.c_max, c_tile);
+    }
+    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m && c_tile < kSharedReferenceMaxC;
     const double mz = TileMax(h, n, 0.0);
     rescale_[h] = 1.0;
     if (mz > p.m) {
       rescale_[h] = std::exp(p.m - mz);
       p.l *= rescale_[h];
       p.rho *= rescale_[h];
+      if (shared_reference) {
+        plus.s *= rescale_[h];
+        minus.s *= rescale_[h];
+        plus.m = minus.m = mz;
+      }
       p.m = mz;
     }
-    VD l = hn::Zero(dd), rho = hn::Zero(dd), v_max = hn::Zero(dd);
+    const VD m = hn::Set(dd, p.m);
+    VD l = hn::Zero(dd), rho = hn::Zero(dd), v_max = hn::Zero(dd), s_plus = hn::Zero(dd), s_minus = hn::Zero(dd);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
-      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]);
-      const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(z, hn::Set(dd, p.m))));
+      const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
       const VD rho_t = hn::LoadU(dd, &rho_[j0]);
       hn::StoreU(hn::DemoteTo(DFH(), w), DFH(), &w_[h * kTile + j0]);
       l = hn::Add(l, w);
       rho = hn::MulAdd(w, rho_t, rho);
       v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
+      if (shared_reference) {
+        const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
+        s_plus = hn::MulAdd(w, e_c, s_plus);
+        s_minus = hn::Add(s_minus, hn::Div(w, e_c));
+      }
     }
     p.l += hn::GetLane(hn::SumOfLanes(dd, l));
     p.rho += hn::GetLane(hn::SumOfLanes(dd, rho));
@@ -502,32 +542,44 @@ class FastAttention {
     p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
     p.meter.z.s = p.l;
     p.meter.n += n;
-    if (!meter_) return;
-    LseTile(p.meter.z_plus_c, h, n, 1.0);
-    LseTile(p.meter.z_minus_c, h, n, -1.0);
-    VD c_max = hn::Zero(dd);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-      c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
-                                                hn::LoadU(dd, &c_[h * kTile + j0])));
-    p.meter.c_max = std::max(p.meter.c_max, hn::GetLane(hn::MaxOfLanes(dd, c_max)));
+    if (shared_reference) {
+      plus.s += hn::GetLane(hn::SumOfLanes(dd, s_plus));
+      minus.s += hn::GetLane(hn::SumOfLanes(dd, s_minus));
+    } else if (meter_) {
+      LseTile(plus, h, n, 1.0);
+      LseTile(minus, h, n, -1.0);
+    }
   }
 
   // Σ_t w_t v̂_t over the tile in float, added to the head's double accumulator.
   void Accumulate(int h, int n) {
     if (scalar_[h]) return;
     const DD dd;
-    const DF df;
     double* acc = &acc_[h * dp_];
     if (rescale_[h] != 1.0)
       for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
-    HWY_ALIGN float o[kNF];
-    for (std::size_t c = 0; c < dp_; c += kNF) {
-      VF sum = hn::Zero(df);
-      for (int i = 0; i < n; ++i) sum = hn::MulAdd(hn::Set(df, w_[h * kTile + i]), hn::LoadU(df, &vrows_[i * dp_ + c]), sum);
-      hn::Store(sum, df, o);
-      for (std::size_t k = 0; k < kNF; k += kN)
-        hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + k), hn::PromoteTo(dd, hn::LoadU(DFH(), o + k))), dd, acc + c + k);
+    std::size_t c = 0;
+    for (; c + 8 * kNF <= dp_; c += 8 * kNF) AccumulateColumns<8>(h, n, c, acc);
+    for (; c + 4 * kNF <= dp_; c += 4 * kNF) AccumulateColumns<4>(h, n, c, acc);
+    for (; c < dp_; c += kNF) AccumulateColumns<1>(h, n, c, acc);
+  }
+
+  // Columns [c, c + K·kNF): K independent FMA chains over the tile's tokens.
+  template <std::size_t K>
+  HWY_INLINE void AccumulateColumns(int h, int n, std::size_t c, double* acc) const {
+    const DD dd;
+    const DF df;
+    VF sum[K];
+    for (VF& s : sum) s = hn::Zero(df);
+    for (int i = 0; i < n; ++i) {
+      const VF w = hn::Set(df, w_[h * kTile + i]);
+      const float* row = &vrows_[i * dp_ + c];
+      for (std::size_t k = 0; k < K; ++k) sum[k] = hn::MulAdd(w, hn::LoadU(df, row + k * kNF), sum[k]);
     }
+    HWY_ALIGN float o[K * kNF];
+    for (std::size_t k = 0; k < K; ++k) hn::Store(sum[k], df, o + k * kNF);
+    for (std::size_t j = 0; j < K * kNF; j += kN)
+      hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + j), hn::PromoteTo(dd, hn::LoadU(DFH(), o + j))), dd, acc + c + j);
   }
 
   // The reference's token-by-token update (certified_attention.cc), for tiles with a non-finite
@@ -542,13 +594,15 @@ class FastAttention {
       if (meter_ && key_kind_ == KeyKind::tier_a) {
         c = cert::tier_a_c(std::span<const double>(&qn_[h * B_], B_), std::span<const f16>(key_meta_ + i * B_, B_),
                            ctx_.sm) +
-            eta_[h] * mu_[i];
+            eta_q_[h] * mu_[i];
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
         const double v2 = cert::dither_variance_proxy(std::span<const float>(qh, d_),
                                                       std::span<const f16>(key_meta_ + i * G_, G_),
                                                       std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
                                                       ctx_.sm);
-        c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta_[h] * mu_[i];
+        double eta = eta_x_[h] * x_out_[i];
+        for (int g = 0; g < G_; ++g) eta += eta_g_[h * G_ + g] * s_[g * kTile + i];
+        c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
       p.meter.add(z, c);
       if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
@@ -572,12 +626,12 @@ class FastAttention {
 
   // --- Decoding helpers.
 
-  void F16Row(const f16* src, double* out) const {
+  static void F16ToDouble(const f16* src, int n, double* out) {
     const DD dd;
     int c = 0;
-    for (; c + static_cast<int>(kN) <= d_; c += static_cast<int>(kN))
+    for (; c + static_cast<int>(kN) <= n; c += static_cast<int>(kN))
       hn::StoreU(hn::PromoteTo(dd, LoadF16(DFH(), src + c)), dd, out + c);
-    for (; c < d_; ++c) out[c] = fp16_to_float(src[c]);
+    for (; c < n; ++c) out[c] = fp16_to_float(src[c]);
   }
 
   void F16FloatRow(const f16* src, float* out) const {
@@ -627,7 +681,9 @@ class FastAttention {
 
   // Per call: the queries and their constants.
   std::vector<double> qd_;    // [h][dp] q as double
-  std::vector<double> eta_;   // [h] sm·(d + 64)·2^-52·‖q‖: η_t = eta·μ_t
+  std::vector<double> eta_q_;  // [h] η_t/‖k̂_t‖ (Tier A)
+  std::vector<double> eta_g_;  // [h][G] sm·(d + 64)·2^-52·128·‖q_g‖₁: η_t = Σ_g eta_g·s_{g,t} + eta_x·Σ|x_out| (Tier B)
+  std::vector<double> eta_x_;  // [h] sm·(d + 64)·2^-52·max_{outlier c}|q_c|
   std::vector<double> qn_;    // [h][B] ‖q_b‖ (Tier A)
   std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
   std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
@@ -646,7 +702,9 @@ class FastAttention {
   std::vector<double> qg_;          // [h][G] Q_g of the page
   std::vector<double> w_band_;      // [b][t] witness
   std::vector<double> s_, s2_;      // [g][t] dither scale and its square
-  std::vector<double> mu_;          // [t] μ_t
+  std::vector<double> mu_;          // [t] ‖k̂_t‖ (Tier A)
+  std::vector<double> x_out_;       // [t] Σ_{outlier c} |x_{t,c}| (Tier B)
+  std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   std::vector<double> z_, c_;       // [h][t]
