@@ -22,6 +22,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "attn/load_f16-inl.h"
 
 // Soundness of the bound for the logits this kernel uses. Theorem 1 needs c_t ≥ |z̃'_t − z_t| for
 // the z̃'_t the softmax actually uses. Keys are decoded exactly into double (s_g·(code − ξ) has at
@@ -57,27 +58,6 @@ constexpr std::size_t kNF = hn::MaxLanes(DF());
 constexpr int kTile = 16;  // positions per tile (at most one page)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// n fp16 values from p as floats, exact for every input. Highway's conversion without F16C maps
-// inf and NaN to finite values, which would hide them from the meter, so those targets convert
-// the bits here: normal and subnormal values are the shifted bits times 2^112, inf and NaN keep
-// an all-ones exponent.
-template <class D>
-HWY_INLINE hn::Vec<D> LoadF16(D df, const f16* p) {
-#if HWY_TARGET >= HWY_SSE4
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<std::uint16_t, D> du16;
-  const auto h = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<D>(), hn::LoadU(du16, p)));
-  const auto em = hn::And(h, hn::Set(di, 0x7FFF));
-  const auto sign = hn::BitCast(df, hn::ShiftLeft<16>(hn::AndNot(hn::Set(di, 0x7FFF), h)));
-  const auto shifted = hn::ShiftLeft<13>(em);
-  const auto finite = hn::Mul(hn::BitCast(df, shifted), hn::Set(df, 0x1p112f));
-  const auto special = hn::BitCast(df, hn::Or(shifted, hn::Set(di, 0x7F800000)));
-  return hn::Or(hn::IfThenElse(hn::RebindMask(df, hn::Gt(em, hn::Set(di, 0x7BFF))), special, finite), sign);
-#else
-  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), reinterpret_cast<const hwy::float16_t*>(p)));
-#endif
-}
 
 // Lane i of the result is the sum of the lanes of v[i] (kN vectors; pairwise sums of adjacent
 // lanes, which keep the vectors' order).
