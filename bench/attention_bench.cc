@@ -1,6 +1,6 @@
 // Decode attention of one KV head's GQA group over S cached tokens (one thread), per cache format:
-// fp16 through the exact path (attn::exact_attention, scalar: what CertifiedKvCache runs for fp16)
-// and through the fast kernel, rtn-int8, q8_0 (Tier A) and dither-int8 with per-slot and
+// fp16 through the exact path (exact_attention_group, what CertifiedKvCache runs; its scalar
+// oracle exact_attention) and through the fast kernel, rtn-int8, q8_0 (Tier A) and dither-int8 with per-slot and
 // shared-page dither (Tier B), each with the meter on and off (attend_range_fast's switch). Counters: GB/s of cache bytes read (K + V as measured from the KvStore allocations:
 // payload and meter metadata), B/tok/head (K + V) and the KV capacity at equal memory relative to
 // fp16. BM_StreamRead measures the machine's read bandwidth at working sets around the caches'.
@@ -20,6 +20,7 @@
 
 #include "attn/certified_attention.h"
 #include "attn/certified_attention_fast.h"
+#include "attn/exact_attention_fast.h"
 #include "attn/exact_cache.h"
 #include "cache/kv_store.h"
 #include "cert/subgaussian.h"
@@ -27,26 +28,33 @@
 namespace witcert::attn {
 namespace {
 
+enum class Path {
+  fast,          // attend_range_fast
+  exact_group,   // exact_attention_group: what CertifiedKvCache runs for fp16
+  exact_scalar,  // exact_attention per query head: the scalar oracle (ExactKvCache)
+};
+
 struct Variant {
   const char* name;
   const char* format;  // both sides
   cache::DitherMode dither;
   bool meter;
-  bool exact_path;  // attn::exact_attention, as CertifiedKvCache runs fp16
+  Path path;
 };
 
 // Variants of one format are adjacent, so that consecutive benchmarks share the store.
 constexpr Variant kVariants[] = {
-    {"fp16", "fp16", cache::DitherMode::per_slot, false, true},
-    {"fp16/fast-kernel", "fp16", cache::DitherMode::per_slot, false, false},
-    {"rtn-int8/meter-off", "rtn-int8", cache::DitherMode::per_slot, false, false},
-    {"rtn-int8", "rtn-int8", cache::DitherMode::per_slot, true, false},
-    {"q8_0/meter-off", "q8_0", cache::DitherMode::per_slot, false, false},
-    {"q8_0", "q8_0", cache::DitherMode::per_slot, true, false},
-    {"dither-int8/per-slot/meter-off", cache::kDitherInt8, cache::DitherMode::per_slot, false, false},
-    {"dither-int8/per-slot", cache::kDitherInt8, cache::DitherMode::per_slot, true, false},
-    {"dither-int8/shared/meter-off", cache::kDitherInt8, cache::DitherMode::shared_page, false, false},
-    {"dither-int8/shared", cache::kDitherInt8, cache::DitherMode::shared_page, true, false},
+    {"fp16", "fp16", cache::DitherMode::per_slot, false, Path::exact_group},
+    {"fp16/scalar", "fp16", cache::DitherMode::per_slot, false, Path::exact_scalar},
+    {"fp16/fast-kernel", "fp16", cache::DitherMode::per_slot, false, Path::fast},
+    {"rtn-int8/meter-off", "rtn-int8", cache::DitherMode::per_slot, false, Path::fast},
+    {"rtn-int8", "rtn-int8", cache::DitherMode::per_slot, true, Path::fast},
+    {"q8_0/meter-off", "q8_0", cache::DitherMode::per_slot, false, Path::fast},
+    {"q8_0", "q8_0", cache::DitherMode::per_slot, true, Path::fast},
+    {"dither-int8/per-slot/meter-off", cache::kDitherInt8, cache::DitherMode::per_slot, false, Path::fast},
+    {"dither-int8/per-slot", cache::kDitherInt8, cache::DitherMode::per_slot, true, Path::fast},
+    {"dither-int8/shared/meter-off", cache::kDitherInt8, cache::DitherMode::shared_page, false, Path::fast},
+    {"dither-int8/shared", cache::kDitherInt8, cache::DitherMode::shared_page, true, Path::fast},
 };
 
 // The store of the last benchmark (one at a time keeps the resident set to one cache), filled
@@ -94,7 +102,11 @@ void BM_DecodeAttention(benchmark::State& state) {
   std::vector<HeadPartial> partials;
   for (auto _ : state) {
     cache::KvStore::Reader reader(store, 0, 0);
-    if (v.exact_path) {
+    if (v.path == Path::exact_group) {
+      std::vector<const f16*> keys(S), values(S);
+      for (std::int64_t t = 0; t < S; ++t) keys[t] = reader.exact_key_row(t), values[t] = reader.exact_value_row(t);
+      exact_attention_group(q.data(), group, keys.data(), values.data(), S, d, out.data());
+    } else if (v.path == Path::exact_scalar) {
       for (int h = 0; h < group; ++h)
         exact_attention(
             &q[h * d], [&](std::int64_t t) { return reader.exact_key_row(t); },

@@ -204,6 +204,13 @@ class FastAttention {
           eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
           qbar_[h * dp_ + c] = qc;
         }
+      heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kN);
+      qbar_t_.assign(d_ * heads_padded_, 0.0);
+      for (int h = 0; h < group_; ++h)
+        for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = qbar_[h * dp_ + c];
+      qg_t_.assign(G_ * heads_padded_, 0.0);
+      scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
+      outlier_values_.assign(static_cast<std::size_t>(kTile) * m2_, 0.0);
       v2_scale_ = ctx_.sm * ctx_.sm / 12.0 * cert::kRoundUpMargin;
       // subgaussian_radius is sqrt(ς²)·κ with κ its value at ς² = 1: evaluated once per call.
       kappa_ = cert::subgaussian_radius(1.0, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels());
@@ -221,6 +228,7 @@ class FastAttention {
     krows_.assign(kTile * dp_, 0.0);
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
+    if (v_kind_ == cache::FormatKind::dither_int8) v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
     mu_.assign(kTile, 0.0);
     x_out_.assign(kTile, 0.0);
     rho_.assign(kTile, 0.0);
@@ -230,6 +238,8 @@ class FastAttention {
     w_.assign(z_.size(), 0.0f);
     acc_.assign(group_ * dp_, 0.0);
     rescale_.assign(group_, 1.0);
+    finite_.assign(group_, 1);
+    pending_.assign(static_cast<std::size_t>(group_) * kPendings * kN, 0.0);
     scalar_.assign(group_, 0);
   }
 
@@ -253,15 +263,20 @@ class FastAttention {
       LoadValues(page, t0, n, v_packed);
       for (int h = 0; h < group_; ++h) {
         HeadPartial& p = partials[h];
-        scalar_[h] = !Clean(p) || !TileFinite(h, n);
-        if (scalar_[h])
+        scalar_[h] = !finite_[h] || !Clean(p);
+        if (scalar_[h]) {
+          Flush(h, p);
           ScalarTile(h, n, p);
-        else
+        } else {
           Update(h, n, p);
+        }
         Accumulate(h, n);
       }
     }
-    for (int h = 0; h < group_; ++h) std::copy_n(&acc_[h * dp_], d_, partials[h].acc.begin());
+    for (int h = 0; h < group_; ++h) {
+      Flush(h, partials[h]);
+      std::copy_n(&acc_[h * dp_], d_, partials[h].acc.begin());
+    }
   }
 
  private:
@@ -296,6 +311,14 @@ class FastAttention {
     key_kind_ = KeyKind::tier_b;
     key_meta_ = page.k.meta + row0 * G_;
     if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
+    // The tile's scales and outlier values are contiguous: converted in one go.
+    F16ToDouble(key_meta_, n * G_, scales_.data());
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < G_; ++g) {
+        s_[g * kTile + i] = scales_[i * G_ + g];
+        s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
+      }
+    if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
     for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
   }
 
@@ -306,48 +329,47 @@ class FastAttention {
     const hn::Rebind<std::int8_t, DD> di8;
     const hn::Rebind<std::int32_t, DD> di32;
     const std::int8_t* codes = page.k.codes + row * d_;
-    const f16* scales = page.k.meta + row * G_;
     if (!shared_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
     double* out = &krows_[i * dp_];
     for (int g = 0; g < G_; ++g) {
-      const double s = fp16_to_float(scales[g]);
-      s_[g * kTile + i] = s;
-      s2_[g * kTile + i] = s * s;
-      const VD sv = hn::Set(dd, s);
+      const VD s = hn::Set(dd, scales_[i * G_ + g]);
       for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
         VD x = hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
         if (!shared_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
-        hn::StoreU(hn::Mul(x, sv), dd, out + c);
+        hn::StoreU(hn::Mul(x, s), dd, out + c);
       }
     }
-    const f16* outlier_values = page.k.outlier_values + row * m2_;
+    const double* outlier_values = &outlier_values_[i * m2_];
     double x_out = 0.0;
-    for (std::size_t j = 0; j < outliers_.size(); ++j) {
-      out[outliers_[j]] = fp16_to_float(outlier_values[j]);
-      x_out += std::fabs(out[outliers_[j]]);
+    for (int j = 0; j < m2_; ++j) {
+      out[outliers_[j]] = outlier_values[j];
+      x_out += std::fabs(outlier_values[j]);
     }
     x_out_[i] = x_out;
   }
 
   // Shared-page dither: ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per query head, once
-  // per page.
+  // per page, the query heads in lanes.
   void SharedDither(std::uint32_t counter) {
     const DD dd;
     DitherRow(stream_, counter, d_, xi_.data(), words_.data());
     xi_page_ = counter;
-    for (int h = 0; h < group_; ++h)
+    for (int h0 = 0; h0 < group_; h0 += static_cast<int>(kN))
       for (int g = 0; g < G_; ++g) {
         VD acc = hn::Zero(dd);
-        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN))
-          acc = hn::MulAdd(hn::LoadU(dd, &qbar_[h * dp_ + c]), hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])), acc);
-        qg_[h * G_ + g] = hn::GetLane(hn::SumOfLanes(dd, acc));
+        for (int c = g * kGroup; c < (g + 1) * kGroup; ++c)
+          acc = hn::MulAdd(hn::LoadU(dd, &qbar_t_[c * heads_padded_ + h0]), hn::Set(dd, xi_[c]), acc);
+        hn::StoreU(acc, dd, &qg_t_[g * heads_padded_ + h0]);
       }
+    for (int h = 0; h < group_; ++h)
+      for (int g = 0; g < G_; ++g) qg_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
     const DD dd;
     const double* q = &qd_[h * dp_];
+    auto finite = hn::FirstN(dd, kN);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);
       if (key_kind_ == KeyKind::tier_b && shared_)
@@ -372,7 +394,11 @@ class FastAttention {
         c = hn::MulAdd(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_), eta);
       }
       hn::StoreU(c, dd, &c_[h * kTile + j0]);
+      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]);
+      const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
+      finite = hn::And(finite, hn::Or(ok, hn::Not(hn::FirstN(dd, static_cast<std::size_t>(n - j0)))));
     }
+    finite_[h] = hn::AllTrue(dd, finite);
   }
 
   // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
@@ -395,12 +421,12 @@ class FastAttention {
       const DF df;
       const hn::Rebind<std::int8_t, DF> di8;
       const hn::Rebind<std::int32_t, DF> di32;
+      F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
       for (int i = 0; i < n; ++i) {
         const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
-        const f16* scales = page.v.meta + (row0 + i) * G_;
         double sum = 0.0;
         for (int g = 0; g < G_; ++g) {
-          const float s = fp16_to_float(scales[g]);
+          const float s = static_cast<float>(v_scales_[i * G_ + g]);
           // v̂ = s·code is exact in float (11 × 8 bits).
           for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF))
             hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c))), hn::Set(df, s)), df,
@@ -421,22 +447,12 @@ class FastAttention {
   // --- Softmax, output and meter statistics of one query head over the tile.
 
   // The vector update needs a partial whose statistics are finite and in step (p.m and p.l are
-  // LSE(z̃)'s m and s); anything else takes the reference's token-by-token path.
+  // LSE(z̃)'s m and s, up to the pending sums); anything else takes the reference's token-by-token
+  // path.
   static bool Clean(const HeadPartial& p) {
     const auto ok = [](double m) { return !std::isnan(m) && m != kInf; };
     return ok(p.m) && p.meter.z.m == p.m && p.meter.z.s == p.l && ok(p.meter.z_plus_c.m) &&
            ok(p.meter.z_minus_c.m) && !std::isnan(p.meter.c_max);
-  }
-
-  bool TileFinite(int h, int n) const {
-    const DD dd;
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
-      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]), c = hn::LoadU(dd, &c_[h * kTile + j0]);
-      const auto finite = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
-      if (!hn::AllTrue(dd, hn::Or(hn::Not(valid), finite))) return false;
-    }
-    return true;
   }
 
   // Max over the tile's valid lanes of x_t (x: the tile's z̃ shifted by sign·c).
@@ -473,35 +489,60 @@ class FastAttention {
   // overflow for any realistic token count.
   static constexpr double kSharedReferenceMaxC = 600.0;
 
+  // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
+  // partial only by Flush: the same additions, fewer horizontal reductions.
+  enum Pending { kL, kRho, kPlus, kMinus, kVMax, kCMax, kPendings };
+  double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
+
+  void Flush(int h, HeadPartial& p) {
+    const DD dd;
+    const auto take = [&](Pending what, bool max) {
+      const VD v = hn::LoadU(dd, pending(h, what));
+      hn::StoreU(hn::Zero(dd), dd, pending(h, what));
+      return hn::GetLane(max ? hn::MaxOfLanes(dd, v) : hn::SumOfLanes(dd, v));
+    };
+    p.l += take(kL, false);
+    p.rho += take(kRho, false);
+    p.meter.z.s = p.l;
+    p.meter.z_plus_c.s += take(kPlus, false);
+    p.meter.z_minus_c.s += take(kMinus, false);
+    p.v_max = std::max(p.v_max, take(kVMax, true));
+    p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
+  }
+
   void Update(int h, int n, HeadPartial& p) {
     const DD dd;
     cert::Lse& plus = p.meter.z_plus_c;
     cert::Lse& minus = p.meter.z_minus_c;
-    double c_tile = 0.0;
-    if (meter_) {
-      VD c_max = hn::Zero(dd);
+    VD c_max = hn::Zero(dd);
+    if (meter_)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
         c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
                                                   hn::LoadU(dd, &c_[h * kTile + j0])));
-      c_tile = hn::GetLane(hn::MaxOfLanes(dd, c_max));
-      p.meter.c_max = std::max(p.meter.c_max, c_tile);
-    }
-    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m && c_tile < kSharedReferenceMaxC;
+    hn::StoreU(hn::Max(c_max, hn::LoadU(dd, pending(h, kCMax))), dd, pending(h, kCMax));
+    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m &&
+                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, kSharedReferenceMaxC)));
+    if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     rescale_[h] = 1.0;
     if (mz > p.m) {
-      rescale_[h] = std::exp(p.m - mz);
-      p.l *= rescale_[h];
-      p.rho *= rescale_[h];
+      const double r = rescale_[h] = std::exp(p.m - mz);
+      p.l *= r;
+      p.rho *= r;
+      for (Pending what : {kL, kRho, kPlus, kMinus})
+        hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
       if (shared_reference) {
-        plus.s *= rescale_[h];
-        minus.s *= rescale_[h];
+        plus.s *= r;
+        minus.s *= r;
         plus.m = minus.m = mz;
       }
       p.m = mz;
+      p.meter.z.s = p.l;
     }
     const VD m = hn::Set(dd, p.m);
-    VD l = hn::Zero(dd), rho = hn::Zero(dd), v_max = hn::Zero(dd), s_plus = hn::Zero(dd), s_minus = hn::Zero(dd);
+    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
+    VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
+    VD v_max = hn::LoadU(dd, pending(h, kVMax));
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
       const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
@@ -516,16 +557,14 @@ class FastAttention {
         s_minus = hn::Add(s_minus, hn::Div(w, e_c));
       }
     }
-    p.l += hn::GetLane(hn::SumOfLanes(dd, l));
-    p.rho += hn::GetLane(hn::SumOfLanes(dd, rho));
-    p.v_max = std::max(p.v_max, hn::GetLane(hn::MaxOfLanes(dd, v_max)));
+    hn::StoreU(l, dd, pending(h, kL));
+    hn::StoreU(rho, dd, pending(h, kRho));
+    hn::StoreU(s_plus, dd, pending(h, kPlus));
+    hn::StoreU(s_minus, dd, pending(h, kMinus));
+    hn::StoreU(v_max, dd, pending(h, kVMax));
     p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
-    p.meter.z.s = p.l;
     p.meter.n += n;
-    if (shared_reference) {
-      plus.s += hn::GetLane(hn::SumOfLanes(dd, s_plus));
-      minus.s += hn::GetLane(hn::SumOfLanes(dd, s_minus));
-    } else if (meter_) {
+    if (meter_ && !shared_reference) {
       LseTile(plus, h, n, 1.0);
       LseTile(minus, h, n, -1.0);
     }
@@ -667,6 +706,9 @@ class FastAttention {
   std::vector<double> qn_;    // [h][B] ‖q_b‖ (Tier A)
   std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
   std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
+  std::size_t heads_padded_ = 0;
+  std::vector<double> qbar_t_;  // [c][heads_padded] the same, query heads in lanes
+  std::vector<double> qg_t_;    // [g][heads_padded] Q_g of the page
   std::vector<int> outliers_;
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
@@ -682,16 +724,21 @@ class FastAttention {
   std::vector<double> qg_;          // [h][G] Q_g of the page
   std::vector<double> w_band_;      // [b][t] witness
   std::vector<double> s_, s2_;      // [g][t] dither scale and its square
+  std::vector<double> scales_;      // [t][g] the tile's key scales
+  std::vector<double> outlier_values_;  // [t][2m] the tile's outlier values
   std::vector<double> mu_;          // [t] ‖k̂_t‖ (Tier A)
   std::vector<double> x_out_;       // [t] Σ_{outlier c} |x_{t,c}| (Tier B)
   std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
+  std::vector<double> v_scales_;    // [t][g] the tile's value scales (dither-int8)
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
   std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
   std::vector<double> rescale_;     // [h] factor on acc_ from this tile's new max
   std::vector<char> scalar_;        // [h] the tile went through ScalarTile
+  std::vector<char> finite_;        // [h] every z̃_t, z̃_t ± c_t of the tile is finite
+  std::vector<double> pending_;     // [h][Pending][lane] sums not yet in the partial
   BlockCache k_block_, v_block_;
 };
 
