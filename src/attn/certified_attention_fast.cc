@@ -22,19 +22,21 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "attn/load_f16-inl.h"
 
 // Soundness of the bound for the logits this kernel uses. Theorem 1 needs c_t ≥ |z̃'_t − z_t| for
 // the z̃'_t the softmax actually uses. Keys are decoded exactly into double (s_g·(code − ξ) has at
 // most 43 significant bits; scheme and fp16 keys are floats), so z̃'_t differs from sm·q·k̂_t only
-// by the rounding of the dot product. Each product passes through at most d + 3 roundings (an FMA
-// chain per lane, the pairwise lane sum, the shared-page subtraction of Σ_g s_g Q_g, the scaling
-// by sm), and Q_g through at most 40, so
-//   |z̃'_t − sm·q·k̂_t| ≤ sm·γ_{d+40}·(Σ_c |q_c k'_{t,c}| + Σ_g s_g Σ_{c∈g} |q_c ξ_c|)
-//                     ≤ sm·γ_{d+40}·‖q‖·(‖k'_t‖ + ½√32·‖s_t‖)          (Cauchy–Schwarz),
-// which η_t = sm·(d + 64)·2^-52·‖q‖·μ_t with μ_t = ‖k'_t‖ (+ 3‖s_t‖ with shared-page dither)
-// dominates with room for the rounding of the norms themselves; the kernel uses
-// c_t = (the reference's Tier A or Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the
-// reference: their logits are the reference point of every fp16 path.
+// by the rounding of the dot product. Each product passes through at most d + G + 36 ≤ d + 64
+// roundings (an FMA chain per lane, the pairwise lane sum, Q_g and the shared-page subtraction of
+// Σ_g s_g Q_g, the scaling by sm), so with γ_n = n·2^-53/(1 − n·2^-53)
+//   |z̃'_t − sm·q·k̂_t| ≤ sm·γ_{d+64}·(Σ_c |q_c k'_{t,c}| + Σ_g s_g Σ_{c∈g} |q_c ξ_c|),
+// and the sum is at most ‖q‖·‖k̂_t‖ (Tier A, Cauchy–Schwarz), or, since |code − ξ| ≤ 127.5 and
+// |ξ| ≤ ½, 128·Σ_g s_{g,t}·‖q_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}| (Tier B, q_g the
+// non-outlier channels of group g). η_t = sm·(d + 64)·2^-52 times that sum dominates the bound
+// with room for the rounding of η_t itself; the kernel uses c_t = (the reference's Tier A or
+// Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the reference: their logits are the
+// reference point of every fp16 path.
 //
 // The three LSEs accumulate in double. Every term e^{x_t − m} carries ≤ 1 ulp (Highway's Exp), and
 // the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most one rescale per
@@ -56,27 +58,6 @@ constexpr std::size_t kNF = hn::MaxLanes(DF());
 constexpr int kTile = 16;  // positions per tile (at most one page)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// n fp16 values from p as floats, exact for every input. Highway's conversion without F16C maps
-// inf and NaN to finite values, which would hide them from the meter, so those targets convert
-// the bits here: normal and subnormal values are the shifted bits times 2^112, inf and NaN keep
-// an all-ones exponent.
-template <class D>
-HWY_INLINE hn::Vec<D> LoadF16(D df, const f16* p) {
-#if HWY_TARGET >= HWY_SSE4
-  const hn::RebindToSigned<D> di;
-  const hn::Rebind<std::uint16_t, D> du16;
-  const auto h = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<D>(), hn::LoadU(du16, p)));
-  const auto em = hn::And(h, hn::Set(di, 0x7FFF));
-  const auto sign = hn::BitCast(df, hn::ShiftLeft<16>(hn::AndNot(hn::Set(di, 0x7FFF), h)));
-  const auto shifted = hn::ShiftLeft<13>(em);
-  const auto finite = hn::Mul(hn::BitCast(df, shifted), hn::Set(df, 0x1p112f));
-  const auto special = hn::BitCast(df, hn::Or(shifted, hn::Set(di, 0x7F800000)));
-  return hn::Or(hn::IfThenElse(hn::RebindMask(df, hn::Gt(em, hn::Set(di, 0x7BFF))), special, finite), sign);
-#else
-  return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, D>(), reinterpret_cast<const hwy::float16_t*>(p)));
-#endif
-}
 
 // Lane i of the result is the sum of the lanes of v[i] (kN vectors; pairwise sums of adjacent
 // lanes, which keep the vectors' order).
@@ -189,20 +170,19 @@ class FastAttention {
         B_(cfg_.bands),
         m2_(2 * cfg_.outlier_pairs) {
     qd_.assign(group_ * dp_, 0.0);
-    eta_.resize(group_);
-    for (int h = 0; h < group_; ++h) {
-      double norm2 = 0.0;
-      for (int c = 0; c < d_; ++c) {
-        qd_[h * dp_ + c] = q_[h * d_ + c];
-        norm2 += qd_[h * dp_ + c] * qd_[h * dp_ + c];
-      }
-      eta_[h] = ctx_.sm * (d_ + 64) * 0x1p-52 * std::sqrt(norm2) * cert::kRoundUpMargin;
-    }
+    for (int h = 0; h < group_; ++h)
+      for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
+    const double eta = ctx_.sm * (d_ + 64) * 0x1p-52;  // η_t per unit of Σ_c |q_c k'_{t,c}|
     if (k_kind_ == cache::FormatKind::scheme) {
       const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
       qn_.resize(static_cast<std::size_t>(group_) * B_);
-      for (int h = 0; h < group_; ++h)
+      eta_q_.resize(group_);
+      for (int h = 0; h < group_; ++h) {
         cert::band_norms(bands, std::span<const float>(q_ + h * d_, d_), std::span<double>(&qn_[h * B_], B_));
+        double norm2 = 0.0;
+        for (int c = 0; c < d_; ++c) norm2 += qd_[h * dp_ + c] * qd_[h * dp_ + c];
+        eta_q_[h] = eta * std::sqrt(norm2);
+      }
     }
     if (k_kind_ == cache::FormatKind::dither_int8) {
       const std::uint8_t* mask = r_.outlier_mask();
@@ -211,12 +191,26 @@ class FastAttention {
       // ς_t² = (sm²/12)·Σ_g s_{g,t}²·Σ_{c∈g, non-outlier} q_c² (Lemma 2, the sum regrouped by g).
       q2_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
       qbar_.assign(group_ * dp_, 0.0);
+      eta_g_.assign(q2_.size(), 0.0);
+      eta_x_.assign(group_, 0.0);
       for (int h = 0; h < group_; ++h)
         for (int c = 0; c < d_; ++c) {
-          if (mask[c]) continue;
-          q2_[h * G_ + c / kGroup] += qd_[h * dp_ + c] * qd_[h * dp_ + c];
-          qbar_[h * dp_ + c] = qd_[h * dp_ + c];
+          const double qc = qd_[h * dp_ + c];
+          if (mask[c]) {
+            eta_x_[h] = std::max(eta_x_[h], eta * std::fabs(qc));
+            continue;
+          }
+          q2_[h * G_ + c / kGroup] += qc * qc;
+          eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
+          qbar_[h * dp_ + c] = qc;
         }
+      heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kN);
+      qbar_t_.assign(d_ * heads_padded_, 0.0);
+      for (int h = 0; h < group_; ++h)
+        for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = qbar_[h * dp_ + c];
+      qg_t_.assign(G_ * heads_padded_, 0.0);
+      scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
+      outlier_values_.assign(static_cast<std::size_t>(kTile) * m2_, 0.0);
       v2_scale_ = ctx_.sm * ctx_.sm / 12.0 * cert::kRoundUpMargin;
       // subgaussian_radius is sqrt(ς²)·κ with κ its value at ς² = 1: evaluated once per call.
       kappa_ = cert::subgaussian_radius(1.0, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels());
@@ -227,11 +221,16 @@ class FastAttention {
       s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
       s2_.assign(s_.size(), 0.0);
     }
-    if (k_kind_ == cache::FormatKind::scheme) w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
+    if (k_kind_ == cache::FormatKind::scheme) {
+      w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
+      band_row_.assign(B_, 0.0);
+    }
     krows_.assign(kTile * dp_, 0.0);
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
+    if (v_kind_ == cache::FormatKind::dither_int8) v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
     mu_.assign(kTile, 0.0);
+    x_out_.assign(kTile, 0.0);
     rho_.assign(kTile, 0.0);
     vnorm_.assign(kTile, 0.0);
     z_.assign(static_cast<std::size_t>(group_) * kTile, 0.0);
@@ -239,6 +238,8 @@ class FastAttention {
     w_.assign(z_.size(), 0.0f);
     acc_.assign(group_ * dp_, 0.0);
     rescale_.assign(group_, 1.0);
+    finite_.assign(group_, 1);
+    pending_.assign(static_cast<std::size_t>(group_) * kPendings * kN, 0.0);
     scalar_.assign(group_, 0);
   }
 
@@ -262,15 +263,20 @@ class FastAttention {
       LoadValues(page, t0, n, v_packed);
       for (int h = 0; h < group_; ++h) {
         HeadPartial& p = partials[h];
-        scalar_[h] = !Clean(p) || !TileFinite(h, n);
-        if (scalar_[h])
+        scalar_[h] = !finite_[h] || !Clean(p);
+        if (scalar_[h]) {
+          Flush(h, p);
           ScalarTile(h, n, p);
-        else
+        } else {
           Update(h, n, p);
+        }
         Accumulate(h, n);
       }
     }
-    for (int h = 0; h < group_; ++h) std::copy_n(&acc_[h * dp_], d_, partials[h].acc.begin());
+    for (int h = 0; h < group_; ++h) {
+      Flush(h, partials[h]);
+      std::copy_n(&acc_[h * dp_], d_, partials[h].acc.begin());
+    }
   }
 
  private:
@@ -282,7 +288,7 @@ class FastAttention {
     const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
     if (!packed) {
       key_kind_ = KeyKind::exact;
-      for (int i = 0; i < n; ++i) F16Row(page.k.exact + (row0 + i) * d_, &krows_[i * dp_]);
+      for (int i = 0; i < n; ++i) F16ToDouble(page.k.exact + (row0 + i) * d_, d_, &krows_[i * dp_]);
       return;
     }
     if (k_kind_ == cache::FormatKind::scheme) {
@@ -292,26 +298,28 @@ class FastAttention {
       for (int i = 0; i < n; ++i) {
         DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, kfloat_.data(), k_block_);
         FloatRow(kfloat_.data(), &krows_[i * dp_]);
-        if (meter_)
-          for (int b = 0; b < B_; ++b) w_band_[b * kTile + i] = fp16_to_float(key_meta_[i * B_ + b]);
+        if (!meter_) continue;
+        F16ToDouble(key_meta_ + i * B_, B_, band_row_.data());
+        for (int b = 0; b < B_; ++b) w_band_[b * kTile + i] = band_row_[b];
       }
-    } else {
-      key_kind_ = KeyKind::tier_b;
-      key_meta_ = page.k.meta + row0 * G_;
-      if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
-      for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+      if (!meter_) return;
+      const DD dd;
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::Sqrt(SquaredNorms(&krows_[j0 * dp_], dp_, dp_)), dd, &mu_[j0]);
+      return;
     }
-    if (!meter_) return;
-    const DD dd;
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      VD mu = hn::Sqrt(SquaredNorms(&krows_[j0 * dp_], dp_, dp_));
-      if (key_kind_ == KeyKind::tier_b && shared_) {
-        VD s2 = hn::Zero(dd);
-        for (int g = 0; g < G_; ++g) s2 = hn::Add(s2, hn::LoadU(dd, &s2_[g * kTile + j0]));
-        mu = hn::MulAdd(hn::Set(dd, 3.0), hn::Sqrt(s2), mu);
+    key_kind_ = KeyKind::tier_b;
+    key_meta_ = page.k.meta + row0 * G_;
+    if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
+    // The tile's scales and outlier values are contiguous: converted in one go.
+    F16ToDouble(key_meta_, n * G_, scales_.data());
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < G_; ++g) {
+        s_[g * kTile + i] = scales_[i * G_ + g];
+        s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
       }
-      hn::StoreU(mu, dd, &mu_[j0]);
-    }
+    if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
+    for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
   }
 
   // k'_t = s_g·(code − ξ) (per-slot dither) or s_g·code (shared-page dither: Σ_g s_g Q_g is taken
@@ -321,43 +329,47 @@ class FastAttention {
     const hn::Rebind<std::int8_t, DD> di8;
     const hn::Rebind<std::int32_t, DD> di32;
     const std::int8_t* codes = page.k.codes + row * d_;
-    const f16* scales = page.k.meta + row * G_;
     if (!shared_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
     double* out = &krows_[i * dp_];
     for (int g = 0; g < G_; ++g) {
-      const double s = fp16_to_float(scales[g]);
-      s_[g * kTile + i] = s;
-      s2_[g * kTile + i] = s * s;
-      const VD sv = hn::Set(dd, s);
+      const VD s = hn::Set(dd, scales_[i * G_ + g]);
       for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
         VD x = hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
         if (!shared_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
-        hn::StoreU(hn::Mul(x, sv), dd, out + c);
+        hn::StoreU(hn::Mul(x, s), dd, out + c);
       }
     }
-    const f16* outlier_values = page.k.outlier_values + row * m2_;
-    for (std::size_t j = 0; j < outliers_.size(); ++j) out[outliers_[j]] = fp16_to_float(outlier_values[j]);
+    const double* outlier_values = &outlier_values_[i * m2_];
+    double x_out = 0.0;
+    for (int j = 0; j < m2_; ++j) {
+      out[outliers_[j]] = outlier_values[j];
+      x_out += std::fabs(outlier_values[j]);
+    }
+    x_out_[i] = x_out;
   }
 
   // Shared-page dither: ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per query head, once
-  // per page.
+  // per page, the query heads in lanes.
   void SharedDither(std::uint32_t counter) {
     const DD dd;
     DitherRow(stream_, counter, d_, xi_.data(), words_.data());
     xi_page_ = counter;
-    for (int h = 0; h < group_; ++h)
+    for (int h0 = 0; h0 < group_; h0 += static_cast<int>(kN))
       for (int g = 0; g < G_; ++g) {
         VD acc = hn::Zero(dd);
-        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN))
-          acc = hn::MulAdd(hn::LoadU(dd, &qbar_[h * dp_ + c]), hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])), acc);
-        qg_[h * G_ + g] = hn::GetLane(hn::SumOfLanes(dd, acc));
+        for (int c = g * kGroup; c < (g + 1) * kGroup; ++c)
+          acc = hn::MulAdd(hn::LoadU(dd, &qbar_t_[c * heads_padded_ + h0]), hn::Set(dd, xi_[c]), acc);
+        hn::StoreU(acc, dd, &qg_t_[g * heads_padded_ + h0]);
       }
+    for (int h = 0; h < group_; ++h)
+      for (int g = 0; g < G_; ++g) qg_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
     const DD dd;
     const double* q = &qd_[h * dp_];
+    auto finite = hn::FirstN(dd, kN);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);
       if (key_kind_ == KeyKind::tier_b && shared_)
@@ -370,17 +382,23 @@ class FastAttention {
         VD sum = hn::Zero(dd);
         for (int b = 0; b < B_; ++b)
           sum = hn::MulAdd(hn::Set(dd, qn_[h * B_ + b]), hn::LoadU(dd, &w_band_[b * kTile + j0]), sum);
-        c = hn::Mul(sum, hn::Set(dd, ctx_.sm * cert::kRoundUpMargin));
+        c = hn::MulAdd(sum, hn::Set(dd, ctx_.sm * cert::kRoundUpMargin),
+                       hn::Mul(hn::Set(dd, eta_q_[h]), hn::LoadU(dd, &mu_[j0])));
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
-        // Lemma 2: u_t = sqrt(ς_t²)·κ.
-        VD v2 = hn::Zero(dd);
-        for (int g = 0; g < G_; ++g)
+        // Lemma 2: u_t = sqrt(ς_t²)·κ; then η_t.
+        VD v2 = hn::Zero(dd), eta = hn::Mul(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]));
+        for (int g = 0; g < G_; ++g) {
           v2 = hn::MulAdd(hn::Set(dd, q2_[h * G_ + g]), hn::LoadU(dd, &s2_[g * kTile + j0]), v2);
-        c = hn::Mul(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_));
+          eta = hn::MulAdd(hn::Set(dd, eta_g_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), eta);
+        }
+        c = hn::MulAdd(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_), eta);
       }
-      if (meter_ && key_kind_ != KeyKind::exact) c = hn::MulAdd(hn::Set(dd, eta_[h]), hn::LoadU(dd, &mu_[j0]), c);
       hn::StoreU(c, dd, &c_[h * kTile + j0]);
+      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]);
+      const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
+      finite = hn::And(finite, hn::Or(ok, hn::Not(hn::FirstN(dd, static_cast<std::size_t>(n - j0)))));
     }
+    finite_[h] = hn::AllTrue(dd, finite);
   }
 
   // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
@@ -403,12 +421,12 @@ class FastAttention {
       const DF df;
       const hn::Rebind<std::int8_t, DF> di8;
       const hn::Rebind<std::int32_t, DF> di32;
+      F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
       for (int i = 0; i < n; ++i) {
         const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
-        const f16* scales = page.v.meta + (row0 + i) * G_;
         double sum = 0.0;
         for (int g = 0; g < G_; ++g) {
-          const float s = fp16_to_float(scales[g]);
+          const float s = static_cast<float>(v_scales_[i * G_ + g]);
           // v̂ = s·code is exact in float (11 × 8 bits).
           for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF))
             hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c))), hn::Set(df, s)), df,
@@ -429,22 +447,12 @@ class FastAttention {
   // --- Softmax, output and meter statistics of one query head over the tile.
 
   // The vector update needs a partial whose statistics are finite and in step (p.m and p.l are
-  // LSE(z̃)'s m and s); anything else takes the reference's token-by-token path.
+  // LSE(z̃)'s m and s, up to the pending sums); anything else takes the reference's token-by-token
+  // path.
   static bool Clean(const HeadPartial& p) {
     const auto ok = [](double m) { return !std::isnan(m) && m != kInf; };
     return ok(p.m) && p.meter.z.m == p.m && p.meter.z.s == p.l && ok(p.meter.z_plus_c.m) &&
            ok(p.meter.z_minus_c.m) && !std::isnan(p.meter.c_max);
-  }
-
-  bool TileFinite(int h, int n) const {
-    const DD dd;
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
-      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]), c = hn::LoadU(dd, &c_[h * kTile + j0]);
-      const auto finite = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
-      if (!hn::AllTrue(dd, hn::Or(hn::Not(valid), finite))) return false;
-    }
-    return true;
   }
 
   // Max over the tile's valid lanes of x_t (x: the tile's z̃ shifted by sign·c).
@@ -475,59 +483,122 @@ class FastAttention {
     L.s += hn::GetLane(hn::SumOfLanes(dd, sum));
   }
 
+  // While LSE(z̃ ± c) keep the reference point m of LSE(z̃) (the usual case: they start there and
+  // move with it), their terms are the softmax weights times e^{±c_t}: one exponential and one
+  // division per token instead of two exponentials. Below this c_t, Σ_t e^{z̃_t − m + c_t} cannot
+  // overflow for any realistic token count.
+  static constexpr double kSharedReferenceMaxC = 600.0;
+
+  // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
+  // partial only by Flush: the same additions, fewer horizontal reductions.
+  enum Pending { kL, kRho, kPlus, kMinus, kVMax, kCMax, kPendings };
+  double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
+
+  void Flush(int h, HeadPartial& p) {
+    const DD dd;
+    const auto take = [&](Pending what, bool max) {
+      const VD v = hn::LoadU(dd, pending(h, what));
+      hn::StoreU(hn::Zero(dd), dd, pending(h, what));
+      return hn::GetLane(max ? hn::MaxOfLanes(dd, v) : hn::SumOfLanes(dd, v));
+    };
+    p.l += take(kL, false);
+    p.rho += take(kRho, false);
+    p.meter.z.s = p.l;
+    p.meter.z_plus_c.s += take(kPlus, false);
+    p.meter.z_minus_c.s += take(kMinus, false);
+    p.v_max = std::max(p.v_max, take(kVMax, true));
+    p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
+  }
+
   void Update(int h, int n, HeadPartial& p) {
     const DD dd;
+    cert::Lse& plus = p.meter.z_plus_c;
+    cert::Lse& minus = p.meter.z_minus_c;
+    VD c_max = hn::Zero(dd);
+    if (meter_)
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
+                                                  hn::LoadU(dd, &c_[h * kTile + j0])));
+    hn::StoreU(hn::Max(c_max, hn::LoadU(dd, pending(h, kCMax))), dd, pending(h, kCMax));
+    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m &&
+                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, kSharedReferenceMaxC)));
+    if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     rescale_[h] = 1.0;
     if (mz > p.m) {
-      rescale_[h] = std::exp(p.m - mz);
-      p.l *= rescale_[h];
-      p.rho *= rescale_[h];
+      const double r = rescale_[h] = std::exp(p.m - mz);
+      p.l *= r;
+      p.rho *= r;
+      for (Pending what : {kL, kRho, kPlus, kMinus})
+        hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
+      if (shared_reference) {
+        plus.s *= r;
+        minus.s *= r;
+        plus.m = minus.m = mz;
+      }
       p.m = mz;
+      p.meter.z.s = p.l;
     }
-    VD l = hn::Zero(dd), rho = hn::Zero(dd), v_max = hn::Zero(dd);
+    const VD m = hn::Set(dd, p.m);
+    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
+    VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
+    VD v_max = hn::LoadU(dd, pending(h, kVMax));
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
-      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]);
-      const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(z, hn::Set(dd, p.m))));
+      const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
       const VD rho_t = hn::LoadU(dd, &rho_[j0]);
       hn::StoreU(hn::DemoteTo(DFH(), w), DFH(), &w_[h * kTile + j0]);
       l = hn::Add(l, w);
       rho = hn::MulAdd(w, rho_t, rho);
       v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
+      if (shared_reference) {
+        const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
+        s_plus = hn::MulAdd(w, e_c, s_plus);
+        s_minus = hn::Add(s_minus, hn::Div(w, e_c));
+      }
     }
-    p.l += hn::GetLane(hn::SumOfLanes(dd, l));
-    p.rho += hn::GetLane(hn::SumOfLanes(dd, rho));
-    p.v_max = std::max(p.v_max, hn::GetLane(hn::MaxOfLanes(dd, v_max)));
+    hn::StoreU(l, dd, pending(h, kL));
+    hn::StoreU(rho, dd, pending(h, kRho));
+    hn::StoreU(s_plus, dd, pending(h, kPlus));
+    hn::StoreU(s_minus, dd, pending(h, kMinus));
+    hn::StoreU(v_max, dd, pending(h, kVMax));
     p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
-    p.meter.z.s = p.l;
     p.meter.n += n;
-    if (!meter_) return;
-    LseTile(p.meter.z_plus_c, h, n, 1.0);
-    LseTile(p.meter.z_minus_c, h, n, -1.0);
-    VD c_max = hn::Zero(dd);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-      c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
-                                                hn::LoadU(dd, &c_[h * kTile + j0])));
-    p.meter.c_max = std::max(p.meter.c_max, hn::GetLane(hn::MaxOfLanes(dd, c_max)));
+    if (meter_ && !shared_reference) {
+      LseTile(plus, h, n, 1.0);
+      LseTile(minus, h, n, -1.0);
+    }
   }
 
   // Σ_t w_t v̂_t over the tile in float, added to the head's double accumulator.
   void Accumulate(int h, int n) {
     if (scalar_[h]) return;
     const DD dd;
-    const DF df;
     double* acc = &acc_[h * dp_];
     if (rescale_[h] != 1.0)
       for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
-    HWY_ALIGN float o[kNF];
-    for (std::size_t c = 0; c < dp_; c += kNF) {
-      VF sum = hn::Zero(df);
-      for (int i = 0; i < n; ++i) sum = hn::MulAdd(hn::Set(df, w_[h * kTile + i]), hn::LoadU(df, &vrows_[i * dp_ + c]), sum);
-      hn::Store(sum, df, o);
-      for (std::size_t k = 0; k < kNF; k += kN)
-        hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + k), hn::PromoteTo(dd, hn::LoadU(DFH(), o + k))), dd, acc + c + k);
+    std::size_t c = 0;
+    for (; c + 8 * kNF <= dp_; c += 8 * kNF) AccumulateColumns<8>(h, n, c, acc);
+    for (; c + 4 * kNF <= dp_; c += 4 * kNF) AccumulateColumns<4>(h, n, c, acc);
+    for (; c < dp_; c += kNF) AccumulateColumns<1>(h, n, c, acc);
+  }
+
+  // Columns [c, c + K·kNF): K independent FMA chains over the tile's tokens.
+  template <std::size_t K>
+  HWY_INLINE void AccumulateColumns(int h, int n, std::size_t c, double* acc) const {
+    const DD dd;
+    const DF df;
+    VF sum[K];
+    for (VF& s : sum) s = hn::Zero(df);
+    for (int i = 0; i < n; ++i) {
+      const VF w = hn::Set(df, w_[h * kTile + i]);
+      const float* row = &vrows_[i * dp_ + c];
+      for (std::size_t k = 0; k < K; ++k) sum[k] = hn::MulAdd(w, hn::LoadU(df, row + k * kNF), sum[k]);
     }
+    HWY_ALIGN float o[K * kNF];
+    for (std::size_t k = 0; k < K; ++k) hn::Store(sum[k], df, o + k * kNF);
+    for (std::size_t j = 0; j < K * kNF; j += kN)
+      hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + j), hn::PromoteTo(dd, hn::LoadU(DFH(), o + j))), dd, acc + c + j);
   }
 
   // The reference's token-by-token update (certified_attention.cc), for tiles with a non-finite
@@ -542,13 +613,15 @@ class FastAttention {
       if (meter_ && key_kind_ == KeyKind::tier_a) {
         c = cert::tier_a_c(std::span<const double>(&qn_[h * B_], B_), std::span<const f16>(key_meta_ + i * B_, B_),
                            ctx_.sm) +
-            eta_[h] * mu_[i];
+            eta_q_[h] * mu_[i];
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
         const double v2 = cert::dither_variance_proxy(std::span<const float>(qh, d_),
                                                       std::span<const f16>(key_meta_ + i * G_, G_),
                                                       std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
                                                       ctx_.sm);
-        c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta_[h] * mu_[i];
+        double eta = eta_x_[h] * x_out_[i];
+        for (int g = 0; g < G_; ++g) eta += eta_g_[h * G_ + g] * s_[g * kTile + i];
+        c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
       p.meter.add(z, c);
       if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
@@ -572,12 +645,12 @@ class FastAttention {
 
   // --- Decoding helpers.
 
-  void F16Row(const f16* src, double* out) const {
+  static void F16ToDouble(const f16* src, int n, double* out) {
     const DD dd;
     int c = 0;
-    for (; c + static_cast<int>(kN) <= d_; c += static_cast<int>(kN))
+    for (; c + static_cast<int>(kN) <= n; c += static_cast<int>(kN))
       hn::StoreU(hn::PromoteTo(dd, LoadF16(DFH(), src + c)), dd, out + c);
-    for (; c < d_; ++c) out[c] = fp16_to_float(src[c]);
+    for (; c < n; ++c) out[c] = fp16_to_float(src[c]);
   }
 
   void F16FloatRow(const f16* src, float* out) const {
@@ -627,10 +700,15 @@ class FastAttention {
 
   // Per call: the queries and their constants.
   std::vector<double> qd_;    // [h][dp] q as double
-  std::vector<double> eta_;   // [h] sm·(d + 64)·2^-52·‖q‖: η_t = eta·μ_t
+  std::vector<double> eta_q_;  // [h] η_t/‖k̂_t‖ (Tier A)
+  std::vector<double> eta_g_;  // [h][G] sm·(d + 64)·2^-52·128·‖q_g‖₁: η_t = Σ_g eta_g·s_{g,t} + eta_x·Σ|x_out| (Tier B)
+  std::vector<double> eta_x_;  // [h] sm·(d + 64)·2^-52·max_{outlier c}|q_c|
   std::vector<double> qn_;    // [h][B] ‖q_b‖ (Tier A)
   std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
   std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
+  std::size_t heads_padded_ = 0;
+  std::vector<double> qbar_t_;  // [c][heads_padded] the same, query heads in lanes
+  std::vector<double> qg_t_;    // [g][heads_padded] Q_g of the page
   std::vector<int> outliers_;
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
@@ -646,14 +724,21 @@ class FastAttention {
   std::vector<double> qg_;          // [h][G] Q_g of the page
   std::vector<double> w_band_;      // [b][t] witness
   std::vector<double> s_, s2_;      // [g][t] dither scale and its square
-  std::vector<double> mu_;          // [t] μ_t
+  std::vector<double> scales_;      // [t][g] the tile's key scales
+  std::vector<double> outlier_values_;  // [t][2m] the tile's outlier values
+  std::vector<double> mu_;          // [t] ‖k̂_t‖ (Tier A)
+  std::vector<double> x_out_;       // [t] Σ_{outlier c} |x_{t,c}| (Tier B)
+  std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
+  std::vector<double> v_scales_;    // [t][g] the tile's value scales (dither-int8)
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
   std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
   std::vector<double> rescale_;     // [h] factor on acc_ from this tile's new max
   std::vector<char> scalar_;        // [h] the tile went through ScalarTile
+  std::vector<char> finite_;        // [h] every z̃_t, z̃_t ± c_t of the tile is finite
+  std::vector<double> pending_;     // [h][Pending][lane] sums not yet in the partial
   BlockCache k_block_, v_block_;
 };
 

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "attn/certified_attention.h"
 #include "attn/certified_attention_fast.h"
-#include "attn/exact_cache.h"
+#include "attn/exact_attention_fast.h"
 #include "cert/subgaussian.h"
 
 namespace witcert::attn {
@@ -129,14 +130,16 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
   cache::KvStore::Reader reader(store_, layer, kv_head);
   std::vector<MeterCell> local;
   if (exact()) {
-    // Zero intrusion: the same float computation as the plain exact cache, meter 0.
-    for (int h = 0; h < group; ++h) {
-      exact_attention(
-          q + h * d, [&](std::int64_t t) { return reader.exact_key_row(t); },
-          [&](std::int64_t t) { return reader.exact_value_row(t); }, n_ctx, d, out + h * d);
-      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0,
-                       opts_.check_soundness ? 0.0 : NAN, 0.0, false});
+    // Zero intrusion: bit for bit the computation of the plain exact cache, meter 0.
+    std::vector<const f16*> keys(n_ctx), values(n_ctx);
+    for (std::int64_t t = 0; t < n_ctx; ++t) {
+      keys[t] = reader.exact_key_row(t);
+      values[t] = reader.exact_value_row(t);
     }
+    exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, out);
+    for (int h = 0; h < group; ++h)
+      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, opts_.check_soundness ? 0.0 : NAN, 0.0,
+                       false});
   } else {
     Group g;
     compute(reader, q, group, n_ctx, g);
