@@ -3,7 +3,8 @@
 // of one whole decode step. Reports GFLOP/s (2·rows·cols·tokens) and GB/s of weight bytes.
 //
 //   cmake --build build --target witcert_bench &&
-//   build/witcert_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   build/witcert_bench --benchmark_filter='Matmul|DecodeStep' --benchmark_repetitions=5
+//     --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -106,5 +107,3 @@ BENCHMARK(BM_DecodeStepMatvecs)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime
 
 }  // namespace
 }  // namespace witcert::model
-
-BENCHMARK_MAIN();

@@ -1,10 +1,13 @@
 #include "attn/certified_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "attn/certified_attention.h"
-#include "attn/exact_cache.h"
+#include "attn/certified_attention_fast.h"
+#include "attn/exact_attention_fast.h"
 #include "cert/subgaussian.h"
 
 namespace witcert::attn {
@@ -43,13 +46,15 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
   cache::KvStore::Reader reader(store_, layer, kv_head);
   std::vector<MeterCell> local;
   if (exact()) {
-    // Zero intrusion: the same float computation as the plain exact cache, meter 0.
-    for (int h = 0; h < group; ++h) {
-      exact_attention(
-          q + h * d, [&](std::int64_t t) { return reader.exact_key_row(t); },
-          [&](std::int64_t t) { return reader.exact_value_row(t); }, n_ctx, d, out + h * d);
-      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, opts_.check_soundness ? 0.0 : NAN});
+    // Zero intrusion: bit for bit the computation of the plain exact cache, meter 0.
+    std::vector<const f16*> keys(n_ctx), values(n_ctx);
+    for (std::int64_t t = 0; t < n_ctx; ++t) {
+      keys[t] = reader.exact_key_row(t);
+      values[t] = reader.exact_value_row(t);
     }
+    exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, out);
+    for (int h = 0; h < group; ++h)
+      local.push_back({layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, opts_.check_soundness ? 0.0 : NAN});
   } else {
     const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n_ctx, delta_loc_};
     // Split-KV over page-aligned ranges; partials merge under the LSE weights.
@@ -61,7 +66,7 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
       const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
       if (b >= e) continue;
       part.assign(group, HeadPartial{});
-      attend_range_reference(reader, q, group, d, b, e, ctx, part);
+      attend_range_fast(reader, q, group, d, b, e, ctx, part);
       for (int h = 0; h < group; ++h) merged[h].merge(part[h]);
     }
     for (int h = 0; h < group; ++h) {

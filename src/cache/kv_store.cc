@@ -80,16 +80,16 @@ std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
   return static_cast<std::uint32_t>(table_.slot(pos));
 }
 
-bool KvStore::encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {
+std::int64_t KvStore::packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const {
   switch (side.kind) {
     case FormatKind::exact:
-      return false;
+      return 0;
     case FormatKind::scheme:
-      return (pos / side.T + 1) * side.T <= written_[st];
+      return written_[st] / side.T * side.T;  // whole blocks only
     case FormatKind::dither_int8:
-      return which == quant::KvSide::value || outliers_fixed_[st];
+      return which == quant::KvSide::value || outliers_fixed_[st] ? written_[st] : 0;
   }
-  return false;
+  return 0;
 }
 
 void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
@@ -260,6 +260,43 @@ const std::uint8_t* KvStore::Reader::outlier_mask() const { return &s_.outlier_m
 int KvStore::Reader::non_outlier_channels() const {
   const std::uint8_t* m = outlier_mask();
   return static_cast<int>(s_.cfg_.head_dim - std::count(m, m + s_.cfg_.head_dim, 1));
+}
+
+KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
+  const int P = s_.cfg_.page_size, d = s_.cfg_.head_dim;
+  RawPage r;
+  r.begin = pos / P * P;
+  r.end = r.begin + P;
+  const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.table_.page_of(pos)) * P;
+  r.dither_counter = s_.dither_counter_slot(r.begin);
+  r.dither_shared = s_.cfg_.dither == DitherMode::shared_page;
+  auto view = [&](const Side& sd, quant::KvSide which, const std::vector<f16>& exact) {
+    RawSide v;
+    v.packed_end = std::clamp(s_.packed_prefix(sd, which, stream_), r.begin, r.end);
+    v.exact = &exact[first * d];
+    if (sd.kind == FormatKind::scheme && sd.T == 1) v.packed = &sd.packed[first * sd.block_bytes];
+    if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
+    if (sd.kind == FormatKind::dither_int8) v.codes = &sd.codes[first * d];
+    if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg_.outlier_pairs];
+    return v;
+  };
+  r.k = view(s_.k_, quant::KvSide::key, s_.exact_k_);
+  r.v = view(s_.v_, quant::KvSide::value, s_.exact_v_);
+  return r;
+}
+
+const quant::KvScheme* KvStore::Reader::scheme(quant::KvSide side) const {
+  return (side == quant::KvSide::key ? s_.k_ : s_.v_).scheme;
+}
+
+const std::uint8_t* KvStore::Reader::group_block(quant::KvSide side, std::int64_t block) const {
+  const Side& sd = side == quant::KvSide::key ? s_.k_ : s_.v_;
+  const std::size_t blocks = (s_.cfg_.capacity + sd.T - 1) / sd.T;
+  return &sd.packed[(stream_ * blocks + block) * sd.block_bytes];
+}
+
+quant::DitherStream KvStore::Reader::dither_stream() const {
+  return {s_.cfg_.seed, static_cast<std::uint32_t>(layer_), static_cast<std::uint32_t>(kv_head_)};
 }
 
 void KvStore::Reader::decode_scheme(quant::KvSide side, std::int64_t pos, float* out, BlockCache& cache) {

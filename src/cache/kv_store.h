@@ -95,6 +95,33 @@ class KvStore {
     const std::uint8_t* outlier_mask() const;  // dither-int8 keys: 1 on the m outlier pairs
     int non_outlier_channels() const;
 
+    // Raw views for the fast attention kernel (attn/certified_attention_fast.cc), which decodes a
+    // page at a time. The slots of one page are consecutive, so every per-slot array of a page is
+    // one run starting at the page's first slot: row i of a view belongs to position begin + i.
+    struct RawSide {
+      std::int64_t packed_end = 0;   // [begin, packed_end) come from the packed form, the rest exact
+      const f16* exact = nullptr;    // [slot][head_dim]: the exact tier
+      const std::uint8_t* packed = nullptr;  // per-token schemes: [slot][block_bytes]
+      const f16* meta = nullptr;     // [slot][·]: B witness bands (keys), ρ_t (values) or d/32 dither scales
+      const std::int8_t* codes = nullptr;       // dither-int8: [slot][head_dim]
+      const f16* outlier_values = nullptr;      // dither-int8 keys: [slot][2m], in channel order
+    };
+    struct RawPage {
+      std::int64_t begin = 0, end = 0;  // the positions of the page
+      std::uint32_t dither_counter = 0;  // Philox counter word of the page's first slot
+      bool dither_shared = false;        // DitherMode::shared_page: one counter word for the page
+      RawSide k, v;
+      std::uint32_t counter(std::int64_t pos) const {
+        return dither_shared ? dither_counter : dither_counter + static_cast<std::uint32_t>(pos - begin);
+      }
+    };
+    RawPage raw_page(std::int64_t pos) const;  // the page that holds pos
+    FormatKind kind(quant::KvSide side) const { return s_.kind(side); }
+    const quant::KvScheme* scheme(quant::KvSide side) const;  // nullptr unless FormatKind::scheme
+    // Group schemes: the packed block of positions [block·T, block·T + T).
+    const std::uint8_t* group_block(quant::KvSide side, std::int64_t block) const;
+    quant::DitherStream dither_stream() const;
+
    private:
     struct BlockCache {
       std::int64_t group = -1;
@@ -138,7 +165,12 @@ class KvStore {
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
   std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token
-  bool encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const;
+  // Positions [0, packed_prefix) of a stream are served from the packed form, the rest from the
+  // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
+  std::int64_t packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const;
+  bool encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {
+    return pos < packed_prefix(side, which, st);
+  }
 
   CacheConfig cfg_;
   cert::BandLayout bands_;

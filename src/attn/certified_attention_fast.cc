@@ -1,0 +1,723 @@
+#include "attn/certified_attention_fast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+
+#include "base/fp16.h"
+#include "cert/round_up.h"
+#include "cert/subgaussian.h"
+#include "cert/witness.h"
+#include "quant/philox.h"
+
+// The kernel keeps small arrays of vectors, which sizeless vector types (SVE, RVV) do not allow.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attn/certified_attention_fast.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "attn/load_f16-inl.h"
+
+// Soundness of the bound for the logits this kernel uses. Theorem 1 needs c_t ≥ |z̃'_t − z_t| for
+// the z̃'_t the softmax actually uses. Keys are decoded exactly into double (s_g·(code − ξ) has at
+// most 43 significant bits; scheme and fp16 keys are floats), so z̃'_t differs from sm·q·k̂_t only
+// by the rounding of the dot product. Each product passes through at most d + G + 36 ≤ d + 64
+// roundings (an FMA chain per lane, the pairwise lane sum, Q_g and the shared-page subtraction of
+// Σ_g s_g Q_g, the scaling by sm), so with γ_n = n·2^-53/(1 − n·2^-53)
+//   |z̃'_t − sm·q·k̂_t| ≤ sm·γ_{d+64}·(Σ_c |q_c k'_{t,c}| + Σ_g s_g Σ_{c∈g} |q_c ξ_c|),
+// and the sum is at most ‖q‖·‖k̂_t‖ (Tier A, Cauchy–Schwarz), or, since |code − ξ| ≤ 127.5 and
+// |ξ| ≤ ½, 128·Σ_g s_{g,t}·‖q_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}| (Tier B, q_g the
+// non-outlier channels of group g). η_t = sm·(d + 64)·2^-52 times that sum dominates the bound
+// with room for the rounding of η_t itself; the kernel uses c_t = (the reference's Tier A or
+// Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the reference: their logits are the
+// reference point of every fp16 path.
+//
+// The three LSEs accumulate in double. Every term e^{x_t − m} carries ≤ 1 ulp (Highway's Exp), and
+// the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most one rescale per
+// tile: per term no more roundings than the reference's token-by-token accumulation, whose total
+// cert::lse_rounding_margin covers.
+
+HWY_BEFORE_NAMESPACE();
+namespace witcert::attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DD = hn::ScalableTag<double>;
+using VD = hn::Vec<DD>;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DFH = hn::Rebind<float, DD>;  // as many floats as a vector has doubles
+constexpr std::size_t kN = hn::MaxLanes(DD());
+constexpr std::size_t kNF = hn::MaxLanes(DF());
+constexpr int kTile = 16;  // positions per tile (at most one page)
+constexpr int kGroup = quant::kDefaultGroup;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Lane i of the result is the sum of the lanes of v[i] (kN vectors; pairwise sums of adjacent
+// lanes, which keep the vectors' order).
+HWY_INLINE VD TransposeSum(VD* v) {
+#if HWY_TARGET != HWY_SCALAR
+  const DD dd;
+  for (std::size_t width = kN; width > 1; width /= 2)
+    for (std::size_t i = 0; i < width / 2; ++i)
+      v[i] = hn::Add(hn::ConcatEven(dd, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(dd, v[2 * i + 1], v[2 * i]));
+#endif
+  return v[0];
+}
+
+// Lane i: q · row i, for kN rows of dp doubles `stride` apart.
+HWY_INLINE VD DotRows(const double* q, const double* rows, std::size_t stride, std::size_t dp) {
+  const DD dd;
+  VD acc[kN];
+  for (VD& a : acc) a = hn::Zero(dd);
+  for (std::size_t c = 0; c < dp; c += kN) {
+    const VD qv = hn::LoadU(dd, q + c);
+    for (std::size_t i = 0; i < kN; ++i) acc[i] = hn::MulAdd(qv, hn::LoadU(dd, rows + i * stride + c), acc[i]);
+  }
+  return TransposeSum(acc);
+}
+
+// Lane i: ‖row i‖² for kN rows of dp doubles (D = double) or floats (D = float, taken exactly).
+template <class T>
+HWY_INLINE VD SquaredNorms(const T* rows, std::size_t stride, std::size_t dp) {
+  const DD dd;
+  VD acc[kN];
+  for (VD& a : acc) a = hn::Zero(dd);
+  for (std::size_t c = 0; c < dp; c += kN)
+    for (std::size_t i = 0; i < kN; ++i) {
+      VD x;
+      if constexpr (std::is_same_v<T, float>)
+        x = hn::PromoteTo(dd, hn::LoadU(DFH(), rows + i * stride + c));
+      else
+        x = hn::LoadU(dd, rows + i * stride + c);
+      acc[i] = hn::MulAdd(x, x, acc[i]);
+    }
+  return TransposeSum(acc);
+}
+
+// ξ_c = quant::dither_from_bits(word c mod 4 of Philox(counter, c/4, kv_head, layer)), c < d: the
+// counters are the SIMD lanes, four channels per lane.
+void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float* xi, std::uint32_t* words) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)words;
+  quant::dither_values(s, counter, std::span<float>(xi, d));
+#else
+  using namespace quant::philox_detail;
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::Repartition<std::uint64_t, decltype(du)> du64;
+  const hn::RebindToSigned<decltype(du)> di;
+  const hn::Rebind<float, decltype(du)> df;
+  constexpr std::size_t kL = hn::MaxLanes(du);
+  // hi and lo words of a·m per lane, from the 64-bit products of the even and the odd lanes.
+  const auto mul_hi_lo = [&](auto a, std::uint32_t m, auto& hi, auto& lo) {
+    const auto mv = hn::Set(du, m);
+    const auto even = hn::MulEven(a, mv);
+    const auto odd = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(du64, a))), mv);
+    hi = hn::OddEven(hn::BitCast(du, odd), hn::BitCast(du, hn::ShiftRight<32>(even)));
+    lo = hn::OddEven(hn::BitCast(du, hn::ShiftLeft<32>(odd)), hn::BitCast(du, even));
+  };
+  for (int j0 = 0; j0 < d / 4; j0 += static_cast<int>(kL)) {
+    auto c0 = hn::Set(du, counter), c1 = hn::Iota(du, static_cast<std::uint32_t>(j0));
+    auto c2 = hn::Set(du, s.kv_head), c3 = hn::Set(du, s.layer);
+    std::uint32_t k0 = static_cast<std::uint32_t>(s.seed), k1 = static_cast<std::uint32_t>(s.seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) k0 += kW0, k1 += kW1;
+      decltype(c0) hi0, lo0, hi1, lo1;
+      mul_hi_lo(c0, kM0, hi0, lo0);
+      mul_hi_lo(c2, kM1, hi1, lo1);
+      c0 = hn::Xor(hn::Xor(hi1, c1), hn::Set(du, k0));
+      c1 = lo1;
+      c2 = hn::Xor(hn::Xor(hi0, c3), hn::Set(du, k1));
+      c3 = lo0;
+    }
+    hn::StoreInterleaved4(c0, c1, c2, c3, du, words + 4 * j0);
+  }
+  for (int c = 0; c < d; c += static_cast<int>(kL)) {
+    const auto top = hn::BitCast(di, hn::ShiftRight<8>(hn::LoadU(du, words + c)));
+    hn::StoreU(hn::MulAdd(hn::ConvertTo(df, top), hn::Set(df, 0x1p-24f), hn::Set(df, -0.5f)), df, xi + c);
+  }
+#endif
+}
+
+void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(d) + 4 * hn::MaxLanes(hn::ScalableTag<std::uint32_t>()));
+  std::vector<float> out(words.size());
+  DitherRow(stream, counter, d, out.data(), words.data());
+  std::copy_n(out.begin(), d, xi);
+}
+
+class FastAttention {
+ public:
+  FastAttention(cache::KvStore::Reader& reader, const float* q, int group, int d, const BoundContext& ctx, bool meter)
+      : r_(reader),
+        cfg_(reader.config()),
+        q_(q),
+        group_(group),
+        d_(d),
+        dp_(hwy::RoundUpTo(static_cast<std::size_t>(d), kNF)),
+        ctx_(ctx),
+        meter_(meter),
+        k_kind_(reader.kind(quant::KvSide::key)),
+        v_kind_(reader.kind(quant::KvSide::value)),
+        shared_(cfg_.dither == cache::DitherMode::shared_page),
+        G_(d / kGroup),
+        B_(cfg_.bands),
+        m2_(2 * cfg_.outlier_pairs) {
+    qd_.assign(group_ * dp_, 0.0);
+    for (int h = 0; h < group_; ++h)
+      for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
+    const double eta = ctx_.sm * (d_ + 64) * 0x1p-52;  // η_t per unit of Σ_c |q_c k'_{t,c}|
+    if (k_kind_ == cache::FormatKind::scheme) {
+      const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
+      qn_.resize(static_cast<std::size_t>(group_) * B_);
+      eta_q_.resize(group_);
+      for (int h = 0; h < group_; ++h) {
+        cert::band_norms(bands, std::span<const float>(q_ + h * d_, d_), std::span<double>(&qn_[h * B_], B_));
+        double norm2 = 0.0;
+        for (int c = 0; c < d_; ++c) norm2 += qd_[h * dp_ + c] * qd_[h * dp_ + c];
+        eta_q_[h] = eta * std::sqrt(norm2);
+      }
+    }
+    if (k_kind_ == cache::FormatKind::dither_int8) {
+      const std::uint8_t* mask = r_.outlier_mask();
+      for (int c = 0; c < d_; ++c)
+        if (mask[c]) outliers_.push_back(c);
+      // ς_t² = (sm²/12)·Σ_g s_{g,t}²·Σ_{c∈g, non-outlier} q_c² (Lemma 2, the sum regrouped by g).
+      q2_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
+      qbar_.assign(group_ * dp_, 0.0);
+      eta_g_.assign(q2_.size(), 0.0);
+      eta_x_.assign(group_, 0.0);
+      for (int h = 0; h < group_; ++h)
+        for (int c = 0; c < d_; ++c) {
+          const double qc = qd_[h * dp_ + c];
+          if (mask[c]) {
+            eta_x_[h] = std::max(eta_x_[h], eta * std::fabs(qc));
+            continue;
+          }
+          q2_[h * G_ + c / kGroup] += qc * qc;
+          eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
+          qbar_[h * dp_ + c] = qc;
+        }
+      v2_scale_ = ctx_.sm * ctx_.sm / 12.0 * cert::kRoundUpMargin;
+      // subgaussian_radius is sqrt(ς²)·κ with κ its value at ς² = 1: evaluated once per call.
+      kappa_ = cert::subgaussian_radius(1.0, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels());
+      stream_ = r_.dither_stream();
+      xi_.assign(dp_ + 4 * kNF, 0.0f);
+      words_.assign(xi_.size(), 0);
+      qg_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
+      s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
+      s2_.assign(s_.size(), 0.0);
+    }
+    if (k_kind_ == cache::FormatKind::scheme) {
+      w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
+      band_row_.assign(B_, 0.0);
+    }
+    krows_.assign(kTile * dp_, 0.0);
+    kfloat_.assign(dp_, 0.0f);
+    vrows_.assign(kTile * dp_, 0.0f);
+    mu_.assign(kTile, 0.0);
+    x_out_.assign(kTile, 0.0);
+    rho_.assign(kTile, 0.0);
+    vnorm_.assign(kTile, 0.0);
+    z_.assign(static_cast<std::size_t>(group_) * kTile, 0.0);
+    c_.assign(z_.size(), 0.0);
+    w_.assign(z_.size(), 0.0f);
+    acc_.assign(group_ * dp_, 0.0);
+    rescale_.assign(group_, 1.0);
+    scalar_.assign(group_, 0);
+  }
+
+  void Run(std::int64_t begin, std::int64_t end, std::vector<HeadPartial>& partials) {
+    partials.resize(group_);
+    for (int h = 0; h < group_; ++h) {
+      partials[h].acc.resize(d_, 0.0);
+      std::copy_n(partials[h].acc.begin(), d_, &acc_[h * dp_]);
+    }
+    cache::KvStore::Reader::RawPage page;
+    page.end = page.begin = -1;
+    int n = 0;
+    for (std::int64_t t0 = begin; t0 < end; t0 += n) {
+      if (t0 >= page.end) page = r_.raw_page(t0);
+      n = static_cast<int>(std::min<std::int64_t>({kTile, end - t0, page.end - t0}));
+      const bool k_packed = t0 < page.k.packed_end, v_packed = t0 < page.v.packed_end;
+      if (k_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.k.packed_end - t0));
+      if (v_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.v.packed_end - t0));
+      LoadKeys(page, t0, n, k_packed);
+      for (int h = 0; h < group_; ++h) Logits(h, n);
+      LoadValues(page, t0, n, v_packed);
+      for (int h = 0; h < group_; ++h) {
+        HeadPartial& p = partials[h];
+        scalar_[h] = !Clean(p) || !TileFinite(h, n);
+        if (scalar_[h])
+          ScalarTile(h, n, p);
+        else
+          Update(h, n, p);
+        Accumulate(h, n);
+      }
+    }
+    for (int h = 0; h < group_; ++h) std::copy_n(&acc_[h * dp_], d_, partials[h].acc.begin());
+  }
+
+ private:
+  using KeyKind = cache::KeyBound::Kind;
+
+  // --- Keys: double rows k'_t, and what bounds their logit error, in token lanes.
+
+  void LoadKeys(const cache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed) {
+    const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
+    if (!packed) {
+      key_kind_ = KeyKind::exact;
+      for (int i = 0; i < n; ++i) F16ToDouble(page.k.exact + (row0 + i) * d_, d_, &krows_[i * dp_]);
+      return;
+    }
+    if (k_kind_ == cache::FormatKind::scheme) {
+      key_kind_ = KeyKind::tier_a;
+      key_meta_ = page.k.meta + row0 * B_;
+      const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
+      for (int i = 0; i < n; ++i) {
+        DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, kfloat_.data(), k_block_);
+        FloatRow(kfloat_.data(), &krows_[i * dp_]);
+        if (!meter_) continue;
+        F16ToDouble(key_meta_ + i * B_, B_, band_row_.data());
+        for (int b = 0; b < B_; ++b) w_band_[b * kTile + i] = band_row_[b];
+      }
+      if (!meter_) return;
+      const DD dd;
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::Sqrt(SquaredNorms(&krows_[j0 * dp_], dp_, dp_)), dd, &mu_[j0]);
+      return;
+    }
+    key_kind_ = KeyKind::tier_b;
+    key_meta_ = page.k.meta + row0 * G_;
+    if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
+    for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+  }
+
+  // k'_t = s_g·(code − ξ) (per-slot dither) or s_g·code (shared-page dither: Σ_g s_g Q_g is taken
+  // off the logit), the fp16 outliers in place; exact in double either way.
+  void DitherKey(const cache::KvStore::Reader::RawPage& page, std::size_t row, std::int64_t pos, int i) {
+    const DD dd;
+    const hn::Rebind<std::int8_t, DD> di8;
+    const hn::Rebind<std::int32_t, DD> di32;
+    const std::int8_t* codes = page.k.codes + row * d_;
+    const f16* scales = page.k.meta + row * G_;
+    if (!shared_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
+    double* out = &krows_[i * dp_];
+    for (int g = 0; g < G_; ++g) {
+      const double s = fp16_to_float(scales[g]);
+      s_[g * kTile + i] = s;
+      s2_[g * kTile + i] = s * s;
+      const VD sv = hn::Set(dd, s);
+      for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
+        VD x = hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
+        if (!shared_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
+        hn::StoreU(hn::Mul(x, sv), dd, out + c);
+      }
+    }
+    const f16* outlier_values = page.k.outlier_values + row * m2_;
+    double x_out = 0.0;
+    for (std::size_t j = 0; j < outliers_.size(); ++j) {
+      out[outliers_[j]] = fp16_to_float(outlier_values[j]);
+      x_out += std::fabs(out[outliers_[j]]);
+    }
+    x_out_[i] = x_out;
+  }
+
+  // Shared-page dither: ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per query head, once
+  // per page.
+  void SharedDither(std::uint32_t counter) {
+    const DD dd;
+    DitherRow(stream_, counter, d_, xi_.data(), words_.data());
+    xi_page_ = counter;
+    for (int h = 0; h < group_; ++h)
+      for (int g = 0; g < G_; ++g) {
+        VD acc = hn::Zero(dd);
+        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN))
+          acc = hn::MulAdd(hn::LoadU(dd, &qbar_[h * dp_ + c]), hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])), acc);
+        qg_[h * G_ + g] = hn::GetLane(hn::SumOfLanes(dd, acc));
+      }
+  }
+
+  // z̃_t and c_t of one query head for the tile's tokens.
+  void Logits(int h, int n) {
+    const DD dd;
+    const double* q = &qd_[h * dp_];
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);
+      if (key_kind_ == KeyKind::tier_b && shared_)
+        for (int g = 0; g < G_; ++g)
+          dot = hn::NegMulAdd(hn::Set(dd, qg_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), dot);
+      hn::StoreU(hn::Mul(hn::Set(dd, ctx_.sm), dot), dd, &z_[h * kTile + j0]);
+      VD c = hn::Zero(dd);
+      if (meter_ && key_kind_ == KeyKind::tier_a) {
+        // Theorem 2: c_t = sm·Σ_b ‖q_b‖·w_{t,b}.
+        VD sum = hn::Zero(dd);
+        for (int b = 0; b < B_; ++b)
+          sum = hn::MulAdd(hn::Set(dd, qn_[h * B_ + b]), hn::LoadU(dd, &w_band_[b * kTile + j0]), sum);
+        c = hn::MulAdd(sum, hn::Set(dd, ctx_.sm * cert::kRoundUpMargin),
+                       hn::Mul(hn::Set(dd, eta_q_[h]), hn::LoadU(dd, &mu_[j0])));
+      } else if (meter_ && key_kind_ == KeyKind::tier_b) {
+        // Lemma 2: u_t = sqrt(ς_t²)·κ; then η_t.
+        VD v2 = hn::Zero(dd), eta = hn::Mul(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]));
+        for (int g = 0; g < G_; ++g) {
+          v2 = hn::MulAdd(hn::Set(dd, q2_[h * G_ + g]), hn::LoadU(dd, &s2_[g * kTile + j0]), v2);
+          eta = hn::MulAdd(hn::Set(dd, eta_g_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), eta);
+        }
+        c = hn::MulAdd(hn::Sqrt(hn::Mul(v2, hn::Set(dd, v2_scale_))), hn::Set(dd, kappa_), eta);
+      }
+      hn::StoreU(c, dd, &c_[h * kTile + j0]);
+    }
+  }
+
+  // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
+
+  void LoadValues(const cache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed) {
+    const DD dd;
+    const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
+    if (!packed) {
+      for (int i = 0; i < n; ++i) {
+        F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
+        rho_[i] = 0.0;
+      }
+    } else if (v_kind_ == cache::FormatKind::scheme) {
+      const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
+      for (int i = 0; i < n; ++i) {
+        DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &vrows_[i * dp_], v_block_);
+        rho_[i] = fp16_to_float(page.v.meta[row0 + i]);
+      }
+    } else {
+      const DF df;
+      const hn::Rebind<std::int8_t, DF> di8;
+      const hn::Rebind<std::int32_t, DF> di32;
+      for (int i = 0; i < n; ++i) {
+        const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
+        const f16* scales = page.v.meta + (row0 + i) * G_;
+        double sum = 0.0;
+        for (int g = 0; g < G_; ++g) {
+          const float s = fp16_to_float(scales[g]);
+          // v̂ = s·code is exact in float (11 × 8 bits).
+          for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF))
+            hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c))), hn::Set(df, s)), df,
+                       &vrows_[i * dp_ + c]);
+          // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
+          const double half = static_cast<double>(s) * (0.5 + 0x1p-17);
+          sum += kGroup * half * half;
+        }
+        rho_[i] = sum;
+      }
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::Mul(hn::Sqrt(hn::LoadU(dd, &rho_[j0])), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
+    }
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+      hn::StoreU(hn::Sqrt(SquaredNorms(&vrows_[j0 * dp_], dp_, dp_)), dd, &vnorm_[j0]);
+  }
+
+  // --- Softmax, output and meter statistics of one query head over the tile.
+
+  // The vector update needs a partial whose statistics are finite and in step (p.m and p.l are
+  // LSE(z̃)'s m and s); anything else takes the reference's token-by-token path.
+  static bool Clean(const HeadPartial& p) {
+    const auto ok = [](double m) { return !std::isnan(m) && m != kInf; };
+    return ok(p.m) && p.meter.z.m == p.m && p.meter.z.s == p.l && ok(p.meter.z_plus_c.m) &&
+           ok(p.meter.z_minus_c.m) && !std::isnan(p.meter.c_max);
+  }
+
+  bool TileFinite(int h, int n) const {
+    const DD dd;
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
+      const VD z = hn::LoadU(dd, &z_[h * kTile + j0]), c = hn::LoadU(dd, &c_[h * kTile + j0]);
+      const auto finite = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
+      if (!hn::AllTrue(dd, hn::Or(hn::Not(valid), finite))) return false;
+    }
+    return true;
+  }
+
+  // Max over the tile's valid lanes of x_t (x: the tile's z̃ shifted by sign·c).
+  double TileMax(int h, int n, double sign) const {
+    const DD dd;
+    VD mx = hn::Set(dd, -kInf);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const VD x = hn::MulAdd(hn::Set(dd, sign), hn::LoadU(dd, &c_[h * kTile + j0]), hn::LoadU(dd, &z_[h * kTile + j0]));
+      mx = hn::Max(mx, hn::IfThenElse(hn::FirstN(dd, static_cast<std::size_t>(n - j0)), x, mx));
+    }
+    return hn::GetLane(hn::MaxOfLanes(dd, mx));
+  }
+
+  // LSE_t(z̃_t + sign·c_t) of the tile added to L.
+  void LseTile(cert::Lse& L, int h, int n, double sign) const {
+    const DD dd;
+    const double mx = TileMax(h, n, sign);
+    if (mx > L.m) {
+      L.s *= std::exp(L.m - mx);
+      L.m = mx;
+    }
+    VD sum = hn::Zero(dd);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const VD x = hn::MulAdd(hn::Set(dd, sign), hn::LoadU(dd, &c_[h * kTile + j0]), hn::LoadU(dd, &z_[h * kTile + j0]));
+      const VD e = hn::Exp(dd, hn::Sub(x, hn::Set(dd, L.m)));
+      sum = hn::Add(sum, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)), e));
+    }
+    L.s += hn::GetLane(hn::SumOfLanes(dd, sum));
+  }
+
+  // While LSE(z̃ ± c) keep the reference point m of LSE(z̃) (the usual case: they start there and
+  // move with it), their terms are the softmax weights times e^{±c_t}: one exponential and one
+  // division per token instead of two exponentials. Below this c_t, Σ_t e^{z̃_t − m + c_t} cannot
+  // overflow for any realistic token count.
+  static constexpr double kSharedReferenceMaxC = 600.0;
+
+  void Update(int h, int n, HeadPartial& p) {
+    const DD dd;
+    cert::Lse& plus = p.meter.z_plus_c;
+    cert::Lse& minus = p.meter.z_minus_c;
+    double c_tile = 0.0;
+    if (meter_) {
+      VD c_max = hn::Zero(dd);
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
+                                                  hn::LoadU(dd, &c_[h * kTile + j0])));
+      c_tile = hn::GetLane(hn::MaxOfLanes(dd, c_max));
+      p.meter.c_max = std::max(p.meter.c_max, c_tile);
+    }
+    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m && c_tile < kSharedReferenceMaxC;
+    const double mz = TileMax(h, n, 0.0);
+    rescale_[h] = 1.0;
+    if (mz > p.m) {
+      rescale_[h] = std::exp(p.m - mz);
+      p.l *= rescale_[h];
+      p.rho *= rescale_[h];
+      if (shared_reference) {
+        plus.s *= rescale_[h];
+        minus.s *= rescale_[h];
+        plus.m = minus.m = mz;
+      }
+      p.m = mz;
+    }
+    const VD m = hn::Set(dd, p.m);
+    VD l = hn::Zero(dd), rho = hn::Zero(dd), v_max = hn::Zero(dd), s_plus = hn::Zero(dd), s_minus = hn::Zero(dd);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
+      const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
+      const VD rho_t = hn::LoadU(dd, &rho_[j0]);
+      hn::StoreU(hn::DemoteTo(DFH(), w), DFH(), &w_[h * kTile + j0]);
+      l = hn::Add(l, w);
+      rho = hn::MulAdd(w, rho_t, rho);
+      v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
+      if (shared_reference) {
+        const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
+        s_plus = hn::MulAdd(w, e_c, s_plus);
+        s_minus = hn::Add(s_minus, hn::Div(w, e_c));
+      }
+    }
+    p.l += hn::GetLane(hn::SumOfLanes(dd, l));
+    p.rho += hn::GetLane(hn::SumOfLanes(dd, rho));
+    p.v_max = std::max(p.v_max, hn::GetLane(hn::MaxOfLanes(dd, v_max)));
+    p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
+    p.meter.z.s = p.l;
+    p.meter.n += n;
+    if (shared_reference) {
+      plus.s += hn::GetLane(hn::SumOfLanes(dd, s_plus));
+      minus.s += hn::GetLane(hn::SumOfLanes(dd, s_minus));
+    } else if (meter_) {
+      LseTile(plus, h, n, 1.0);
+      LseTile(minus, h, n, -1.0);
+    }
+  }
+
+  // Σ_t w_t v̂_t over the tile in float, added to the head's double accumulator.
+  void Accumulate(int h, int n) {
+    if (scalar_[h]) return;
+    const DD dd;
+    double* acc = &acc_[h * dp_];
+    if (rescale_[h] != 1.0)
+      for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
+    std::size_t c = 0;
+    for (; c + 8 * kNF <= dp_; c += 8 * kNF) AccumulateColumns<8>(h, n, c, acc);
+    for (; c + 4 * kNF <= dp_; c += 4 * kNF) AccumulateColumns<4>(h, n, c, acc);
+    for (; c < dp_; c += kNF) AccumulateColumns<1>(h, n, c, acc);
+  }
+
+  // Columns [c, c + K·kNF): K independent FMA chains over the tile's tokens.
+  template <std::size_t K>
+  HWY_INLINE void AccumulateColumns(int h, int n, std::size_t c, double* acc) const {
+    const DD dd;
+    const DF df;
+    VF sum[K];
+    for (VF& s : sum) s = hn::Zero(df);
+    for (int i = 0; i < n; ++i) {
+      const VF w = hn::Set(df, w_[h * kTile + i]);
+      const float* row = &vrows_[i * dp_ + c];
+      for (std::size_t k = 0; k < K; ++k) sum[k] = hn::MulAdd(w, hn::LoadU(df, row + k * kNF), sum[k]);
+    }
+    HWY_ALIGN float o[K * kNF];
+    for (std::size_t k = 0; k < K; ++k) hn::Store(sum[k], df, o + k * kNF);
+    for (std::size_t j = 0; j < K * kNF; j += kN)
+      hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + j), hn::PromoteTo(dd, hn::LoadU(DFH(), o + j))), dd, acc + c + j);
+  }
+
+  // The reference's token-by-token update (certified_attention.cc), for tiles with a non-finite
+  // logit or bound and for partials already poisoned by one. c_t comes from the cert functions,
+  // which skip bands and groups the query does not touch.
+  void ScalarTile(int h, int n, HeadPartial& p) {
+    const float* qh = q_ + h * d_;
+    double* acc = &acc_[h * dp_];
+    for (int i = 0; i < n; ++i) {
+      const double z = z_[h * kTile + i];
+      double c = 0.0;
+      if (meter_ && key_kind_ == KeyKind::tier_a) {
+        c = cert::tier_a_c(std::span<const double>(&qn_[h * B_], B_), std::span<const f16>(key_meta_ + i * B_, B_),
+                           ctx_.sm) +
+            eta_q_[h] * mu_[i];
+      } else if (meter_ && key_kind_ == KeyKind::tier_b) {
+        const double v2 = cert::dither_variance_proxy(std::span<const float>(qh, d_),
+                                                      std::span<const f16>(key_meta_ + i * G_, G_),
+                                                      std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
+                                                      ctx_.sm);
+        double eta = eta_x_[h] * x_out_[i];
+        for (int g = 0; g < G_; ++g) eta += eta_g_[h * G_ + g] * s_[g * kTile + i];
+        c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
+      }
+      p.meter.add(z, c);
+      if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
+        p.m = std::isnan(z) ? NAN : std::max(p.m, z);
+        continue;
+      }
+      if (z > p.m) {
+        const double scale = std::exp(p.m - z);
+        for (int c2 = 0; c2 < d_; ++c2) acc[c2] *= scale;
+        p.l *= scale;
+        p.rho *= scale;
+        p.m = z;
+      }
+      const double w = std::exp(z - p.m);
+      for (int c2 = 0; c2 < d_; ++c2) acc[c2] += w * vrows_[i * dp_ + c2];
+      p.l += w;
+      p.rho += w * rho_[i];
+      p.v_max = std::max(p.v_max, vnorm_[i] + rho_[i]);
+    }
+  }
+
+  // --- Decoding helpers.
+
+  static void F16ToDouble(const f16* src, int n, double* out) {
+    const DD dd;
+    int c = 0;
+    for (; c + static_cast<int>(kN) <= n; c += static_cast<int>(kN))
+      hn::StoreU(hn::PromoteTo(dd, LoadF16(DFH(), src + c)), dd, out + c);
+    for (; c < n; ++c) out[c] = fp16_to_float(src[c]);
+  }
+
+  void F16FloatRow(const f16* src, float* out) const {
+    const DF df;
+    int c = 0;
+    for (; c + static_cast<int>(kNF) <= d_; c += static_cast<int>(kNF)) hn::StoreU(LoadF16(df, src + c), df, out + c);
+    for (; c < d_; ++c) out[c] = fp16_to_float(src[c]);
+  }
+
+  void FloatRow(const float* src, double* out) const {
+    const DD dd;
+    for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), src + c)), dd, out + c);
+  }
+
+  struct BlockCache {
+    std::int64_t block = -1;
+    std::vector<float> decoded;
+  };
+
+  // One token of a scheme side into out (d floats): a per-token scheme decodes its own bytes, a
+  // group scheme its whole block once.
+  void DecodeScheme(const quant::KvScheme& scheme, quant::KvSide side, const std::uint8_t* packed, std::size_t row,
+                    std::int64_t pos, float* out, BlockCache& cache) const {
+    const int T = scheme.tokens_per_block();
+    if (T == 1) {
+      scheme.decode(packed + row * scheme.block_bytes(d_), d_, out);
+      return;
+    }
+    if (cache.block != pos / T) {
+      cache.decoded.resize(static_cast<std::size_t>(T) * d_);
+      scheme.decode(r_.group_block(side, pos / T), d_, cache.decoded.data());
+      cache.block = pos / T;
+    }
+    std::copy_n(&cache.decoded[(pos % T) * d_], d_, out);
+  }
+
+  cache::KvStore::Reader& r_;
+  const cache::CacheConfig& cfg_;
+  const float* q_;
+  const int group_, d_;
+  const std::size_t dp_;  // row stride: d rounded up to whole float vectors, padded with zeros
+  const BoundContext ctx_;
+  const bool meter_;
+  const cache::FormatKind k_kind_, v_kind_;
+  const bool shared_;
+  const int G_, B_, m2_;  // scale groups, bands, outlier channels
+
+  // Per call: the queries and their constants.
+  std::vector<double> qd_;    // [h][dp] q as double
+  std::vector<double> eta_q_;  // [h] η_t/‖k̂_t‖ (Tier A)
+  std::vector<double> eta_g_;  // [h][G] sm·(d + 64)·2^-52·128·‖q_g‖₁: η_t = Σ_g eta_g·s_{g,t} + eta_x·Σ|x_out| (Tier B)
+  std::vector<double> eta_x_;  // [h] sm·(d + 64)·2^-52·max_{outlier c}|q_c|
+  std::vector<double> qn_;    // [h][B] ‖q_b‖ (Tier A)
+  std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
+  std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
+  std::vector<int> outliers_;
+  double v2_scale_ = 0.0, kappa_ = 0.0;
+  quant::DitherStream stream_;
+
+  // Per tile.
+  KeyKind key_kind_ = KeyKind::exact;
+  const f16* key_meta_ = nullptr;   // the tile's witness rows or dither scale rows
+  std::vector<double> krows_;       // [t][dp] k'_t
+  std::vector<float> kfloat_;       // one decoded scheme key
+  std::vector<float> xi_;           // ξ of the token (per-slot) or of the page (shared)
+  std::vector<std::uint32_t> words_;
+  std::int64_t xi_page_ = -1;       // the shared-page counter word xi_ and qg_ belong to
+  std::vector<double> qg_;          // [h][G] Q_g of the page
+  std::vector<double> w_band_;      // [b][t] witness
+  std::vector<double> s_, s2_;      // [g][t] dither scale and its square
+  std::vector<double> mu_;          // [t] ‖k̂_t‖ (Tier A)
+  std::vector<double> x_out_;       // [t] Σ_{outlier c} |x_{t,c}| (Tier B)
+  std::vector<double> band_row_;    // one token's witness
+  std::vector<float> vrows_;        // [t][dp] v̂_t
+  std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
+  std::vector<double> z_, c_;       // [h][t]
+  std::vector<float> w_;            // [h][t] e^{z̃_t − m}
+  std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
+  std::vector<double> rescale_;     // [h] factor on acc_ from this tile's new max
+  std::vector<char> scalar_;        // [h] the tile went through ScalarTile
+  BlockCache k_block_, v_block_;
+};
+
+void AttendRangeFast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
+                     std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
+  FastAttention(reader, q, group, head_dim, ctx, meter).Run(begin, end, partials);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace witcert::attn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace witcert::attn {
+
+HWY_EXPORT(AttendRangeFast);
+HWY_EXPORT(DitherValuesFast);
+
+void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
+                       std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
+  HWY_DYNAMIC_DISPATCH(AttendRangeFast)(reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {
+  HWY_DYNAMIC_DISPATCH(DitherValuesFast)(stream, counter, xi.data(), static_cast<int>(xi.size()));
+}
+
+}  // namespace witcert::attn
+#endif  // HWY_ONCE

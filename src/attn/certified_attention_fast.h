@@ -1,0 +1,33 @@
+// The fast path of the fused decode attention (paper §6.2; DESIGN §2 layer 4): the partials of
+// attend_range_reference (certified_attention.h), with the same merge semantics, from one pass
+// over a token range, in SIMD code compiled for every target Highway knows and chosen at run time.
+//
+// The range is cut into tiles of at most 16 positions of one page. Each tile's keys and values are
+// decoded once for all `group` query heads of the KV head (GQA): keys into double rows
+// (dither-int8: s_g·code, or s_g·(code − ξ) with the per-slot dither, both exact in double), values
+// into float rows. Logits z̃_t, bounds c_t and the three log-sum-exps are then computed with the
+// tile's tokens in SIMD lanes, in double; the output accumulates in float per tile and in double
+// across tiles. The scalar reference stays the oracle (certified_attention_fast_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attn/certified_attention.h"
+#include "quant/dither_int8.h"
+
+namespace witcert::attn {
+
+// Accumulates tokens [begin, end) of one (layer, KV head) into one partial per query head, as
+// attend_range_reference does. meter = false skips c_t and LSE(z̃ ± c), leaving the partials'
+// meter incomplete: it exists only to measure what the meter costs (bench/attention_bench.cc).
+void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                       std::int64_t begin, std::int64_t end, const BoundContext& ctx,
+                       std::vector<HeadPartial>& partials, bool meter = true);
+
+// quant::dither_values computed by the vectorized Philox4x32-10 of the fast path (exposed for its
+// known-answer test). xi.size() must be a multiple of 4.
+void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi);
+
+}  // namespace witcert::attn

@@ -1,0 +1,266 @@
+#include "attn/certified_attention_fast.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/certified_attention.h"
+#include "cert/subgaussian.h"
+#include "quant/schemes.h"
+
+namespace witcert::attn {
+namespace {
+
+// Runs fn once per SIMD target compiled in and supported by this CPU, each forced in turn.
+template <class Fn>
+void for_each_target(Fn fn) {
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    fn(target);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+struct Format {
+  std::string k, v;
+  cache::DitherMode dither = cache::DitherMode::per_slot;
+  std::string name() const {
+    return k + (k == cache::kDitherInt8 && dither == cache::DitherMode::shared_page ? "(shared)" : "") + "/" + v;
+  }
+};
+
+// Every registry scheme and dither-int8 in both modes on both sides, and each of them on one
+// side with fp16 on the other.
+std::vector<Format> all_formats() {
+  std::vector<Format> f;
+  std::vector<std::pair<std::string, cache::DitherMode>> names;
+  for (const std::string& s : quant::kv_scheme_names()) names.push_back({s, cache::DitherMode::per_slot});
+  names.push_back({cache::kDitherInt8, cache::DitherMode::per_slot});
+  names.push_back({cache::kDitherInt8, cache::DitherMode::shared_page});
+  for (const auto& [name, mode] : names) {
+    f.push_back({name, name, mode});
+    if (name == "fp16") continue;
+    f.push_back({name, "fp16", mode});
+    if (mode == cache::DitherMode::per_slot) f.push_back({"fp16", name, mode});
+  }
+  return f;
+}
+
+constexpr int kKvHeads = 2;
+
+// A filled store: keys with a few massive RoPE-pair channels and a spread of channel gains,
+// values of varied norms, as real models have.
+struct Store {
+  cache::KvStore store;
+  Store(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) : store(config(f, d, n, page, seed)) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> gain(d);
+    for (float& x : gain) x = std::exp(0.8f * g(rng));
+    gain[6] = gain[7] = 12.0f;
+    std::vector<float> k(d), v(d);
+    for (std::int64_t p = 0; p < n; ++p)
+      for (int h = 0; h < kKvHeads; ++h) {
+        for (int c = 0; c < d; ++c) {
+          k[c] = gain[c] * g(rng);
+          v[c] = g(rng) * (1.0f + static_cast<float>(p % 5));
+        }
+        store.write(0, h, p, k.data(), v.data());
+      }
+  }
+  static cache::CacheConfig config(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) {
+    cache::CacheConfig c;
+    c.layers = 1;
+    c.kv_heads = kKvHeads;
+    c.head_dim = d;
+    c.capacity = n;
+    c.page_size = page;
+    c.k_format = f.k;
+    c.v_format = f.v;
+    c.dither = f.dither;
+    c.calibration_tokens = 8;
+    c.shuffle_pages = seed;
+    return c;
+  }
+};
+
+using RangeKernel = void (*)(cache::KvStore::Reader&, const float*, int, int, std::int64_t, std::int64_t,
+                             const BoundContext&, std::vector<HeadPartial>&, bool);
+
+void reference_kernel(cache::KvStore::Reader& r, const float* q, int group, int d, std::int64_t b, std::int64_t e,
+                      const BoundContext& ctx, std::vector<HeadPartial>& p, bool) {
+  attend_range_reference(r, q, group, d, b, e, ctx, p);
+}
+
+// Split-KV over page-aligned ranges merged under LSE weights, as CertifiedKvCache does.
+std::vector<HeadResult> attend(RangeKernel kernel, cache::KvStore::Reader& r, const float* q, int group, int d,
+                               std::int64_t n_ctx, int splits, std::vector<float>& out, bool meter = true) {
+  const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n_ctx,
+                         cert::delta_loc(1e-2, 1, group * kKvHeads, cert::kDefaultDecodeBudget)};
+  const std::int64_t page = r.config().page_size, pages = (n_ctx + page - 1) / page;
+  std::vector<HeadPartial> merged(group), part;
+  for (int s = 0; s < splits; ++s) {
+    const std::int64_t b = std::min(n_ctx, pages * s / splits * page), e = std::min(n_ctx, pages * (s + 1) / splits * page);
+    if (b >= e) continue;
+    part.assign(group, HeadPartial{});
+    kernel(r, q, group, d, b, e, ctx, part, meter);
+    for (int h = 0; h < group; ++h) merged[h].merge(part[h]);
+  }
+  out.assign(static_cast<std::size_t>(group) * d, 0.0f);
+  std::vector<HeadResult> res(group);
+  for (int h = 0; h < group; ++h) res[h] = finish(merged[h], d, &out[h * d]);
+  return res;
+}
+
+// |a − b| ≤ tol·|b|, with equal infinities equal.
+bool close(double a, double b, double tol) { return a == b || std::fabs(a - b) <= tol * std::fabs(b); }
+
+// Fast against the reference on every format, page size, split count, GQA group and head
+// dimension, with shuffled slots, on every SIMD target; and the fast meter against the true TV.
+TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
+  const std::int64_t n = 77;  // a partial page and a partial group-scheme block at the end
+  long cells = 0, violations = 0, runs = 0;
+  double worst_out = 0.0, worst_meter = 0.0;
+  int config = 0;
+  for (const Format& f : all_formats())
+    for (int d : {64, 128})
+      for (int page : {1, 16}) {
+        Store s(f, d, n, page, 1000 + config);
+        cache::KvStore::Reader r(s.store, 0, 1);
+        for (int group : {1, 3, 7}) {
+          const int splits = std::vector<int>{1, 2, 8}[(config + group) % 3];
+          ++config;
+          std::mt19937_64 rng(config);
+          std::normal_distribution<float> g(0.0f, 1.5f);
+          std::vector<float> q(static_cast<std::size_t>(group) * d);
+          for (float& x : q) x = g(rng);
+          const std::int64_t n_ctx = config % 2 ? n : 41;
+          SCOPED_TRACE(testing::Message() << f.name() << " d " << d << " page " << page << " group " << group
+                                          << " splits " << splits << " n_ctx " << n_ctx);
+          std::vector<float> ref_out, out;
+          const std::vector<HeadResult> ref = attend(reference_kernel, r, q.data(), group, d, n_ctx, splits, ref_out);
+          std::vector<double> tv(group);
+          for (int h = 0; h < group; ++h) tv[h] = true_tv(r, &q[h * d], d, n_ctx);
+          for_each_target([&](std::int64_t) {
+            ++runs;
+            const std::vector<HeadResult> fast = attend(attend_range_fast, r, q.data(), group, d, n_ctx, splits, out);
+            for (int h = 0; h < group; ++h) {
+              double scale = 0.0;
+              for (int c = 0; c < d; ++c) scale = std::max(scale, std::fabs(double(ref_out[h * d + c])));
+              for (int c = 0; c < d; ++c) {
+                const double e = std::fabs(double(out[h * d + c]) - ref_out[h * d + c]);
+                worst_out = std::max(worst_out, e / scale);
+                ASSERT_LE(e, 1e-5 * scale) << "head " << h << " channel " << c;
+              }
+              for (const auto& [a, b, what] : {std::tuple{fast[h].eform_raw, ref[h].eform_raw, "eform_raw"},
+                                               std::tuple{fast[h].meter, ref[h].meter, "meter"},
+                                               std::tuple{fast[h].v_meter, ref[h].v_meter, "v_meter"}}) {
+                if (a != b) worst_meter = std::max(worst_meter, std::fabs(a - b) / std::fabs(b));
+                ASSERT_TRUE(close(a, b, 1e-6)) << what << " " << a << " vs " << b << ", head " << h;
+              }
+              ++cells;
+              if (!(tv[h] <= fast[h].meter * (1 + 1e-9) + 1e-12)) {
+                ++violations;
+                ADD_FAILURE() << "TV " << tv[h] << " > meter " << fast[h].meter << ", head " << h;
+              }
+            }
+          });
+        }
+      }
+  std::printf("[certified-fast] %ld runs, %ld cells, %ld violations; worst |Δout|/max|out| %.2g, worst meter rel %.2g\n",
+              runs, cells, violations, worst_out, worst_meter);
+  EXPECT_EQ(violations, 0);
+}
+
+// NaN or Inf in the query or in a stored key gives meter 1 and raw +inf, never a finite meter.
+TEST(CertifiedFast, NonFiniteQueryOrKeyMeansNoGuarantee) {
+  const int d = 64, group = 3;
+  const std::int64_t n = 40;
+  for (const char* fmt : {"rtn-int8", "q8_0", "kivi-2bit", "fp8-e4m3", cache::kDitherInt8}) {
+    for (const bool shared : {false, true}) {
+      Format f{fmt, "q8_0", shared ? cache::DitherMode::shared_page : cache::DitherMode::per_slot};
+      for (const float bad : {NAN, INFINITY, -INFINITY}) {
+        for (const bool in_key : {false, true}) {
+          cache::CacheConfig cfg = Store::config(f, d, n, 16, 5);
+          cache::KvStore store(cfg);
+          std::mt19937_64 rng(7);
+          std::normal_distribution<float> g(0.0f, 1.0f);
+          std::vector<float> k(d), v(d);
+          for (std::int64_t p = 0; p < n; ++p)
+            for (int h = 0; h < kKvHeads; ++h) {
+              for (int c = 0; c < d; ++c) k[c] = g(rng), v[c] = g(rng);
+              if (in_key && p == 20) k[9] = bad;
+              store.write(0, h, p, k.data(), v.data());
+            }
+          std::vector<float> q(group * d, 0.2f), out;
+          if (!in_key) q[d + 5] = bad;  // query head 1 only
+          cache::KvStore::Reader r(store, 0, 1);
+          for_each_target([&](std::int64_t) {
+            for (int splits : {1, 2}) {
+              const std::vector<HeadResult> res = attend(attend_range_fast, r, q.data(), group, d, n, splits, out);
+              for (int h = 0; h < group; ++h) {
+                if (!in_key && h != 1) continue;
+                SCOPED_TRACE(testing::Message() << f.name() << " bad " << bad << (in_key ? " in key" : " in query")
+                                                << " head " << h);
+                EXPECT_EQ(res[h].meter, 1.0);
+                EXPECT_EQ(res[h].eform_raw, INFINITY);
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+// The meter switch of the benchmarks changes nothing but the meter.
+TEST(CertifiedFast, MeterOffLeavesTheOutput) {
+  const int d = 128, group = 7;
+  for (const char* fmt : {"rtn-int8", cache::kDitherInt8}) {
+    Store s({fmt, fmt}, d, 100, 16, 3);
+    cache::KvStore::Reader r(s.store, 0, 0);
+    std::vector<float> q(group * d, 0.1f), on, off;
+    attend(attend_range_fast, r, q.data(), group, d, 100, 2, on);
+    attend(attend_range_fast, r, q.data(), group, d, 100, 2, off, false);
+    EXPECT_EQ(on, off) << fmt;
+  }
+}
+
+// The vectorized Philox against quant::dither_values (itself checked against Random123's
+// known answers in philox_test.cc), bit for bit.
+TEST(CertifiedFast, DitherMatchesScalarPhilox) {
+  for_each_target([](std::int64_t) {
+    for (const quant::DitherStream s : {quant::DitherStream{0, 0, 0}, quant::DitherStream{0x5EED, 3, 1},
+                                        quant::DitherStream{0xFFFFFFFFFFFFFFFFull, 29, 7}})
+      for (std::uint32_t counter : {0u, 1u, 17u, 0x7FFFFFFFu, 0x80000003u, 0xFFFFFFFFu})
+        for (int d : {4, 32, 64, 128, 256}) {
+          std::vector<float> want(d), got(d);
+          quant::dither_values(s, counter, want);
+          dither_values_fast(s, counter, got);
+          ASSERT_EQ(got, want) << "counter " << counter << " d " << d;
+        }
+  });
+}
+
+// The kernel evaluates u_t as sqrt(ς_t²)·κ with κ = subgaussian_radius(1, ·): the same function
+// as subgaussian_radius(ς_t², ·) up to the rounding of one product.
+TEST(CertifiedFast, HoistedRadiusIsTheSubgaussianRadius) {
+  for (long S : {1L, 77L, 32768L})
+    for (double delta : {1e-2, 1e-9})
+      for (int D : {24, 56, 120})
+        for (double v2 = 1e-12; v2 < 1e6; v2 *= 3.7) {
+          const double kappa = cert::subgaussian_radius(1.0, S, delta, D);
+          const double want = cert::subgaussian_radius(v2, S, delta, D);
+          EXPECT_NEAR(std::sqrt(v2) * kappa, want, 4 * 0x1p-52 * want);
+        }
+}
+
+}  // namespace
+}  // namespace witcert::attn

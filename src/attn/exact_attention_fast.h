@@ -1,0 +1,23 @@
+// The exact (fp16) attention path in SIMD, for CertifiedKvCache's fp16 formats: the same result as
+// exact_attention (exact_cache.h), bit for bit, for the `group` query heads that share a KV head.
+//
+// Bit identity holds because nothing is reassociated: each score is the same sequence of float
+// products and sums over the channels (the query heads are the SIMD lanes), each output element
+// the same sequence over the tokens (the channels are the lanes), the softmax maximum, exponentials
+// and sum are the same scalar std::max, std::exp and additions, and the file is compiled without
+// floating-point contraction (CMakeLists.txt). Only NaN payloads may differ: the hardware fp16
+// conversion quiets signalling NaNs.
+#pragma once
+
+#include <cstdint>
+
+#include "base/fp16.h"
+
+namespace witcert::attn {
+
+// q: group × head_dim queries; key_rows[t], value_rows[t]: position t's head_dim fp16 values;
+// out: group × head_dim.
+void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
+                           std::int64_t n_ctx, int head_dim, float* out);
+
+}  // namespace witcert::attn

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Tables of docs/BENCHMARKS.md from the JSON of bench/attention_bench.cc (see its header for the
+command): median CPU time per variant side by side, the ratios certified-int8/fp16 and meter
+on/off, achieved GB/s against the measured read bandwidth, bytes per token and capacity.
+
+    python3 tools/attention_bench_table.py attention.json
+"""
+import json
+import re
+import sys
+
+NAME = re.compile(r"BM_DecodeAttention/variant:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)")
+STREAM = re.compile(r"BM_StreamRead/bytes:(\d+)")
+
+
+def main(path):
+    runs = json.load(open(path))["benchmarks"]
+    medians = [r for r in runs if r.get("aggregate_name") == "median"]
+    cells, labels, counters, stream = {}, {}, {}, {}
+    for r in medians:
+        m = NAME.match(r["run_name"])
+        if m:
+            v, S, d, g = map(int, m.groups())
+            cells[(S, d, g, v)] = r
+            labels[v] = r.get("label", str(v))
+            counters[(d, v)] = (r["B/tok/head"], r["capacity_x"])
+            continue
+        m = STREAM.match(r["run_name"])
+        if m:
+            stream[int(m.group(1))] = r["GB/s"]
+    by = {name: v for v, name in labels.items()}
+    keys = sorted({k[:3] for k in cells})
+
+    def t(k, name):
+        r = cells.get(k + (by[name],))
+        return r["cpu_time"] if r else float("nan")
+
+    def gbs(k, name):
+        r = cells.get(k + (by[name],))
+        return r["GB/s"] if r else float("nan")
+
+    variants = [labels[v] for v in sorted(labels)]
+    print("Median CPU time per call (µs), one KV head's GQA group, one thread:\n")
+    print("| S | d | group | " + " | ".join(variants) + " |")
+    print("|---|---|---|" + "---|" * len(variants))
+    for k in keys:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{t(k, n):.0f}" for n in variants) + " |")
+
+    print("\nRatios of medians (< 1: the first is faster):\n")
+    ratios = [
+        ("dither-int8/shared ÷ fp16", "dither-int8/shared", "fp16"),
+        ("dither-int8/shared ÷ fp16 fast-kernel", "dither-int8/shared", "fp16/fast-kernel"),
+        ("dither-int8/per-slot ÷ fp16", "dither-int8/per-slot", "fp16"),
+        ("meter on/off dither-int8/shared", "dither-int8/shared", "dither-int8/shared/meter-off"),
+        ("meter on/off dither-int8/per-slot", "dither-int8/per-slot", "dither-int8/per-slot/meter-off"),
+        ("meter on/off q8_0", "q8_0", "q8_0/meter-off"),
+        ("meter on/off rtn-int8", "rtn-int8", "rtn-int8/meter-off"),
+        ("dither-int8/shared ÷ rtn-int8 meter off", "dither-int8/shared", "rtn-int8/meter-off"),
+        ("per-slot ÷ shared dither (meter on)", "dither-int8/per-slot", "dither-int8/shared"),
+    ]
+    print("| S | d | group | " + " | ".join(r[0] for r in ratios) + " |")
+    print("|---|---|---|" + "---|" * len(ratios))
+    for k in keys:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{t(k, a) / t(k, b):.3f}" for _, a, b in ratios) + " |")
+
+    print("\nAchieved GB/s of cache bytes read (K + V, from the KvStore allocations):\n")
+    print("| S | d | group | " + " | ".join(variants) + " |")
+    print("|---|---|---|" + "---|" * len(variants))
+    for k in keys:
+        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{gbs(k, n):.2f}" for n in variants) + " |")
+    if stream:
+        print("\nMeasured read bandwidth (BM_StreamRead, one thread): " +
+              ", ".join(f"{b >> 20} MiB: {g:.1f} GB/s" for b, g in sorted(stream.items())))
+
+    print("\nBytes per token per KV head (K + V, measured from the allocations) and capacity at equal memory:\n")
+    formats = []
+    for n in variants:
+        base = n.split("/meter-off")[0]
+        if base not in formats:
+            formats.append(base)
+    print("| format | " + " | ".join(f"d={d} B/tok/head | d={d} × fp16" for d in sorted({d for d, _ in counters})) + " |")
+    print("|---|" + "---|---|" * len({d for d, _ in counters}))
+    for f in formats:
+        row = []
+        for d in sorted({d for d, _ in counters}):
+            b, x = counters[(d, by[f])]
+            row += [f"{b:.2f}", f"{x:.3f}"]
+        print(f"| {f} | " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
