@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -194,6 +195,27 @@ TEST(CliEngine, ClearErrorsOnBadInput) {
   r = run("generate --model " + kModel + " --prompt hi --temp -1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("temperature"), std::string::npos) << r.out;
+}
+
+TEST(CliEngine, DitherSeedAndModeNameTheDitherStream) {
+  // The meters depend on the dither: one seed reproduces them exactly, another seed or the
+  // shared-page mode changes them. Cells are logged in the order the threads finish: sorted.
+  const auto meters = [](const std::string& flags) {
+    const std::string file = scratch("meters.jsonl");
+    const Result r = run("generate --model " + kModel + " --chat --prompt 'Name three rivers.' --n 4 --kv dither-int8 " +
+                         flags + " --meter-json " + file);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    std::ifstream in(file);
+    std::vector<std::string> cells;
+    for (std::string line; std::getline(in, line);) cells.push_back(line);
+    std::sort(cells.begin(), cells.end());
+    return cells;
+  };
+  const std::vector<std::string> a = meters("--dither-seed 11");
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == meters("--dither-seed 11"));
+  EXPECT_FALSE(a == meters("--dither-seed 12"));
+  EXPECT_FALSE(a == meters("--dither-seed 11 --shared-page-dither"));
 }
 
 TEST(CliEngine, SeededSamplingIsReproducible) {

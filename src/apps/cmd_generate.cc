@@ -97,6 +97,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     cc.v_format = args.kv_v.empty() ? args.kv_k : args.kv_v;
     cc.outlier_pairs = args.outliers;
     cc.rope_layout = cfg.rope_layout;
+    cc.seed = args.dither_seed;
     cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
     cc.backing_file = args.backing_file;
     attn::CertifiedOptions opts;

@@ -43,6 +43,7 @@ struct GenerateArgs {
   double delta = 1e-2;
   double tau = 0.2;
   bool shared_page_dither = false;
+  std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
   std::string meter_json;
   std::string backing_file;  // "" keeps the exact tier in RAM

@@ -60,6 +60,9 @@ class CertifiedKvCache final : public KvCache {
   void clear() override;
 
   const cache::KvStore& store() const { return store_; }
+  // Turns the true-TV check on or off for the cells that follow (between forward passes, not
+  // during one), so that a study can check only the cells it counts.
+  void set_check_soundness(bool on) { opts_.check_soundness = on; }
   bool exact() const;  // both sides fp16: attention is the plain exact path, the meter 0
   std::vector<MeterCell> cells() const;
 
