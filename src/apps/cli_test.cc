@@ -244,6 +244,16 @@ TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
   EXPECT_GE(j["runs"][0]["meter"]["coverage"].get<double>(), 1.0) << "every served cell within tau";
   EXPECT_TRUE(std::ifstream(dir + "/report.md").good());
   EXPECT_TRUE(std::ifstream(dir + "/heatmap-1.svg").good());
+  // The telemetry's JSON lines: every decode-step cell (stride 1), each within tau as served.
+  std::ifstream jl(dir + "/meter-1.jsonl");
+  std::string line;
+  std::int64_t n = 0;
+  while (std::getline(jl, line)) {
+    const auto c = nlohmann::json::parse(line);
+    EXPECT_LE(c["meter"].get<double>(), 0.2) << line;
+    ++n;
+  }
+  EXPECT_EQ(n, j["runs"][0]["meter"]["cells"].get<std::int64_t>());
 }
 
 TEST(CliEngine, RunRejectsBadArguments) {
@@ -254,6 +264,14 @@ TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(zero.out.find("tau must be positive"), std::string::npos) << zero.out;
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --delta 2 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --granularity page 'hi'").exit_code, 0);
+  EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --telemetry-stride 0 'hi'").exit_code, 0);
+  const Result missing = run("run --model /nonexistent/model.gguf --kv q8_0 'hi'");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.out.find("/nonexistent/model.gguf"), std::string::npos) << missing.out;
+  const Result too_long = run("run --model " + kModel + " --kv q8_0 --n 9000 'hi'");
+  EXPECT_NE(too_long.exit_code, 0);
+  EXPECT_NE(too_long.out.find("context"), std::string::npos) << too_long.out;
+  EXPECT_NE(run("demo --model " + kModel + " --tokens 10").exit_code, 0);
 }
 
 }  // namespace

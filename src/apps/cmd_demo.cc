@@ -48,8 +48,8 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
   const int n = 24;
   err << fmt::format("WitCert demo: needle retrieval, {} prompt tokens, SmolLM2-135M on {} threads\n", prompt.size(),
                      threads);
-  const RunOutcome fp16 = run_fp16(engine, prompt, n, threads);
-  err << "  fp16 reference answered: " << fp16.text << "\n";
+  const Fp16Reference fp16 = run_fp16(engine, prompt, n, threads, progress_bar(err, "[0/6] fp16 reference"));
+  err << "  fp16 reference answered: " << fp16.run.text << "\n";
 
   auto config = [](std::string label, std::string kv, double tau) {
     RunConfig c;
@@ -69,20 +69,15 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
   std::vector<RunOutcome> runs;
   for (std::size_t i = 0; i < configs.size(); ++i) {
     const std::string label = fmt::format("[{}/{}] {}", i + 1, configs.size(), configs[i].label);
-    runs.push_back(run_request(engine, prompt, n, configs[i], threads, [&](std::int64_t done, std::int64_t total) {
-      const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
-      err << fmt::format("\r  {:<26} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
-                         std::string(width - filled, '.'), done, total)
-          << (done == total ? "\n" : "") << std::flush;
-    }));
+    runs.push_back(run_request(engine, prompt, n, configs[i], threads, fp16, progress_bar(err, label)));
   }
   out << fmt::format("\nNeedle retrieval ({} prompt tokens; the needle: \"{}\")\n", prompt.size(), kNeedle);
-  out << "fp16 answer: " << fp16.text << "\n\n";
+  out << "fp16 answer: " << fp16.run.text << "\n\n";
   print_table(out, runs, kAnswer);
   out << "\ncov@0.2: (layer, head, decode step) cells with served meter <= 0.2 (after repair); cov pre: the step's\n"
          "meter before its own repair. KL/tok: mean KL(p_fp16 || p_run) over the generated tokens, fp16 teacher-forced.\n"
          "gate: certified tau < 1 on the clamped meter, block repair from the exact tier. page-in: exact K/V bytes paged in.\n";
-  write_report(report, text, fp16, runs);
+  write_report(report, text, fp16.run, runs);
   out << fmt::format("report: {}/report.md   (total {:.0f} s)\n", report,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;

@@ -26,16 +26,6 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// A progress bar on stderr for one run's prefill.
-std::function<void(std::int64_t, std::int64_t)> bar(std::ostream& err, const std::string& label) {
-  return [&err, label](std::int64_t done, std::int64_t total) {
-    const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
-    err << fmt::format("\r  {:<28} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
-                       std::string(width - filled, '.'), done, total)
-        << (done == total ? "\n" : "") << std::flush;
-  };
-}
-
 }  // namespace
 
 int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
@@ -46,7 +36,7 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   std::vector<std::string> schemes = a.scheme_sweep.empty() ? std::vector<std::string>{a.kv} : split_list(a.scheme_sweep);
   if (schemes.empty() || schemes[0].empty()) throw std::invalid_argument("give --kv SCHEME or --scheme-sweep A,B,...");
   err << fmt::format("prompt: {} tokens; generating up to {} tokens per run\n", prompt.size(), a.n);
-  const RunOutcome fp16 = run_fp16(engine, prompt, a.n, a.threads);
+  const Fp16Reference fp16 = run_fp16(engine, prompt, a.n, a.threads, progress_bar(err, "fp16"));
   std::vector<RunOutcome> runs;
   for (const std::string& s : schemes) {
     RunConfig rc;
@@ -55,10 +45,11 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
     rc.gate = {a.gate, parse_granularity(a.granularity)};
     rc.delta = a.delta;
     rc.check_soundness = a.check_soundness;
+    rc.stride = a.stride;
     rc.label = s + (a.kv_v.empty() ? "" : "/" + a.kv_v);
-    runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, bar(err, rc.label)));
+    runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, fp16, progress_bar(err, rc.label)));
   }
-  out << "fp16:        " << fp16.text << "\n";
+  out << "fp16:        " << fp16.run.text << "\n";
   for (const RunOutcome& r : runs) out << fmt::format("{:<12} {}\n", r.config.label + ":", r.text);
   out << "\n";
   print_table(out, runs);
@@ -67,7 +58,7 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
       out << fmt::format("soundness {}: {} cells checked, {} violations\n", r.config.label, r.meter.checked,
                          r.meter.violations);
   if (!a.report.empty()) {
-    write_report(a.report, a.prompt, fp16, runs);
+    write_report(a.report, a.prompt, fp16.run, runs);
     out << "report: " << a.report << "/report.md\n";
   }
   return 0;

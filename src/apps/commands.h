@@ -72,6 +72,7 @@ struct RunArgs {
   std::string granularity = "block";
   double delta = 1e-2;
   bool check_soundness = false;
+  int stride = 1;      // telemetry sampling stride in decode steps
   std::string report;  // directory
   int threads = 2;
 };

@@ -66,11 +66,13 @@ int main(int argc, char** argv) {
   runc->add_option("--n", ra.n, "tokens to generate")->check(CLI::PositiveNumber);
   runc->add_flag("--chat", ra.chat, "wrap the prompt as a user turn of the chat template");
   runc->add_flag("--check-soundness", ra.check_soundness, "compare every meter with the true TV from the exact tier");
-  runc->add_option("--report", ra.report, "directory for report.json, report.md and heatmaps");
+  runc->add_option("--report", ra.report, "directory for report.json, report.md, heatmaps and meter JSON lines");
+  runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
+      ->check(CLI::PositiveNumber);
   runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
 
   std::string demo_model, demo_report = "out/demo";
-  int demo_threads = 2, demo_tokens = 1000;
+  int demo_threads = 2, demo_tokens = 1500;
   auto* demo = app.add_subcommand("demo", "Needle retrieval under damaging and safe caches, raw and gated (the main job)");
   demo->add_option("--model", demo_model, "GGUF model file (default: the fetched SmolLM2-135M)");
   demo->add_option("--report", demo_report, "directory for the report");

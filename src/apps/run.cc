@@ -23,19 +23,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Prefills the prompt, then decodes greedily; rows receives the logits that chose each token.
-std::vector<std::int32_t> greedy(const Engine& e, const std::vector<std::int32_t>& prompt, int n, attn::KvCache& cache,
-                                 ThreadPool& pool, std::vector<std::vector<float>>* rows,
-                                 const std::function<void(std::int64_t, std::int64_t)>& progress) {
-  const model::LlamaModel& m = *e.model;
-  const std::vector<std::int32_t> stops = e.stop_tokens();
-  std::vector<float> logits(m.config().vocab);
+using Progress = std::function<void(std::int64_t, std::int64_t)>;
+
+// Prefills the prompt in chunks; logits receives the last position's.
+void prefill(const Engine& e, const std::vector<std::int32_t>& prompt, attn::KvCache& cache, ThreadPool& pool,
+             std::vector<float>& logits, const Progress& progress) {
   const std::int64_t len = static_cast<std::int64_t>(prompt.size());
+  logits.resize(e.model->config().vocab);
   for (std::int64_t p = 0; p < len; p += kChunk) {
     const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
-    m.forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, cache, pool, logits);
+    e.model->forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, cache, pool, logits);
     if (progress) progress(p + c, len);
   }
+}
+
+// Decodes greedily from a prefilled cache whose last logits are `logits`; rows receives the
+// logits that chose each token.
+std::vector<std::int32_t> greedy(const Engine& e, std::int64_t len, int n, attn::KvCache& cache, ThreadPool& pool,
+                                 std::vector<float> logits, std::vector<std::vector<float>>* rows) {
+  const std::vector<std::int32_t> stops = e.stop_tokens();
   std::vector<std::int32_t> out;
   for (int i = 0; i < n; ++i) {
     if (rows) rows->push_back(logits);
@@ -43,7 +49,7 @@ std::vector<std::int32_t> greedy(const Engine& e, const std::vector<std::int32_t
     if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     out.push_back(next);
     if (i + 1 == n) break;
-    m.forward(std::span<const std::int32_t>(&next, 1), len + i, cache, pool, logits);
+    e.model->forward(std::span<const std::int32_t>(&next, 1), len + i, cache, pool, logits);
   }
   return out;
 }
@@ -56,6 +62,14 @@ std::vector<double> log_softmax(const std::vector<float>& z) {
   std::vector<double> out(z.size());
   for (std::size_t i = 0; i < z.size(); ++i) out[i] = z[i] - lse;
   return out;
+}
+
+void check_request(const model::LlamaConfig& cfg, std::int64_t len, int n) {
+  if (len == 0) throw std::invalid_argument("the prompt is empty");
+  if (n < 0) throw std::invalid_argument("the number of new tokens must not be negative");
+  if (len + n > cfg.context)
+    throw std::out_of_range("the prompt has " + std::to_string(len) + " tokens; with " + std::to_string(n) +
+                            " new tokens that exceeds the model's context of " + std::to_string(cfg.context));
 }
 
 std::string join_text(const Engine& e, const std::vector<std::int32_t>& t) { return e.tokenizer->decode(t); }
@@ -74,30 +88,45 @@ std::string gate_label(const attn::GateOptions& g) {
 
 }  // namespace
 
-RunOutcome run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads) {
+std::function<void(std::int64_t, std::int64_t)> progress_bar(std::ostream& err, const std::string& label) {
+  return [&err, label](std::int64_t done, std::int64_t total) {
+    const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
+    err << fmt::format("\r  {:<28} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
+                       std::string(width - filled, '.'), done, total)
+        << (done == total ? "\n" : "") << std::flush;
+  };
+}
+
+Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
+                       const Progress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::LlamaConfig& cfg = engine.model->config();
-  attn::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size()) + n));
+  const std::int64_t len = static_cast<std::int64_t>(prompt.size());
+  check_request(cfg, len, n);
+  auto cache = std::make_shared<attn::ExactKvCache>(cfg.kv_geometry(len + n));
   ThreadPool pool(threads);
-  RunOutcome r;
+  Fp16Reference ref;
+  prefill(engine, prompt, *cache, pool, ref.logits, progress);
+  ref.prefilled = cache;
+  attn::ExactKvCache decode = *cache;
+  RunOutcome& r = ref.run;
   r.config.label = "fp16 (plain)";
-  r.tokens = greedy(engine, prompt, n, cache, pool, nullptr, {});
+  r.tokens = greedy(engine, len, n, decode, pool, ref.logits, nullptr);
   r.text = join_text(engine, r.tokens);
   r.top1 = r.top5 = 1.0;
   r.kv_bytes_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
   r.seconds = seconds_since(t0);
-  return r;
+  return ref;
 }
 
 RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& rc,
-                       int threads, const std::function<void(std::int64_t, std::int64_t)>& progress) {
+                       int threads, const Fp16Reference& ref, const Progress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::LlamaConfig& cfg = engine.model->config();
   const std::int64_t len = static_cast<std::int64_t>(prompt.size());
-  if (len == 0) throw std::invalid_argument("the prompt is empty");
-  if (len + n > cfg.context)
-    throw std::out_of_range("the prompt has " + std::to_string(len) + " tokens; with " + std::to_string(n) +
-                            " new tokens that exceeds the model's context of " + std::to_string(cfg.context));
+  check_request(cfg, len, n);
+  if (!ref.prefilled || ref.prefilled->geometry().capacity < len + n)
+    throw std::invalid_argument("run_request: the fp16 reference was not prefilled for this request");
   cache::CacheConfig cc;
   cc.layers = cfg.layers;
   cc.kv_heads = cfg.kv_heads;
@@ -114,22 +143,25 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   opts.decode_budget = std::max(1, n);
   opts.check_soundness = rc.check_soundness;
   opts.gate = rc.gate;
+  // The telemetry aggregates the decode-step cells as they are served; the cache keeps no log.
+  gate::Telemetry tel(cfg.layers, cfg.heads, rc.tau_report, len, rc.stride);
+  opts.sink = &tel;
+  opts.keep_cells = false;
   attn::CertifiedKvCache cache(cc, opts);
   ThreadPool pool(threads);
 
   RunOutcome r;
   r.config = rc;
   std::vector<std::vector<float>> rows;
-  r.tokens = greedy(engine, prompt, n, cache, pool, &rows, progress);
+  std::vector<float> logits;
+  prefill(engine, prompt, cache, pool, logits, progress);
+  r.tokens = greedy(engine, len, n, cache, pool, logits, &rows);
   r.text = join_text(engine, r.tokens);
 
-  // fp16 teacher-forced on the same tokens: the distribution each generated token was drawn from.
-  attn::ExactKvCache exact(cfg.kv_geometry(len + n));
-  std::vector<float> logits(cfg.vocab);
-  for (std::int64_t p = 0; p < len; p += kChunk) {
-    const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
-    engine.model->forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, exact, pool, logits);
-  }
+  // fp16 teacher-forced on the same tokens, from a copy of the reference's prefilled cache: the
+  // distribution each generated token was drawn from.
+  attn::ExactKvCache exact = *ref.prefilled;
+  logits = ref.logits;
   double kl = 0.0;
   int top1 = 0, top5 = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -151,10 +183,8 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
     r.top1 = static_cast<double>(top1) / rows.size();
     r.top5 = static_cast<double>(top5) / rows.size();
   }
-  gate::Telemetry tel(cfg.layers, cfg.heads, rc.tau_report);
-  const std::vector<attn::MeterCell> cells = cache.cells();
-  tel.add(cells, len);
   r.meter = tel.summary();
+  r.samples = tel.samples();
   r.heatmap = tel.heatmap();
   r.heatmap_svg = tel.heatmap_svg("mean served meter: " + rc.label);
   const cache::KvStore::PageInStats pi = cache.store().page_in_stats();
@@ -206,8 +236,10 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
     j["runs"].push_back(run);
-    const std::string name = "heatmap-" + std::to_string(j["runs"].size()) + ".svg";
-    std::ofstream(fs::path(dir) / name) << r.heatmap_svg;
+    const std::string n = std::to_string(j["runs"].size());
+    std::ofstream(fs::path(dir) / ("heatmap-" + n + ".svg")) << r.heatmap_svg;
+    std::ofstream cells(fs::path(dir) / ("meter-" + n + ".jsonl"));
+    gate::write_cells_jsonl(cells, r.samples);
   }
   std::ofstream(fs::path(dir) / "report.json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   std::ofstream md(fs::path(dir) / "report.md");

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "apps/engine.h"
 #include "attn/certified_cache.h"
+#include "attn/exact_cache.h"
 #include "gate/telemetry.h"
 
 namespace witcert::apps {
@@ -24,6 +26,7 @@ struct RunConfig {
   double delta = 1e-2;
   double tau_report = 0.2;  // the coverage threshold of the report
   bool check_soundness = false;
+  int stride = 1;  // telemetry: keep the cells of every stride-th decode step for quantiles and JSON lines
 };
 
 struct RunOutcome {
@@ -35,18 +38,35 @@ struct RunOutcome {
   gate::TelemetrySummary meter;
   std::vector<double> heatmap;  // mean served meter per (layer, head)
   std::string heatmap_svg;
+  std::vector<attn::MeterCell> samples;  // the telemetry's sampled cells (report: meter-<i>.jsonl)
   std::int64_t page_ins = 0, page_in_bytes = 0;
   double kv_bytes_per_token = 0.0;
   double seconds = 0.0;
 };
 
-// Greedy generation of up to n tokens under `cfg`, then fp16 teacher-forced on the same tokens.
-// progress(done, total) reports prefill chunks.
-RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
-                       int threads, const std::function<void(std::int64_t, std::int64_t)>& progress = {});
+using Progress = std::function<void(std::int64_t, std::int64_t)>;
 
-// The fp16 run itself (plain exact cache): its tokens and text.
-RunOutcome run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads);
+// The fp16 reference of a request: the prompt prefilled once on the exact cache, the logits of its
+// last position, and the greedy fp16 run from there. Each run_request compares against a copy of
+// the prefilled cache rather than prefilling fp16 again.
+struct Fp16Reference {
+  std::shared_ptr<const attn::ExactKvCache> prefilled;
+  std::vector<float> logits;
+  RunOutcome run;
+};
+
+// The fp16 run (plain exact cache). progress(done, total) reports prefill chunks.
+Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
+                       const Progress& progress = {});
+
+// Greedy generation of up to n tokens under `cfg`, then fp16 teacher-forced on the same tokens
+// from ref (run_fp16 of the same prompt and n). Throws for an empty prompt or one that does not
+// fit the context with n new tokens.
+RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
+                       int threads, const Fp16Reference& ref, const Progress& progress = {});
+
+// A progress bar on stderr for one run's prefill.
+Progress progress_bar(std::ostream& err, const std::string& label);
 
 // Writes report.json, report.md and heatmap-<label>.svg into dir (created if missing).
 void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,

@@ -124,6 +124,33 @@ bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_
   return true;
 }
 
+void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
+                             std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) const {
+  const int d = g_.head_dim;
+  std::vector<double> raw_before(group);
+  for (int h = 0; h < group; ++h) raw_before[h] = g.results[h].eform_raw;
+  bool repaired = false;
+  // Repair and recompute the step until the gate is satisfied (every page exact at worst).
+  while (triggered(g) && repair(reader, layer, kv_head, q, group, n_ctx, g)) {
+    repaired = true;
+    compute(reader, q, group, n_ctx, g);
+  }
+  std::copy(g.out.begin(), g.out.end(), out);
+  for (int h = 0; h < group; ++h) {
+    const HeadResult& r = g.results[h];
+    const double tv = opts_.check_soundness ? true_tv(reader, q + h * d, d, n_ctx) : NAN;
+    cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, raw_before[h],
+                     repaired});
+  }
+}
+
+void CertifiedKvCache::log(const std::vector<MeterCell>& cells) const {
+  if (opts_.sink) opts_.sink->record(cells);
+  if (!opts_.keep_cells) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  cells_.insert(cells_.end(), cells.begin(), cells.end());
+}
+
 void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
                               float* out) const {
   const int d = g_.head_dim;
@@ -143,24 +170,45 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
   } else {
     Group g;
     compute(reader, q, group, n_ctx, g);
-    std::vector<double> raw_before(group);
-    for (int h = 0; h < group; ++h) raw_before[h] = g.results[h].eform_raw;
-    bool repaired = false;
-    // Repair and recompute the step until the gate is satisfied (every page exact at worst).
-    while (triggered(g) && repair(reader, layer, kv_head, q, group, n_ctx, g)) {
-      repaired = true;
-      compute(reader, q, group, n_ctx, g);
-    }
-    std::copy(g.out.begin(), g.out.end(), out);
-    for (int h = 0; h < group; ++h) {
-      const HeadResult& r = g.results[h];
-      const double tv = opts_.check_soundness ? true_tv(reader, q + h * d, d, n_ctx) : NAN;
-      local.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, raw_before[h],
-                       repaired});
-    }
+    serve(reader, layer, kv_head, q, group, n_ctx, g, out, local);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  cells_.insert(cells_.end(), local.begin(), local.end());
+  log(local);
+}
+
+void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
+                                     std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
+  if (exact() || n == 1) {
+    KvCache::attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
+    return;
+  }
+  const int d = g_.head_dim;
+  const std::size_t row = static_cast<std::size_t>(group) * d;
+  cache::KvStore::Reader reader(store_, layer, kv_head);
+  // The run's n·group queries as one block, so that every page of the shared prefix [0, pos0) is
+  // read and decoded once for all of them. Every query of the run takes the union bound over
+  // the run's longest context, S = pos0 + n: u_t grows with S, so it stays an upper bound for
+  // each query (the per-position path takes S = its own n_ctx).
+  std::vector<float> qs(n * row);
+  for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
+  const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), pos0 + n, delta_loc_};
+  std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
+  if (pos0 > 0) attend_range_fast(reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
+  std::vector<MeterCell> local;
+  for (std::int64_t i = 0; i < n; ++i) {
+    // The causal tail [pos0, pos0 + i] is this query's own.
+    tail.assign(group, HeadPartial{});
+    attend_range_fast(reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
+    Group g;
+    g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
+    g.out.resize(row);
+    g.results.resize(group);
+    for (int h = 0; h < group; ++h) {
+      g.partials[h].merge(tail[h]);
+      g.results[h] = finish(g.partials[h], d, &g.out[h * d]);
+    }
+    serve(reader, layer, kv_head, &qs[i * row], group, pos0 + i + 1, g, out + i * out_stride, local);
+  }
+  log(local);
 }
 
 }  // namespace witcert::attn

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "attn/kv_cache.h"
@@ -27,15 +28,6 @@ struct GateOptions {
   bool certified() const { return tau < 1.0; }
 };
 
-struct CertifiedOptions {
-  int q_heads = 1;                  // query heads per layer (H in δ_loc = δ_req/(L·H·T))
-  double delta_req = 1e-2;          // request-level failure budget of Tier B
-  std::int64_t decode_budget = 256; // T
-  int splits = 1;                   // split-KV partitions per attention call, merged under LSE weights
-  bool check_soundness = false;     // also compute the true TV of every cell from the exact tier
-  GateOptions gate;
-};
-
 // One (layer, query head, position) cell.
 struct MeterCell {
   int layer;
@@ -49,6 +41,25 @@ struct MeterCell {
   bool repaired;
 };
 
+// Receives the cells of every attention call as it is served, from several threads at once: the
+// telemetry aggregates them in place instead of the cache keeping a log that grows with the request.
+class MeterSink {
+ public:
+  virtual ~MeterSink() = default;
+  virtual void record(std::span<const MeterCell> cells) = 0;
+};
+
+struct CertifiedOptions {
+  int q_heads = 1;                  // query heads per layer (H in δ_loc = δ_req/(L·H·T))
+  double delta_req = 1e-2;          // request-level failure budget of Tier B
+  std::int64_t decode_budget = 256; // T
+  int splits = 1;                   // split-KV partitions per attention call, merged under LSE weights
+  bool check_soundness = false;     // also compute the true TV of every cell from the exact tier
+  GateOptions gate;
+  MeterSink* sink = nullptr;        // receives every served cell (not owned; must outlive the cache)
+  bool keep_cells = true;           // also keep every cell for cells()
+};
+
 class CertifiedKvCache final : public KvCache {
  public:
   // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape.
@@ -57,6 +68,10 @@ class CertifiedKvCache final : public KvCache {
   const KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
   void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const override;
+  // Reads the shared prefix [0, pos0) once for the run's n positions; the gate then acts on each
+  // position as attend does.
+  void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
+                     std::int64_t n, float* out, std::int64_t out_stride) const override;
   void clear() override;
 
   const cache::KvStore& store() const { return store_; }
@@ -64,11 +79,16 @@ class CertifiedKvCache final : public KvCache {
   // during one), so that a study can check only the cells it counts.
   void set_check_soundness(bool on) { opts_.check_soundness = on; }
   bool exact() const;  // both sides fp16: attention is the plain exact path, the meter 0
-  std::vector<MeterCell> cells() const;
+  std::vector<MeterCell> cells() const;  // empty unless keep_cells
 
  private:
   struct Group;  // the results of one attention call
   void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g) const;
+  // Gates one position's computed attention (repairing and recomputing while triggered), writes
+  // its output and appends its cells.
+  void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+             Group& g, float* out, std::vector<MeterCell>& cells) const;
+  void log(const std::vector<MeterCell>& cells) const;
   bool triggered(const Group& g) const;
   // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
   bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "attn/exact_attention_fast.h"
 
 namespace witcert::attn {
 
@@ -31,13 +34,16 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
 }
 
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const {
+  // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
   const f16* keys = &k_[index(layer, kv_head, 0)];
   const f16* values = &v_[index(layer, kv_head, 0)];
   const int d = g_.head_dim;
-  for (int h = 0; h < group; ++h)
-    exact_attention(
-        q + h * d, [&](std::int64_t t) { return keys + t * d; }, [&](std::int64_t t) { return values + t * d; }, n_ctx,
-        d, out + h * d);
+  std::vector<const f16*> key_rows(n_ctx), value_rows(n_ctx);
+  for (std::int64_t t = 0; t < n_ctx; ++t) {
+    key_rows[t] = keys + t * d;
+    value_rows[t] = values + t * d;
+  }
+  exact_attention_group(q, group, key_rows.data(), value_rows.data(), n_ctx, d, out);
 }
 
 }  // namespace witcert::attn

@@ -163,6 +163,41 @@ TEST(Gate, AReductionIsExactInTheReference) {
   });
 }
 
+// A NaN or Inf in a key or a query: the meter says "no guarantee" (raw +inf), the gate repairs
+// every page of the head, and nothing crashes; the output is what exact attention over the same
+// non-finite inputs gives, so the model's own check (non-finite logits) reports it.
+TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
+  for (const float bad : {NAN, INFINITY}) {
+    for (const bool in_query : {false, true}) {
+      CertifiedOptions o;
+      o.q_heads = kGroup * kKvHeads;
+      o.gate = {0.2, Granularity::block};
+      CertifiedKvCache cache(config("q8_0"), o);
+      std::mt19937_64 rng(4);
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      std::vector<float> k(kDim), v(kDim), q(kGroup * kDim), out(kGroup * kDim);
+      for (std::int64_t p = 0; p < 40; ++p) {
+        for (int i = 0; i < kDim; ++i) k[i] = g(rng), v[i] = g(rng);
+        if (!in_query && p == 21) k[5] = bad;
+        cache.write(0, 0, p, k.data(), v.data());
+      }
+      for (float& x : q) x = g(rng);
+      if (in_query) q[kDim + 9] = bad;  // query head 1
+      ASSERT_NO_THROW(cache.attend(0, 0, q.data(), kGroup, 40, out.data()));
+      const std::vector<MeterCell> cells = cache.cells();
+      ASSERT_EQ(cells.size(), static_cast<std::size_t>(kGroup));
+      bool no_guarantee = false;
+      for (const MeterCell& c : cells) {
+        no_guarantee |= std::isinf(c.raw_before);
+        EXPECT_TRUE(c.repaired) << "any-of-G: the whole group is repaired";
+      }
+      EXPECT_TRUE(no_guarantee) << (in_query ? "query" : "key") << " " << bad;
+      // Every page of the head was paged in: the cache holds the exact tier's keys.
+      EXPECT_EQ(cache.store().page_in_stats().page_ins, 40 / 16 + 1);
+    }
+  }
+}
+
 TEST(Gate, RejectsImpossibleTau) {
   CertifiedOptions o;
   o.gate.tau = -0.5;

@@ -30,6 +30,15 @@ class KvCache {
   virtual void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
                       float* out) const = 0;
 
+  // Causal attention of n consecutive query positions pos0 … pos0+n−1, all already written:
+  // query i attends over [0, pos0 + i + 1). Position i's group × head_dim queries start at
+  // q + i·q_stride, its outputs at out + i·out_stride. The default calls attend once per
+  // position; a cache may share its reads of [0, pos0) across the n positions (prefill).
+  virtual void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
+                             std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
+    for (std::int64_t i = 0; i < n; ++i) attend(layer, kv_head, q + i * q_stride, group, pos0 + i + 1, out + i * out_stride);
+  }
+
   // Forgets every position (a new request).
   virtual void clear() = 0;
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 namespace witcert::gate {
 namespace {
@@ -30,19 +31,23 @@ nlohmann::json TelemetrySummary::to_json() const {
           {"soundness_checked", checked}, {"soundness_violations", violations}};
 }
 
-Telemetry::Telemetry(int layers, int heads, double tau, int stride)
-    : layers_(layers), heads_(heads), tau_(tau), stride_(stride) {
+Telemetry::Telemetry(int layers, int heads, double tau, std::int64_t first_pos, int stride)
+    : layers_(layers), heads_(heads), tau_(tau), first_pos_(first_pos), stride_(stride) {
   if (layers <= 0 || heads <= 0) throw std::invalid_argument("telemetry needs at least one layer and head");
   if (!(tau > 0.0)) throw std::invalid_argument("the coverage threshold tau must be positive");
   if (stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
   sum_meter_.assign(static_cast<std::size_t>(layers) * heads, 0.0);
   count_.assign(sum_meter_.size(), 0);
-  seen_.assign(sum_meter_.size(), 0);
 }
 
-void Telemetry::add(std::span<const attn::MeterCell> cells, std::int64_t first_pos) {
+void Telemetry::record(std::span<const attn::MeterCell> cells) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (const attn::MeterCell& c : cells) {
-    if (c.pos < first_pos) continue;
+    if (c.pos < first_pos_) continue;
+    if (c.layer < 0 || c.layer >= layers_ || c.q_head < 0 || c.q_head >= heads_)
+      throw std::out_of_range("telemetry: cell of layer " + std::to_string(c.layer) + ", head " +
+                              std::to_string(c.q_head) + " outside " + std::to_string(layers_) + " x " +
+                              std::to_string(heads_));
     const std::size_t at = static_cast<std::size_t>(c.layer) * heads_ + c.q_head;
     ++cells_;
     covered_ += c.meter <= tau_;
@@ -56,20 +61,24 @@ void Telemetry::add(std::span<const attn::MeterCell> cells, std::int64_t first_p
     }
     sum_meter_[at] += c.meter;
     ++count_[at];
-    if (seen_[at]++ % stride_ == 0) raw_samples_.push_back(c.raw_before);
+    if ((c.pos - first_pos_) % stride_ == 0) samples_.push_back(c);
   }
 }
 
 TelemetrySummary Telemetry::summary() const {
+  std::lock_guard<std::mutex> lock(mu_);
   TelemetrySummary s;
   s.cells = cells_;
   if (cells_ > 0) {
     s.coverage = static_cast<double>(covered_) / cells_;
     s.coverage_before = static_cast<double>(covered_before_) / cells_;
   }
-  s.raw_p50 = quantile(raw_samples_, 0.5);
-  s.raw_p90 = quantile(raw_samples_, 0.9);
-  s.raw_p99 = quantile(raw_samples_, 0.99);
+  std::vector<double> raw;
+  raw.reserve(samples_.size());
+  for (const attn::MeterCell& c : samples_) raw.push_back(c.raw_before);
+  s.raw_p50 = quantile(raw, 0.5);
+  s.raw_p90 = quantile(raw, 0.9);
+  s.raw_p99 = quantile(raw, 0.99);
   s.raw_max = raw_max_;
   s.overflow = overflow_;
   s.repaired = repaired_;
@@ -78,7 +87,13 @@ TelemetrySummary Telemetry::summary() const {
   return s;
 }
 
+std::vector<attn::MeterCell> Telemetry::samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return samples_;
+}
+
 std::vector<double> Telemetry::heatmap() const {
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<double> h(sum_meter_.size(), NAN);
   for (std::size_t i = 0; i < h.size(); ++i)
     if (count_[i] > 0) h[i] = sum_meter_[i] / count_[i];
@@ -115,6 +130,16 @@ std::string Telemetry::heatmap_svg(const std::string& title) const {
   svg << "<text x='" << lx + 18 << "' y='" << top + 130 << "'>meter 0</text>\n";
   svg << "</svg>\n";
   return svg.str();
+}
+
+void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells) {
+  for (const attn::MeterCell& c : cells) {
+    nlohmann::json j = {{"layer", c.layer},         {"q_head", c.q_head}, {"pos", c.pos},
+                        {"raw", number(c.eform_raw)}, {"raw_before", number(c.raw_before)},
+                        {"meter", number(c.meter)}, {"v_meter", number(c.v_meter)}, {"repaired", c.repaired}};
+    if (!std::isnan(c.tv)) j["tv"] = c.tv;
+    out << j.dump() << "\n";
+  }
 }
 
 }  // namespace witcert::gate

@@ -1,8 +1,10 @@
 // Telemetry of the meter (DESIGN §2, layer 6): per (layer, query head) aggregates, coverage at
-// τ, raw-score quantiles, overflow and repair counts, written as JSON and as a heatmap image.
+// τ, raw-score quantiles, overflow and repair counts, written as JSON, JSON lines and a heatmap image.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,15 +26,23 @@ struct TelemetrySummary {
   nlohmann::json to_json() const;
 };
 
-class Telemetry {
+// Aggregates the served cells of one request in place, as the cache serves them (it is the
+// cache's MeterSink): counts, coverage, overflow, repairs and the per-(layer, head) mean meter over
+// every decode-step cell; the cells of every stride-th decode step are kept as samples, from which
+// come the raw-score quantiles and the JSON lines. Memory is bounded by (layers × heads) plus the
+// samples, whatever the request's length.
+class Telemetry final : public attn::MeterSink {
  public:
-  // stride ≥ 1 keeps every stride-th cell of each (layer, head) for the quantiles (all are counted).
-  Telemetry(int layers, int heads, double tau, int stride = 1);
+  // Cells at positions < first_pos (the prompt) are not counted; a cell's decode step is
+  // pos − first_pos. Throws std::invalid_argument for no layers or heads, τ ≤ 0 or stride < 1.
+  Telemetry(int layers, int heads, double tau, std::int64_t first_pos = 0, int stride = 1);
 
-  // Adds the cells at positions ≥ first_pos (the decode steps of a request).
-  void add(std::span<const attn::MeterCell> cells, std::int64_t first_pos);
+  // Thread-safe; called by the cache with the cells of each attention call.
+  void record(std::span<const attn::MeterCell> cells) override;
 
   TelemetrySummary summary() const;
+  // The sampled cells, in the order they were served.
+  std::vector<attn::MeterCell> samples() const;
   // Mean served meter per (layer, head), row-major [layer][head].
   std::vector<double> heatmap() const;
   // An SVG heatmap: layers down, heads across, colour = mean meter in [0, 1].
@@ -41,13 +51,19 @@ class Telemetry {
  private:
   int layers_, heads_;
   double tau_;
+  std::int64_t first_pos_;
   int stride_;
+  mutable std::mutex mu_;
   std::vector<double> sum_meter_;
-  std::vector<std::int64_t> count_, seen_;
-  std::vector<double> raw_samples_;
+  std::vector<std::int64_t> count_;
+  std::vector<attn::MeterCell> samples_;
   std::int64_t cells_ = 0, covered_ = 0, covered_before_ = 0, overflow_ = 0, repaired_ = 0, checked_ = 0,
                violations_ = 0;
   double raw_max_ = 0.0;
 };
+
+// One JSON object per line for each cell: layer, q_head, pos, raw, raw_before, meter, v_meter,
+// repaired and tv (where computed); +inf as the string "inf".
+void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells);
 
 }  // namespace witcert::gate

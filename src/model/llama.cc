@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -7,6 +8,9 @@
 
 namespace witcert::model {
 namespace {
+
+// Query positions per attention job in a forward pass (see KvCache::attend_causal).
+constexpr std::int64_t kAttnRun = 16;
 
 std::runtime_error model_error(const std::string& what) { return std::runtime_error("model: " + what); }
 
@@ -166,12 +170,15 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
                             {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
                             {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
     }
-    // Causal attention: token i sees positions [0, pos0 + i]. One job per (token, KV head).
-    pool.parallel_for(n * KV, [&](std::int64_t b, std::int64_t e, int) {
+    // Causal attention: token i sees positions [0, pos0 + i]. One job per (run of kAttnRun
+    // tokens, KV head), so that a cache can read the shared prefix once per run.
+    const std::int64_t runs = (n + kAttnRun - 1) / kAttnRun;
+    pool.parallel_for(runs * KV, [&](std::int64_t b, std::int64_t e, int) {
       for (std::int64_t job = b; job < e; ++job) {
-        const std::int64_t i = job / KV;
+        const std::int64_t i = job / KV * kAttnRun;
         const int h = static_cast<int>(job % KV);
-        cache.attend(l, h, &q[i * q_dim + h * G * hd], G, pos0 + i + 1, &att[i * q_dim + h * G * hd]);
+        cache.attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, pos0 + i, std::min(kAttnRun, n - i),
+                            &att[i * q_dim + h * G * hd], q_dim);
       }
     });
     matmul(L.wo, att.data(), n, xb.data(), pool);

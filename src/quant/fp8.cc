@@ -1,6 +1,7 @@
 #include "quant/fp8.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace witcert::quant {
@@ -36,6 +37,15 @@ double fp8_e4m3_to_double(std::uint8_t b) {
     magnitude = std::ldexp(static_cast<double>(8 + mantissa), exponent - 10);
   }
   return (b & 0x80) ? -magnitude : magnitude;
+}
+
+const float* fp8_e4m3_float_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = static_cast<float>(fp8_e4m3_to_double(static_cast<std::uint8_t>(b)));
+    return t;
+  }();
+  return table.data();
 }
 
 }  // namespace witcert::quant

@@ -15,7 +15,11 @@ inline constexpr double kFp8E4m3Max = 448.0;
 // non-finite key into a finite wrong one.
 std::uint8_t fp8_e4m3_from_double(double v);
 
-// The exact value of an E4M3FN bit pattern.
+// The exact value of an E4M3FN bit pattern (the reference decode).
 double fp8_e4m3_to_double(std::uint8_t b);
+
+// fp8_e4m3_to_double of every bit pattern as a float (each is exact in float): the decode table
+// of the cache's read path, built once from the reference decode.
+const float* fp8_e4m3_float_table();
 
 }  // namespace witcert::quant

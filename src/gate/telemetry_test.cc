@@ -1,0 +1,110 @@
+// Telemetry aggregated in place: known answers for coverage, overflow, repairs, violations, the
+// sampling stride and the quantiles; concurrent recording; the JSON lines.
+#include "gate/telemetry.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace witcert::gate {
+namespace {
+
+attn::MeterCell cell(int layer, int head, std::int64_t pos, double raw, double meter, bool repaired = false,
+                     double tv = NAN) {
+  return {layer, head, pos, raw, meter, 0.0, tv, raw, repaired};
+}
+
+TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
+  Telemetry t(2, 2, 0.2, /*first_pos=*/10);
+  std::vector<attn::MeterCell> cells = {
+      cell(0, 0, 9, 5.0, 1.0),                 // prompt: not counted
+      cell(0, 0, 10, 0.1, 0.1),                // covered
+      cell(0, 1, 10, 0.3, 0.3),                // not covered
+      cell(1, 0, 11, INFINITY, 0.15, true),    // overflow before repair, served 0.15 after
+      cell(1, 1, 12, 0.05, 0.05, false, 0.2),  // a violation: tv 0.2 > meter 0.05
+  };
+  t.record(cells);
+  const TelemetrySummary s = t.summary();
+  EXPECT_EQ(s.cells, 4);
+  EXPECT_DOUBLE_EQ(s.coverage, 3.0 / 4);         // 0.1, 0.15, 0.05
+  EXPECT_DOUBLE_EQ(s.coverage_before, 2.0 / 4);  // 0.1, 0.05 (inf clamps to 1)
+  EXPECT_EQ(s.overflow, 1);
+  EXPECT_EQ(s.repaired, 1);
+  EXPECT_EQ(s.checked, 1);
+  EXPECT_EQ(s.violations, 1);
+  EXPECT_TRUE(std::isinf(s.raw_max));
+  const std::vector<double> h = t.heatmap();
+  ASSERT_EQ(h.size(), 4u);
+  EXPECT_DOUBLE_EQ(h[0], 0.1);
+  EXPECT_DOUBLE_EQ(h[1], 0.3);
+  EXPECT_DOUBLE_EQ(h[2], 0.15);
+  EXPECT_DOUBLE_EQ(h[3], 0.05);
+}
+
+TEST(Telemetry, StrideKeepsEveryNthStepForQuantilesAndCountsAll) {
+  Telemetry t(1, 1, 0.5, /*first_pos=*/100, /*stride=*/4);
+  for (int step = 0; step < 100; ++step) {
+    const attn::MeterCell c = cell(0, 0, 100 + step, step / 100.0, std::min(1.0, step / 100.0));
+    t.record({&c, 1});
+  }
+  const TelemetrySummary s = t.summary();
+  EXPECT_EQ(s.cells, 100);
+  EXPECT_DOUBLE_EQ(s.coverage, 51.0 / 100);  // steps 0..50
+  const std::vector<attn::MeterCell> kept = t.samples();
+  ASSERT_EQ(kept.size(), 25u);
+  for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i].pos, 100 + 4 * static_cast<std::int64_t>(i));
+  // Samples are 0, 0.04, …, 0.96: the median is the 13th (index 12), 0.48.
+  EXPECT_DOUBLE_EQ(s.raw_p50, 0.48);
+  EXPECT_DOUBLE_EQ(s.raw_max, 0.99);  // from every cell, not only the samples
+}
+
+TEST(Telemetry, ConcurrentRecordingLosesNothing) {
+  Telemetry t(4, 3, 0.2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&t, w] {
+      for (int i = 0; i < 5000; ++i) {
+        const attn::MeterCell c[3] = {cell(w, 0, i, 0.1, 0.1), cell(w, 1, i, 0.3, 0.3), cell(w, 2, i, 0.1, 0.1)};
+        t.record(c);
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  const TelemetrySummary s = t.summary();
+  EXPECT_EQ(s.cells, 4 * 5000 * 3);
+  EXPECT_DOUBLE_EQ(s.coverage, 2.0 / 3);
+}
+
+TEST(Telemetry, RejectsImpossibleArgumentsAndForeignCells) {
+  EXPECT_THROW(Telemetry(0, 1, 0.2), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, 0.0), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, NAN), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, 0.2, 0, 0), std::invalid_argument);
+  Telemetry t(1, 1, 0.2);
+  const attn::MeterCell c = cell(1, 0, 0, 0.1, 0.1);
+  EXPECT_THROW(t.record({&c, 1}), std::out_of_range);
+}
+
+TEST(Telemetry, WritesOneJsonLinePerCellWithInfinityAsAString) {
+  std::vector<attn::MeterCell> cells = {cell(0, 1, 5, INFINITY, 1.0, true), cell(2, 0, 6, 0.25, 0.25, false, 0.1)};
+  std::ostringstream out;
+  write_cells_jsonl(out, cells);
+  std::istringstream in(out.str());
+  std::string line;
+  std::vector<nlohmann::json> lines;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["raw"], "inf");
+  EXPECT_EQ(lines[0]["q_head"], 1);
+  EXPECT_EQ(lines[0]["repaired"], true);
+  EXPECT_FALSE(lines[0].contains("tv"));
+  EXPECT_EQ(lines[1]["layer"], 2);
+  EXPECT_DOUBLE_EQ(lines[1]["meter"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(lines[1]["tv"].get<double>(), 0.1);
+}
+
+}  // namespace
+}  // namespace witcert::gate
