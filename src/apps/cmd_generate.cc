@@ -87,16 +87,9 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   if (args.kv_k.empty()) {
     cache_owner = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
   } else {
-    cache::CacheConfig cc;
-    cc.layers = cfg.layers;
-    cc.kv_heads = cfg.kv_heads;
-    cc.head_dim = cfg.head_dim;
-    cc.capacity = capacity;
+    cache::CacheConfig cc = cfg.cache_config(capacity, args.kv_k, args.kv_v);
     cc.page_size = args.page_size;
-    cc.k_format = args.kv_k;
-    cc.v_format = args.kv_v.empty() ? args.kv_k : args.kv_v;
     cc.outlier_pairs = args.outliers;
-    cc.rope_layout = cfg.rope_layout;
     cc.seed = args.dither_seed;
     cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
     cc.backing_file = args.backing_file;

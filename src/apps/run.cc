@@ -127,16 +127,9 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   check_request(cfg, len, n);
   if (!ref.prefilled || ref.prefilled->geometry().capacity < len + n)
     throw std::invalid_argument("run_request: the fp16 reference was not prefilled for this request");
-  cache::CacheConfig cc;
-  cc.layers = cfg.layers;
-  cc.kv_heads = cfg.kv_heads;
-  cc.head_dim = cfg.head_dim;
-  cc.capacity = len + n;
+  cache::CacheConfig cc = cfg.cache_config(len + n, rc.kv_k, rc.kv_v);
   cc.page_size = rc.page_size;
-  cc.k_format = rc.kv_k;
-  cc.v_format = rc.kv_v.empty() ? rc.kv_k : rc.kv_v;
   cc.outlier_pairs = rc.outliers;
-  cc.rope_layout = cfg.rope_layout;
   attn::CertifiedOptions opts;
   opts.q_heads = cfg.heads;
   opts.delta_req = rc.delta;

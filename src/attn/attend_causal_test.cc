@@ -12,6 +12,7 @@
 
 #include "attn/certified_cache.h"
 #include "attn/exact_cache.h"
+#include "cache/test_config.h"
 
 namespace witcert::attn {
 namespace {
@@ -19,16 +20,7 @@ namespace {
 constexpr int kGroup = 3, kDim = 64, kN = 80;
 
 cache::CacheConfig config(const std::string& fmt, int page_size) {
-  cache::CacheConfig c;
-  c.layers = 1;
-  c.kv_heads = 1;
-  c.head_dim = kDim;
-  c.capacity = kN;
-  c.page_size = page_size;
-  c.k_format = fmt;
-  c.v_format = fmt;
-  c.shuffle_pages = 5;
-  return c;
+  return cache::test_config(1, 1, kDim, kN, page_size, fmt, fmt, 5);
 }
 
 // kN tokens with one massive channel pair, and kN × group queries.

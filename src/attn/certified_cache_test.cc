@@ -9,6 +9,7 @@
 
 #include "attn/certified_attention.h"
 #include "attn/exact_cache.h"
+#include "cache/test_config.h"
 #include "quant/schemes.h"
 
 namespace witcert::attn {
@@ -52,16 +53,8 @@ std::vector<std::string> all_formats() {
 
 cache::CacheConfig config(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
                           std::uint64_t shuffle) {
-  cache::CacheConfig c;
-  c.layers = kLayers;
-  c.kv_heads = kKvHeads;
-  c.head_dim = kDim;
-  c.capacity = cap;
-  c.page_size = page;
-  c.k_format = k_fmt;
-  c.v_format = v_fmt;
+  cache::CacheConfig c = cache::test_config(kLayers, kKvHeads, kDim, cap, page, k_fmt, v_fmt, shuffle);
   c.calibration_tokens = 8;
-  c.shuffle_pages = shuffle;
   return c;
 }
 

@@ -9,6 +9,7 @@
 
 #include "attn/certified_attention.h"
 #include "attn/certified_cache.h"
+#include "cache/test_config.h"
 
 namespace witcert::attn {
 namespace {
@@ -21,16 +22,7 @@ struct GateRun {
 };
 
 cache::CacheConfig config(const std::string& fmt) {
-  cache::CacheConfig c;
-  c.layers = kLayers;
-  c.kv_heads = kKvHeads;
-  c.head_dim = kDim;
-  c.capacity = kN;
-  c.page_size = 16;
-  c.k_format = fmt;
-  c.v_format = fmt;
-  c.shuffle_pages = 11;
-  return c;
+  return cache::test_config(kLayers, kKvHeads, kDim, kN, 16, fmt, fmt, 11);
 }
 
 // Writes kN random tokens with one massive channel pair and asks every position's attention,

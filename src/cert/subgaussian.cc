@@ -33,7 +33,8 @@ double dither_variance_proxy(std::span<const float> q, std::span<const f16> scal
 
 double subgaussian_radius(double varsigma2, long S, double delta_loc, int non_outlier_channels) {
   const double varsigma = std::sqrt(varsigma2);
-  const double tail = std::sqrt(2.0 * std::log(2.0 * static_cast<double>(S) / delta_loc));
+  // log(2S) − log δ_loc rather than log(2S/δ_loc): the quotient overflows for a tiny δ_loc.
+  const double tail = std::sqrt(2.0 * (std::log(2.0 * static_cast<double>(S)) - std::log(delta_loc)));
   const double bias = 0x1p-17 * std::sqrt(12.0 * non_outlier_channels);
   const double u = varsigma * (tail + bias) * kRoundUpMargin;
   return std::isnan(u) ? INFINITY : u;

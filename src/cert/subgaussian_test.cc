@@ -42,6 +42,13 @@ TEST(SubGaussian, RadiusKnownAnswerAndMonotone) {
   EXPECT_LT(subgaussian_radius(1.0, 100, 1e-3, 64), subgaussian_radius(1.0, 1000, 1e-3, 64));
   EXPECT_EQ(subgaussian_radius(INFINITY, 100, 1e-3, 64), INFINITY);
   EXPECT_EQ(subgaussian_radius(0.0, 100, 1e-3, 64), 0.0);
+  // A δ_loc so small that 2S/δ_loc overflows a double still gives the finite radius:
+  // S = 2^20, δ_loc = 2^-1070 (subnormal): log(2S/δ) = 1091·log 2.
+  const double tiny = subgaussian_radius(1.0, 1L << 20, 0x1p-1070, 0);
+  EXPECT_TRUE(std::isfinite(tiny));
+  EXPECT_NEAR(tiny, std::sqrt(2.0 * 1091.0 * std::log(2.0)), 1e-9);
+  EXPECT_GE(tiny, std::sqrt(2.0 * 1091.0 * std::log(2.0)));
+  EXPECT_EQ(subgaussian_radius(1.0, 100, 0.0, 64), INFINITY);  // no budget: no guarantee
 }
 
 }  // namespace

@@ -10,20 +10,19 @@
 #include "attn/certified_cache.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/real_model_fixture.h"
 #include "model/tokenizer.h"
 #include "quant/schemes.h"
 
 namespace witcert::model {
 namespace {
 
-class CertifiedRealModel : public ::testing::Test {
+class CertifiedRealModel : public RealModelFixture {
  protected:
   void SetUp() override {
-    const std::string path = std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    ASSERT_TRUE(std::filesystem::exists(path)) << "the real model is missing: run scripts/fetch-model.sh (" << path << ")";
-    file_ = std::make_unique<GgufFile>(GgufFile::open(path));
-    model_ = std::make_unique<LlamaModel>(*file_);
-    tokens_ = Tokenizer::from_gguf(*file_).encode(
+    RealModelFixture::SetUp();
+    if (HasFatalFailure()) return;
+    tokens_ = tok_->encode(
         "Gutenberg's press spread across Europe within decades. Scholars could now compare identical copies "
         "of the same text, and the price of books fell so far that ordinary merchants began to own them.",
         false);
@@ -37,14 +36,7 @@ class CertifiedRealModel : public ::testing::Test {
   Outcome run(const std::string& k_fmt, const std::string& v_fmt,
               cache::DitherMode dither = cache::DitherMode::per_slot) {
     const LlamaConfig& cfg = model_->config();
-    cache::CacheConfig cc;
-    cc.layers = cfg.layers;
-    cc.kv_heads = cfg.kv_heads;
-    cc.head_dim = cfg.head_dim;
-    cc.capacity = static_cast<std::int64_t>(tokens_.size());
-    cc.k_format = k_fmt;
-    cc.v_format = v_fmt;
-    cc.rope_layout = cfg.rope_layout;
+    cache::CacheConfig cc = cfg.cache_config(static_cast<std::int64_t>(tokens_.size()), k_fmt, v_fmt);
     cc.dither = dither;
     attn::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
@@ -67,8 +59,6 @@ class CertifiedRealModel : public ::testing::Test {
     return o;
   }
 
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<LlamaModel> model_;
   std::vector<std::int32_t> tokens_;
 };
 

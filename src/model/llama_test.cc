@@ -15,6 +15,7 @@
 #include "base/fp16.h"
 #include "model/generate.h"
 #include "model/gguf.h"
+#include "model/real_model_fixture.h"
 #include "model/tokenizer.h"
 #include "quant/ggml_types.h"
 
@@ -290,19 +291,7 @@ TEST_F(TinyModel, QkvHookSeesPostRopeKeysAsCached) {
 }
 
 // The real SmolLM2-135M: needs the fetched model (scripts/fetch-model.sh; CI fetches it).
-class RealModel : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string path = std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    ASSERT_TRUE(std::filesystem::exists(path)) << "the real model is missing: run scripts/fetch-model.sh (" << path << ")";
-    file_ = std::make_unique<GgufFile>(GgufFile::open(path));
-    model_ = std::make_unique<LlamaModel>(*file_);
-    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*file_));
-  }
-  std::unique_ptr<GgufFile> file_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
-};
+using RealModel = RealModelFixture;
 
 TEST_F(RealModel, GreedyContinuationIsStableAcrossThreadCounts) {
   const std::vector<std::int32_t> prompt = tok_->encode("The capital of France is", false);
