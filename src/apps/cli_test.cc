@@ -256,6 +256,21 @@ TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
   EXPECT_EQ(n, j["runs"][0]["meter"]["cells"].get<std::int64_t>());
 }
 
+// The exact tier in a memory-mapped file serves the same repairs as in RAM.
+TEST(CliEngine, RunWithAFileBackedTierMatchesRam) {
+  const std::string ram = scratch("ram"), file = scratch("file"), tier = scratch("tier.bin");
+  const std::string args = "run --model " + kModel + " --kv q4_0 --gate 0.2 --n 4 'The capital of France is' --report ";
+  ASSERT_EQ(run(args + ram).exit_code, 0);
+  ASSERT_EQ(run(args + file + " --backing-file " + tier).exit_code, 0);
+  const auto a = nlohmann::json::parse(std::ifstream(ram + "/report.json"))["runs"][0];
+  const auto b = nlohmann::json::parse(std::ifstream(file + "/report.json"))["runs"][0];
+  EXPECT_EQ(a["text"], b["text"]);
+  EXPECT_EQ(a["page_in_bytes"], b["page_in_bytes"]);
+  EXPECT_GT(b["page_in_bytes"].get<std::int64_t>(), 0);
+  EXPECT_EQ(a["meter"]["coverage"], b["meter"]["coverage"]);
+  EXPECT_EQ(a["kl_vs_fp16"], b["kl_vs_fp16"]);
+}
+
 TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(run("run --model " + kModel + " --kv nope 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);

@@ -73,6 +73,7 @@ struct RunArgs {
   double delta = 1e-2;
   bool check_soundness = false;
   int stride = 1;      // telemetry sampling stride in decode steps
+  std::string backing_file;  // "" keeps the exact tier in RAM
   std::string report;  // directory
   int threads = 2;
 };

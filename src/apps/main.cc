@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   runc->add_option("--report", ra.report, "directory for report.json, report.md, heatmaps and meter JSON lines");
   runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
       ->check(CLI::PositiveNumber);
+  runc->add_option("--backing-file", ra.backing_file, "keep the exact tier in this memory-mapped file instead of RAM");
   runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
 
   std::string demo_model, demo_report = "out/demo";

@@ -130,6 +130,7 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   cache::CacheConfig cc = cfg.cache_config(len + n, rc.kv_k, rc.kv_v);
   cc.page_size = rc.page_size;
   cc.outlier_pairs = rc.outliers;
+  cc.backing_file = rc.backing_file;
   attn::CertifiedOptions opts;
   opts.q_heads = cfg.heads;
   opts.delta_req = rc.delta;

@@ -26,6 +26,7 @@ struct RunConfig {
   double delta = 1e-2;
   double tau_report = 0.2;  // the coverage threshold of the report
   bool check_soundness = false;
+  std::string backing_file;  // "" keeps the exact tier in RAM, else a memory-mapped file
   int stride = 1;  // telemetry: keep the cells of every stride-th decode step for quantiles and JSON lines
 };
 
