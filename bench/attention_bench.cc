@@ -18,7 +18,8 @@
 //   cmake --build build --target witcert_bench &&
 //   build/witcert_bench --benchmark_filter='Attention|StreamRead' --benchmark_repetitions=5
 //     --benchmark_report_aggregates_only=true --benchmark_out=attention.json --benchmark_out_format=json &&
-//   python3 tools/attention_bench_table.py attention.json
+//   build/witcert_bench --benchmark_filter=KvBytes --benchmark_out=kv_bytes.json --benchmark_out_format=json &&
+//   python3 tools/attention_bench_table.py attention.json kv_bytes.json
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -191,6 +192,26 @@ void attention_args(benchmark::internal::Benchmark* b) {
         for (std::int64_t group : {3, 7}) b->Args({v, 32768, d, group, 1});
 }
 BENCHMARK(BM_DecodeAttention)->Apply(attention_args)->Unit(benchmark::kMicrosecond);
+
+// Measured bytes per token per KV head (K + V, from the KvStore allocations, the outlier mask
+// amortized over S = 32768) and the capacity at equal memory relative to fp16, for dither-int8
+// with m outlier pairs (m = 0: no bypass). Args: head dim, m. Times nothing.
+void BM_KvBytes(benchmark::State& state) {
+  cache::CacheConfig c;
+  c.layers = c.kv_heads = 1;
+  c.head_dim = static_cast<int>(state.range(0));
+  c.capacity = 32768;
+  c.k_format = c.v_format = cache::kDitherInt8;
+  c.outlier_pairs = static_cast<int>(state.range(1));
+  const cache::KvStore store(c);
+  for (auto _ : state) benchmark::DoNotOptimize(store.compressed_bytes());
+  const double per_token = store.bytes_per_token_head(quant::KvSide::key) + store.bytes_per_token_head(quant::KvSide::value);
+  state.counters["B/tok/head"] = per_token;
+  state.counters["K_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::key);
+  state.counters["V_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::value);
+  state.counters["capacity_x"] = 4.0 * c.head_dim / per_token;
+}
+BENCHMARK(BM_KvBytes)->ArgNames({"d", "m"})->Args({64, 0})->Args({64, 4})->Args({128, 0})->Args({128, 4});
 
 // A sequential read of `bytes` (64-bit integer sums, which the compiler vectorizes): the read
 // bandwidth the attention kernels are held against, from cache-resident to DRAM-sized sets (1 GiB

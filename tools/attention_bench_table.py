@@ -3,7 +3,7 @@
 command): median CPU time per variant side by side, the ratios certified-int8/fp16 and meter
 on/off, achieved GB/s against the measured read bandwidth, bytes per token and capacity.
 
-    python3 tools/attention_bench_table.py attention.json
+    python3 tools/attention_bench_table.py attention.json [kv_bytes.json]
 """
 import json
 import re
@@ -11,11 +11,17 @@ import sys
 
 NAME = re.compile(r"BM_DecodeAttention/variant:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)/cold:(\d+)")
 STREAM = re.compile(r"BM_StreamRead/bytes:(\d+)")
+KVBYTES = re.compile(r"BM_KvBytes/d:(\d+)/m:(\d+)")
 
 
-def main(path):
-    runs = json.load(open(path))["benchmarks"]
+def main(paths):
+    runs = [r for path in paths for r in json.load(open(path))["benchmarks"]]
     medians = [r for r in runs if r.get("aggregate_name") == "median"]
+    kv_bytes = {}
+    for r in runs:
+        m = KVBYTES.match(r["run_name"])
+        if m:
+            kv_bytes[tuple(map(int, m.groups()))] = r
     cells, labels, counters, stream, rotation = {}, {}, {}, {}, {}
     for r in medians:
         m = NAME.match(r["run_name"])
@@ -25,7 +31,8 @@ def main(path):
             labels[v] = r.get("label", str(v))
             counters[(d, v)] = (r["B/tok/head"], r["capacity_x"])
             if cold:
-                rotation[(S, d)] = (int(r["streams"]), r["rotation_x_L3"])
+                n, x, lo, hi = rotation.get((S, d), (0, 0.0, float("inf"), 0.0))
+                rotation[(S, d)] = (int(r["streams"]), x, min(lo, r["rotation_x_L3"]), max(hi, r["rotation_x_L3"]))
             continue
         m = STREAM.match(r["run_name"])
         if m:
@@ -43,8 +50,9 @@ def main(path):
         return r["GB/s"] if r else float("nan")
 
     if rotation:
-        print("Cold rotations: " + ", ".join(f"S={S} d={d}: {n} streams ({x:.1f}x L3 of the last format's bytes)"
-                                            for (S, d), (n, x) in sorted(rotation.items())) + "\n")
+        print("Cold rotations (bytes one rotation reads, in multiples of the L3 size, from the smallest format to "
+              "fp16): " + ", ".join(f"S={S} d={d}: {n} streams, {lo:.1f}–{hi:.1f}× L3"
+                                    for (S, d), (n, x, lo, hi) in sorted(rotation.items())) + "\n")
 
     variants = [labels[v] for v in sorted(labels)]
 
@@ -102,5 +110,14 @@ def main(path):
         print(f"| {f} | " + " | ".join(row) + " |")
 
 
+    if kv_bytes:
+        print("\ndither-int8 by outlier pairs m (BM_KvBytes; K + V, measured from the allocations):\n")
+        print("| d | m | K B/tok/head | V B/tok/head | K + V B/tok/head | capacity × fp16 |")
+        print("|---|---|---|---|---|---|")
+        for (d, m), r in sorted(kv_bytes.items()):
+            print(f"| {d} | {m} | {r['K_B/tok/head']:.2f} | {r['V_B/tok/head']:.2f} | {r['B/tok/head']:.2f} | "
+                  f"{r['capacity_x']:.3f} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
