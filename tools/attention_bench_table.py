@@ -41,6 +41,9 @@ def main(paths):
     keys = sorted({k[:4] for k in cells})
     residency = {0: "hot", 1: "cold"}
 
+    def f(x, spec):
+        return "–" if x != x else format(x, spec)  # – : not run
+
     def t(k, name):
         r = cells.get(k + (by.get(name, -1),))
         return r["cpu_time"] if r else float("nan")
@@ -66,7 +69,7 @@ def main(paths):
     print(head + " | ".join(variants) + " |")
     print(rule + "---|" * len(variants))
     for k in keys:
-        print(row(k) + " | ".join(f"{t(k, n):.0f}" for n in variants) + " |")
+        print(row(k) + " | ".join(f(t(k, n), ".0f") for n in variants) + " |")
 
     print("\nRatios of medians (< 1: the first is faster):\n")
     ratios = [
@@ -83,13 +86,13 @@ def main(paths):
     print(head + " | ".join(r[0] for r in ratios) + " |")
     print(rule + "---|" * len(ratios))
     for k in keys:
-        print(row(k) + " | ".join(f"{t(k, a) / t(k, b):.3f}" for _, a, b in ratios) + " |")
+        print(row(k) + " | ".join(f(t(k, a) / t(k, b), ".3f") for _, a, b in ratios) + " |")
 
     print("\nAchieved GB/s of cache bytes read (K + V, from the KvStore allocations):\n")
     print(head + " | ".join(variants) + " |")
     print(rule + "---|" * len(variants))
     for k in keys:
-        print(row(k) + " | ".join(f"{gbs(k, n):.2f}" for n in variants) + " |")
+        print(row(k) + " | ".join(f(gbs(k, n), ".2f") for n in variants) + " |")
     if stream:
         print("\nMeasured read bandwidth (BM_StreamRead, one thread): " +
               ", ".join(f"{b >> 20} MiB: {g:.1f} GB/s" for b, g in sorted(stream.items())))
