@@ -1,21 +1,35 @@
 // Decode attention of one KV head's GQA group over S cached tokens (one thread), per cache format:
 // fp16 through the exact path (exact_attention_group, what CertifiedKvCache runs; its scalar
-// oracle exact_attention) and through the fast kernel, rtn-int8, q8_0 (Tier A) and dither-int8 with per-slot and
-// shared-page dither (Tier B), each with the meter on and off (attend_range_fast's switch). Counters: GB/s of cache bytes read (K + V as measured from the KvStore allocations:
+// oracle exact_attention) and through the fast kernel, rtn-int8, q8_0 (Tier A) and dither-int8 with
+// per-slot and shared-page dither (Tier B), each with the meter on and off (attend_range_fast's
+// switch). Counters: GB/s of cache bytes read (K + V as measured from the KvStore allocations:
 // payload and meter metadata), B/tok/head (K + V) and the KV capacity at equal memory relative to
-// fp16. BM_StreamRead measures the machine's read bandwidth at working sets around the caches'.
+// fp16. BM_StreamRead measures the machine's read bandwidth from cache-resident to DRAM-sized sets.
+//
+// Two residencies (the `cold` argument):
+//   cold:0  hot: every iteration attends over the same (layer, KV head), whose K and V stay in the
+//           last-level cache between iterations (compute-bound).
+//   cold:1  cold, as a real decode step: the store holds `streams` independent (layer, KV head)
+//           caches and iteration i attends over stream i mod streams, so a stream is read once per
+//           rotation. The rotation is sized so that even the int8 formats' bytes exceed
+//           kColdL3Multiple × the L3 size (the fp16 tier is about twice that): nothing read by one
+//           iteration is still cached when the rotation comes back to it.
 //
 //   cmake --build build --target witcert_bench &&
 //   build/witcert_bench --benchmark_filter='Attention|StreamRead' --benchmark_repetitions=5
 //     --benchmark_report_aggregates_only=true --benchmark_out=attention.json --benchmark_out_format=json &&
-//   python3 tools/attention_bench_table.py attention.json
+//   build/witcert_bench --benchmark_filter=KvBytes --benchmark_out=kv_bytes.json --benchmark_out_format=json &&
+//   python3 tools/attention_bench_table.py attention.json kv_bytes.json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -57,17 +71,41 @@ constexpr Variant kVariants[] = {
     {"dither-int8/shared", cache::kDitherInt8, cache::DitherMode::shared_page, true, Path::fast},
 };
 
-// The store of the last benchmark (one at a time keeps the resident set to one cache), filled
-// with keys that have a few massive RoPE-pair channels, as real models have.
-cache::KvStore& store_for(const Variant& v, int d, std::int64_t S) {
+constexpr double kColdL3Multiple = 3.0;
+
+// The L3 size the benchmark library reports (the largest level-3 cache), 32 MiB if it reports none.
+double l3_bytes() {
+  double l3 = 0.0;
+  for (const auto& c : benchmark::CPUInfo::Get().caches)
+    if (c.level == 3) l3 = std::max(l3, static_cast<double>(c.size));
+  return l3 > 0.0 ? l3 : 32.0 * (1 << 20);
+}
+
+// (layer, KV head) streams of a cold store: the int8 codes and scales of K and V (2·d + d/8 bytes
+// a token, at most the bytes of any int8 format) times `streams` exceed kColdL3Multiple × L3,
+// capped so that the store's exact fp16 tier (4·d bytes a token, its largest part) stays within
+// 3 GiB.
+std::int64_t cold_streams(int d, std::int64_t S) {
+  const double per_stream_int8 = (2.0 * d + d / 8.0) * static_cast<double>(S);
+  const double cap = 3.0 * (1ull << 30) / (4.0 * d * static_cast<double>(S));
+  return std::max<std::int64_t>(
+      2, static_cast<std::int64_t>(std::min(std::ceil(kColdL3Multiple * l3_bytes() / per_stream_int8), cap)));
+}
+
+// The store of the last benchmark (one at a time keeps the resident set to one store), filled
+// with keys that have a few massive RoPE-pair channels, as real models have. `streams` layers of
+// one KV head; stream l holds the same token rows as stream 0 rotated by 97·l positions (its own
+// bytes: the dither and the pages differ).
+cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t streams) {
   static std::unique_ptr<cache::KvStore> store;
   static std::string key;
   const std::string want = std::string(v.format) + "/" + std::to_string(static_cast<int>(v.dither)) + "/" +
-                           std::to_string(d) + "/" + std::to_string(S);
+                           std::to_string(d) + "/" + std::to_string(S) + "/" + std::to_string(streams);
   if (key == want) return *store;
   store.reset();
+  key.clear();
   cache::CacheConfig c;
-  c.layers = 1;
+  c.layers = static_cast<int>(streams);
   c.kv_heads = 1;
   c.head_dim = d;
   c.capacity = S;
@@ -76,23 +114,28 @@ cache::KvStore& store_for(const Variant& v, int d, std::int64_t S) {
   store = std::make_unique<cache::KvStore>(c);
   std::mt19937_64 rng(1);
   std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> gain(d), k(d), val(d);
+  std::vector<float> gain(d), k(static_cast<std::size_t>(S) * d), val(k.size());
   for (float& x : gain) x = std::exp(0.8f * g(rng));
   gain[6] = gain[7] = 12.0f;
-  for (std::int64_t p = 0; p < S; ++p) {
-    for (int i = 0; i < d; ++i) k[i] = gain[i] * g(rng), val[i] = g(rng);
-    store->write(0, 0, p, k.data(), val.data());
-  }
+  for (std::int64_t p = 0; p < S; ++p)
+    for (int i = 0; i < d; ++i) k[p * d + i] = gain[i] * g(rng), val[p * d + i] = g(rng);
+  for (std::int64_t l = 0; l < streams; ++l)
+    for (std::int64_t p = 0; p < S; ++p) {
+      const std::int64_t row = (p + 97 * l) % S;
+      store->write(static_cast<int>(l), 0, p, &k[row * d], &val[row * d]);
+    }
   key = want;
   return *store;
 }
 
-// Args: variant, S, head dim, GQA group.
+// Args: variant, S, head dim, GQA group, cold (0: one stream, cache-resident; 1: a rotation of
+// cold_streams(d, S) streams).
 void BM_DecodeAttention(benchmark::State& state) {
   const Variant& v = kVariants[state.range(0)];
   const std::int64_t S = state.range(1);
   const int d = static_cast<int>(state.range(2)), group = static_cast<int>(state.range(3));
-  cache::KvStore& store = store_for(v, d, S);
+  const std::int64_t streams = state.range(4) ? cold_streams(d, S) : 1;
+  cache::KvStore& store = store_for(v, d, S, streams);
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> q(static_cast<std::size_t>(group) * d), out(q.size());
@@ -100,8 +143,12 @@ void BM_DecodeAttention(benchmark::State& state) {
   // δ_loc of SmolLM2-135M (30 layers, 9 query heads) at the default budget.
   const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), S, cert::delta_loc(1e-2, 30, 9, 256)};
   std::vector<HeadPartial> partials;
+  // The rotation goes on across runs and repetitions: a run starts where the last one stopped.
+  static std::int64_t next = 0;
+  next %= streams;
   for (auto _ : state) {
-    cache::KvStore::Reader reader(store, 0, 0);
+    cache::KvStore::Reader reader(store, static_cast<int>(next), 0);
+    next = next + 1 == streams ? 0 : next + 1;
     if (v.path == Path::exact_group) {
       std::vector<const f16*> keys(S), values(S);
       for (std::int64_t t = 0; t < S; ++t) keys[t] = reader.exact_key_row(t), values[t] = reader.exact_value_row(t);
@@ -124,20 +171,51 @@ void BM_DecodeAttention(benchmark::State& state) {
       benchmark::Counter(per_token * static_cast<double>(S) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["B/tok/head"] = per_token;
   state.counters["capacity_x"] = 4.0 * d / per_token;
+  state.counters["streams"] = static_cast<double>(streams);
+  // The bytes one rotation reads, in multiples of the L3 size.
+  state.counters["rotation_x_L3"] = per_token * static_cast<double>(S) * static_cast<double>(streams) / l3_bytes();
   state.SetLabel(v.name);
 }
 
 void attention_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"variant", "S", "d", "group"});
+  b->ArgNames({"variant", "S", "d", "group", "cold"});
   for (std::int64_t S : {4096, 32768})
     for (std::int64_t d : {64, 128})
       for (std::int64_t v = 0; v < static_cast<std::int64_t>(std::size(kVariants)); ++v)
-        for (std::int64_t group : {3, 7}) b->Args({v, S, d, group});
+        for (std::int64_t group : {3, 7}) b->Args({v, S, d, group, 0});
+  // Cold at S = 32768, the target size (each cold store writes about 3·L3 of int8), for
+  // every variant but the scalar oracle and the per-slot dither (the same bytes as shared).
+  for (std::int64_t d : {64, 128})
+    for (std::int64_t v = 0; v < static_cast<std::int64_t>(std::size(kVariants)); ++v)
+      if (kVariants[v].path != Path::exact_scalar &&
+          !(kVariants[v].format == std::string_view(cache::kDitherInt8) && kVariants[v].dither == cache::DitherMode::per_slot))
+        for (std::int64_t group : {3, 7}) b->Args({v, 32768, d, group, 1});
 }
 BENCHMARK(BM_DecodeAttention)->Apply(attention_args)->Unit(benchmark::kMicrosecond);
 
+// Measured bytes per token per KV head (K + V, from the KvStore allocations, the outlier mask
+// amortized over S = 32768) and the capacity at equal memory relative to fp16, for dither-int8
+// with m outlier pairs (m = 0: no bypass). Args: head dim, m. Times nothing.
+void BM_KvBytes(benchmark::State& state) {
+  cache::CacheConfig c;
+  c.layers = c.kv_heads = 1;
+  c.head_dim = static_cast<int>(state.range(0));
+  c.capacity = 32768;
+  c.k_format = c.v_format = cache::kDitherInt8;
+  c.outlier_pairs = static_cast<int>(state.range(1));
+  const cache::KvStore store(c);
+  for (auto _ : state) benchmark::DoNotOptimize(store.compressed_bytes());
+  const double per_token = store.bytes_per_token_head(quant::KvSide::key) + store.bytes_per_token_head(quant::KvSide::value);
+  state.counters["B/tok/head"] = per_token;
+  state.counters["K_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::key);
+  state.counters["V_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::value);
+  state.counters["capacity_x"] = 4.0 * c.head_dim / per_token;
+}
+BENCHMARK(BM_KvBytes)->ArgNames({"d", "m"})->Args({64, 0})->Args({64, 4})->Args({128, 0})->Args({128, 4});
+
 // A sequential read of `bytes` (64-bit integer sums, which the compiler vectorizes): the read
-// bandwidth the attention kernels are held against, from cache-resident to DRAM-sized sets.
+// bandwidth the attention kernels are held against, from cache-resident to DRAM-sized sets (1 GiB
+// is 4× the L3 of the machines of docs/BENCHMARKS.md).
 void BM_StreamRead(benchmark::State& state) {
   std::vector<std::uint64_t> a(static_cast<std::size_t>(state.range(0)) / sizeof(std::uint64_t), 1);
   for (auto _ : state) {
@@ -148,7 +226,7 @@ void BM_StreamRead(benchmark::State& state) {
   state.counters["GB/s"] =
       benchmark::Counter(static_cast<double>(state.range(0)) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_StreamRead)->ArgName("bytes")->Arg(4 << 20)->Arg(16 << 20)->Arg(256 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StreamRead)->ArgName("bytes")->Arg(4 << 20)->Arg(16 << 20)->Arg(256 << 20)->Arg(1 << 30)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace witcert::attn

@@ -3,48 +3,73 @@
 command): median CPU time per variant side by side, the ratios certified-int8/fp16 and meter
 on/off, achieved GB/s against the measured read bandwidth, bytes per token and capacity.
 
-    python3 tools/attention_bench_table.py attention.json
+    python3 tools/attention_bench_table.py attention.json [kv_bytes.json]
 """
 import json
 import re
 import sys
 
-NAME = re.compile(r"BM_DecodeAttention/variant:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)")
+NAME = re.compile(r"BM_DecodeAttention/variant:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)/cold:(\d+)")
 STREAM = re.compile(r"BM_StreamRead/bytes:(\d+)")
+KVBYTES = re.compile(r"BM_KvBytes/d:(\d+)/m:(\d+)")
 
 
-def main(path):
-    runs = json.load(open(path))["benchmarks"]
+def main(paths):
+    runs = [r for path in paths for r in json.load(open(path))["benchmarks"]]
     medians = [r for r in runs if r.get("aggregate_name") == "median"]
-    cells, labels, counters, stream = {}, {}, {}, {}
+    kv_bytes = {}
+    for r in runs:
+        m = KVBYTES.match(r["run_name"])
+        if m:
+            kv_bytes[tuple(map(int, m.groups()))] = r
+    cells, labels, counters, stream, rotation = {}, {}, {}, {}, {}
     for r in medians:
         m = NAME.match(r["run_name"])
         if m:
-            v, S, d, g = map(int, m.groups())
-            cells[(S, d, g, v)] = r
+            v, S, d, g, cold = map(int, m.groups())
+            cells[(cold, S, d, g, v)] = r
             labels[v] = r.get("label", str(v))
             counters[(d, v)] = (r["B/tok/head"], r["capacity_x"])
+            if cold:
+                n, x, lo, hi = rotation.get((S, d), (0, 0.0, float("inf"), 0.0))
+                rotation[(S, d)] = (int(r["streams"]), x, min(lo, r["rotation_x_L3"]), max(hi, r["rotation_x_L3"]))
             continue
         m = STREAM.match(r["run_name"])
         if m:
             stream[int(m.group(1))] = r["GB/s"]
     by = {name: v for v, name in labels.items()}
-    keys = sorted({k[:3] for k in cells})
+    keys = sorted({k[:4] for k in cells})
+    residency = {0: "hot", 1: "cold"}
+
+    def f(x, spec):
+        return "–" if x != x else format(x, spec)  # – : not run
 
     def t(k, name):
-        r = cells.get(k + (by[name],))
+        r = cells.get(k + (by.get(name, -1),))
         return r["cpu_time"] if r else float("nan")
 
     def gbs(k, name):
-        r = cells.get(k + (by[name],))
+        r = cells.get(k + (by.get(name, -1),))
         return r["GB/s"] if r else float("nan")
 
+    if rotation:
+        print("Cold rotations (bytes one rotation reads, in multiples of the L3 size, from the smallest format to "
+              "fp16): " + ", ".join(f"S={S} d={d}: {n} streams, {lo:.1f}–{hi:.1f}× L3"
+                                    for (S, d), (n, x, lo, hi) in sorted(rotation.items())) + "\n")
+
     variants = [labels[v] for v in sorted(labels)]
-    print("Median CPU time per call (µs), one KV head's GQA group, one thread:\n")
-    print("| S | d | group | " + " | ".join(variants) + " |")
-    print("|---|---|---|" + "---|" * len(variants))
+
+    def row(k):
+        return f"| {residency[k[0]]} | {k[1]} | {k[2]} | {k[3]} | "
+
+    head = "| cache | S | d | group | "
+    rule = "|---|---|---|---|"
+    print("Median CPU time per call (µs), one KV head's GQA group, one thread (hot: one stream in the L3; "
+          "cold: a rotation of streams over several times the L3, as a decode step reads them):\n")
+    print(head + " | ".join(variants) + " |")
+    print(rule + "---|" * len(variants))
     for k in keys:
-        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{t(k, n):.0f}" for n in variants) + " |")
+        print(row(k) + " | ".join(f(t(k, n), ".0f") for n in variants) + " |")
 
     print("\nRatios of medians (< 1: the first is faster):\n")
     ratios = [
@@ -58,16 +83,16 @@ def main(path):
         ("dither-int8/shared ÷ rtn-int8 meter off", "dither-int8/shared", "rtn-int8/meter-off"),
         ("per-slot ÷ shared dither (meter on)", "dither-int8/per-slot", "dither-int8/shared"),
     ]
-    print("| S | d | group | " + " | ".join(r[0] for r in ratios) + " |")
-    print("|---|---|---|" + "---|" * len(ratios))
+    print(head + " | ".join(r[0] for r in ratios) + " |")
+    print(rule + "---|" * len(ratios))
     for k in keys:
-        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{t(k, a) / t(k, b):.3f}" for _, a, b in ratios) + " |")
+        print(row(k) + " | ".join(f(t(k, a) / t(k, b), ".3f") for _, a, b in ratios) + " |")
 
     print("\nAchieved GB/s of cache bytes read (K + V, from the KvStore allocations):\n")
-    print("| S | d | group | " + " | ".join(variants) + " |")
-    print("|---|---|---|" + "---|" * len(variants))
+    print(head + " | ".join(variants) + " |")
+    print(rule + "---|" * len(variants))
     for k in keys:
-        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{gbs(k, n):.2f}" for n in variants) + " |")
+        print(row(k) + " | ".join(f(gbs(k, n), ".2f") for n in variants) + " |")
     if stream:
         print("\nMeasured read bandwidth (BM_StreamRead, one thread): " +
               ", ".join(f"{b >> 20} MiB: {g:.1f} GB/s" for b, g in sorted(stream.items())))
@@ -88,5 +113,14 @@ def main(path):
         print(f"| {f} | " + " | ".join(row) + " |")
 
 
+    if kv_bytes:
+        print("\ndither-int8 by outlier pairs m (BM_KvBytes; K + V, measured from the allocations):\n")
+        print("| d | m | K B/tok/head | V B/tok/head | K + V B/tok/head | capacity × fp16 |")
+        print("|---|---|---|---|---|---|")
+        for (d, m), r in sorted(kv_bytes.items()):
+            print(f"| {d} | {m} | {r['K_B/tok/head']:.2f} | {r['V_B/tok/head']:.2f} | {r['B/tok/head']:.2f} | "
+                  f"{r['capacity_x']:.3f} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

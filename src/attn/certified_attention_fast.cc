@@ -59,14 +59,15 @@ constexpr int kTile = 16;  // positions per tile (at most one page)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Lane i of the result is the sum of the lanes of v[i] (kN vectors; pairwise sums of adjacent
-// lanes, which keep the vectors' order).
-HWY_INLINE VD TransposeSum(VD* v) {
+// Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
+// adjacent lanes, which keep the vectors' order).
+template <class D = DD>
+HWY_INLINE hn::Vec<D> TransposeSum(hn::Vec<D>* v) {
 #if HWY_TARGET != HWY_SCALAR
-  const DD dd;
-  for (std::size_t width = kN; width > 1; width /= 2)
+  const D d;
+  for (std::size_t width = hn::MaxLanes(d); width > 1; width /= 2)
     for (std::size_t i = 0; i < width / 2; ++i)
-      v[i] = hn::Add(hn::ConcatEven(dd, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(dd, v[2 * i + 1], v[2 * i]));
+      v[i] = hn::Add(hn::ConcatEven(d, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(d, v[2 * i + 1], v[2 * i]));
 #endif
   return v[0];
 }
@@ -228,7 +229,12 @@ class FastAttention {
     krows_.assign(kTile * dp_, 0.0);
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
-    if (v_kind_ == cache::FormatKind::dither_int8) v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
+    if (v_kind_ == cache::FormatKind::dither_int8) {
+      v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
+      v_s_t_.assign(v_scales_.size() + kN, 0.0);
+      code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
+      code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
+    }
     mu_.assign(kTile, 0.0);
     x_out_.assign(kTile, 0.0);
     rho_.assign(kTile, 0.0);
@@ -418,30 +424,60 @@ class FastAttention {
         rho_[i] = fp16_to_float(page.v.meta[row0 + i]);
       }
     } else {
-      const DF df;
-      const hn::Rebind<std::int8_t, DF> di8;
-      const hn::Rebind<std::int32_t, DF> di32;
-      F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
-      for (int i = 0; i < n; ++i) {
-        const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
-        double sum = 0.0;
-        for (int g = 0; g < G_; ++g) {
-          const float s = static_cast<float>(v_scales_[i * G_ + g]);
-          // v̂ = s·code is exact in float (11 × 8 bits).
-          for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF))
-            hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c))), hn::Set(df, s)), df,
-                       &vrows_[i * dp_ + c]);
-          // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
-          const double half = static_cast<double>(s) * (0.5 + 0x1p-17);
-          sum += kGroup * half * half;
-        }
-        rho_[i] = sum;
-      }
-      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-        hn::StoreU(hn::Mul(hn::Sqrt(hn::LoadU(dd, &rho_[j0])), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
+      DitherValues(page, row0, n);
+      return;
     }
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::Sqrt(SquaredNorms(&vrows_[j0 * dp_], dp_, dp_)), dd, &vnorm_[j0]);
+  }
+
+  // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with
+  // C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24 and so exact in float in any order: the codes'
+  // squares are summed in float lanes (one vector per token and group, reduced kNF tokens at a time)
+  // instead of the rows' squares in double. ρ_t and ‖v̂_t‖ come out in token lanes.
+  void DitherValues(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
+    const DD dd;
+    const DF df;
+    const hn::Rebind<std::int8_t, DF> di8;
+    const hn::Rebind<std::int32_t, DF> di32;
+    F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
+    for (int i = 0; i < n; ++i) {
+      const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
+      for (int g = 0; g < G_; ++g) {
+        const VF s = hn::Set(df, static_cast<float>(v_scales_[i * G_ + g]));
+        VF sq = hn::Zero(df);
+        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
+          const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
+          hn::StoreU(hn::Mul(code, s), df, &vrows_[i * dp_ + c]);
+          sq = hn::MulAdd(code, code, sq);
+        }
+        hn::StoreU(sq, df, &code_sq_[(g * kTile + i) * kNF]);
+        v_s_t_[g * kTile + i] = v_scales_[i * G_ + g];
+      }
+    }
+    // Lanes past the tile's end read scale 0: finite ρ_t and ‖v̂_t‖ there, whatever a past tile held.
+    for (int g = 0; g < G_; ++g)
+      for (int i = n; i < static_cast<int>(hwy::RoundUpTo(static_cast<std::size_t>(n), kN)); ++i) v_s_t_[g * kTile + i] = 0.0;
+    for (int g = 0; g < G_; ++g)
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+        VF rows[kNF];
+        for (std::size_t j = 0; j < kNF; ++j)
+          rows[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, &code_sq_[(g * kTile + j0 + j) * kNF]) : hn::Zero(df);
+        hn::StoreU(TransposeSum<DF>(rows), df, &code_sum_[g * kTile + j0]);
+      }
+    // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
+    const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      VD rho2 = hn::Zero(dd), norm2 = hn::Zero(dd);
+      for (int g = 0; g < G_; ++g) {
+        const VD s = hn::LoadU(dd, &v_s_t_[g * kTile + j0]);
+        const VD h = hn::Mul(s, half);
+        rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
+        norm2 = hn::MulAdd(hn::Mul(s, s), hn::PromoteTo(dd, hn::LoadU(DFH(), &code_sum_[g * kTile + j0])), norm2);
+      }
+      hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
+      hn::StoreU(hn::Sqrt(norm2), dd, &vnorm_[j0]);
+    }
   }
 
   // --- Softmax, output and meter statistics of one query head over the tile.
@@ -731,6 +767,9 @@ class FastAttention {
   std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
   std::vector<double> v_scales_;    // [t][g] the tile's value scales (dither-int8)
+  std::vector<double> v_s_t_;       // [g][t] the same
+  std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
+  std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}

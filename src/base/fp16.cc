@@ -1,22 +1,24 @@
 #include "base/fp16.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace witcert {
 
 double fp16_to_double(f16 h) {
-  const bool negative = (h & 0x8000) != 0;
+  const std::uint64_t sign = static_cast<std::uint64_t>(h & 0x8000) << 48;
   const int exponent = (h >> 10) & 0x1F;
-  const int mantissa = h & 0x3FF;
-  double magnitude;
+  const std::uint64_t mantissa = h & 0x3FF;
+  if (exponent == 31) return mantissa == 0 ? (sign ? -INFINITY : INFINITY) : (sign ? -NAN : NAN);
+  double v;
   if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<double>(mantissa), -24);  // subnormal or zero
-  } else if (exponent == 31) {
-    magnitude = mantissa == 0 ? INFINITY : NAN;
-  } else {
-    magnitude = std::ldexp(static_cast<double>(mantissa | 0x400), exponent - 25);
+    v = static_cast<double>(mantissa) * 0x1p-24;  // subnormal or zero, exact
+    return sign ? -v : v;
   }
-  return negative ? -magnitude : magnitude;
+  // Normal: the same significand bits under the double's exponent bias.
+  const std::uint64_t bits = sign | (static_cast<std::uint64_t>(exponent - 15 + 1023) << 52) | (mantissa << 42);
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
 }
 
 f16 fp16_next_up(f16 h) {
@@ -57,10 +59,21 @@ f16 nearest(double v) {
 
 }  // namespace
 
-f16 fp16_from_double(double v, Round mode) {
+f16 fp16_from_double_reference(double v, Round mode) {
   if (std::isnan(v)) return 0x7E00;
   f16 h = nearest(v);
   if (mode == Round::up && fp16_to_double(h) < v) h = fp16_next_up(h);
+  return h;
+}
+
+f16 fp16_from_double(double v, Round mode) {
+  if (std::isnan(v)) return 0x7E00;
+  // A double that is a float (every value a cache writes) takes the bit-manipulation path, which
+  // rounds the same value the same way; fp16_to_float is exact.
+  const float f = static_cast<float>(v);
+  if (static_cast<double>(f) != v) return fp16_from_double_reference(v, mode);
+  f16 h = fp16_from_float(f);
+  if (mode == Round::up && static_cast<double>(fp16_to_float(h)) < v) h = fp16_next_up(h);
   return h;
 }
 

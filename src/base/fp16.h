@@ -56,6 +56,9 @@ inline f16 fp16_from_float(float value) {
 // v rounded to fp16 in the given direction. Round::up returns the least fp16 value >= v
 // (+inf when v exceeds the largest finite fp16, 65504). NaN maps to a quiet NaN.
 f16 fp16_from_double(double v, Round mode = Round::nearest_even);
+// The same conversion written out in double arithmetic for every input (fp16_from_double takes
+// fp16_from_float for doubles that are floats): the tests' oracle.
+f16 fp16_from_double_reference(double v, Round mode = Round::nearest_even);
 
 // The next fp16 value towards +inf (identity on +inf and NaN).
 f16 fp16_next_up(f16 h);

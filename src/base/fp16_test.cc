@@ -51,6 +51,8 @@ TEST(Fp16, EveryValueRoundTrips) {
     if (std::isnan(v)) continue;
     ASSERT_EQ(fp16_from_double(v), h) << std::hex << h;
     ASSERT_EQ(fp16_from_double(v, Round::up), h) << std::hex << h;
+    ASSERT_EQ(fp16_from_double_reference(v), h) << std::hex << h;
+    ASSERT_EQ(fp16_from_double_reference(v, Round::up), h) << std::hex << h;
   }
 }
 
@@ -75,7 +77,9 @@ TEST(Fp16, FastFloatPathsMatchTheReference) {
     if (i % 8 == 1) b = (b & 0xFFFF'E000u) | 0x1000u;  // exact ties between two fp16 values
     float f;
     std::memcpy(&f, &b, 4);
-    const f16 want = fp16_from_double(static_cast<double>(f));
+    const f16 want = fp16_from_double_reference(static_cast<double>(f));
+    ASSERT_EQ(fp16_from_double(static_cast<double>(f)), want) << f;
+    ASSERT_EQ(fp16_from_double(static_cast<double>(f), Round::up), fp16_from_double_reference(f, Round::up)) << f;
     if (std::isnan(f)) {
       ASSERT_TRUE(std::isnan(fp16_to_double(fp16_from_float(f))));
       continue;
@@ -101,7 +105,9 @@ TEST(Fp16, RoundUpIsTheLeastUpperFp16) {
     ASSERT_LT(fp16_to_double(below), v) << v;
     // Nearest is within half a spacing: |r − v| ≤ |r' − v| for both neighbours r'.
     if (std::fabs(v) >= 65520.0) continue;  // overflows to ±inf under round-to-nearest
+    ASSERT_EQ(up, fp16_from_double_reference(v, Round::up)) << v;
     const f16 n = fp16_from_double(v);
+    ASSERT_EQ(n, fp16_from_double_reference(v)) << v;
     const double r = fp16_to_double(n);
     ASSERT_LE(std::fabs(r - v), std::fabs(fp16_to_double(fp16_next_up(n)) - v));
   }
