@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -254,6 +255,30 @@ TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
     ++n;
   }
   EXPECT_EQ(n, j["runs"][0]["meter"]["cells"].get<std::int64_t>());
+}
+
+// The main job on a short haystack: every run of the table, certified gating serving every cell
+// within its τ, and the certified cache paging in less than the damaging one.
+TEST(CliEngine, DemoPrintsItsTableAndGatesWithinTau) {
+  const std::string dir = scratch("demo");
+  const Result r = run("demo --model " + kModel + " --tokens 200 --report " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("fp16 answer: "), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(dir + "/report.json"));
+  EXPECT_NE(j["fp16_text"].get<std::string>().find("orange-falcon-17"), std::string::npos) << j["fp16_text"];
+  ASSERT_EQ(j["runs"].size(), 6u);
+  std::map<std::string, nlohmann::json> runs;
+  for (const auto& run : j["runs"]) {
+    EXPECT_TRUE(run.contains("answer_correct"));
+    EXPECT_NE(r.out.find(run["label"].get<std::string>()), std::string::npos) << "missing from the table";
+    runs[run["label"]] = run;
+  }
+  EXPECT_EQ(runs["fp8-e4m3 gated"]["meter"]["coverage"].get<double>(), 1.0);   // τ = 0.2
+  EXPECT_EQ(runs["dither-int8 gated"]["meter"]["coverage"].get<double>(), 1.0);
+  EXPECT_EQ(runs["q4_0 raw"]["page_in_bytes"].get<std::int64_t>(), 0);
+  EXPECT_GT(runs["q4_0 gated"]["page_in_bytes"].get<std::int64_t>(), 0);
+  EXPECT_LT(runs["dither-int8 gated"]["page_in_bytes"].get<std::int64_t>(),
+            runs["q4_0 gated"]["page_in_bytes"].get<std::int64_t>());
 }
 
 // The exact tier in a memory-mapped file serves the same repairs as in RAM.

@@ -72,6 +72,16 @@ void check_request(const model::LlamaConfig& cfg, std::int64_t len, int n) {
                             " new tokens that exceeds the model's context of " + std::to_string(cfg.context));
 }
 
+// Whether text contains answer, ignoring case.
+bool contains_answer(std::string text, std::string answer) {
+  const auto lower = [](std::string& s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  };
+  lower(text);
+  lower(answer);
+  return text.find(answer) != std::string::npos;
+}
+
 std::string join_text(const Engine& e, const std::vector<std::int32_t>& t) { return e.tokenizer->decode(t); }
 
 std::string fmt_bytes(double b) {
@@ -196,9 +206,7 @@ void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const s
                      "cov@0.2", "cov pre", "KL/tok", "top-1", "top-5", "answer", "page-in", "KV B/tok", "time");
   for (const RunOutcome& r : runs) {
     const bool has_meter = r.meter.cells > 0;
-    std::string lower = r.text;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
-    const std::string correct = answer.empty() ? "-" : (lower.find(answer) != std::string::npos ? "yes" : "NO");
+    const std::string correct = answer.empty() ? "-" : (contains_answer(r.text, answer) ? "yes" : "NO");
     out << fmt::format("{:<26} {:<28} {:>8} {:>8} {:>9.4f} {:>6.2f} {:>6.2f} {:>8} {:>10} {:>9.0f} {:>6.1f}s\n",
                        r.config.label, r.meter.cells > 0 ? gate_label(r.config.gate) : "-",
                        has_meter ? fmt::format("{:.3f}", r.meter.coverage) : "-",
@@ -208,7 +216,7 @@ void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const s
 }
 
 void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
-                  const std::vector<RunOutcome>& runs) {
+                  const std::vector<RunOutcome>& runs, const std::string& answer) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   nlohmann::json j;
@@ -229,6 +237,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
+    if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
     const std::string n = std::to_string(j["runs"].size());
     std::ofstream(fs::path(dir) / ("heatmap-" + n + ".svg")) << r.heatmap_svg;
@@ -238,7 +247,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
   std::ofstream(fs::path(dir) / "report.json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   std::ofstream md(fs::path(dir) / "report.md");
   md << "# WitCert run report\n\n## Table\n\n```\n";
-  print_table(md, runs);
+  print_table(md, runs, answer);
   md << "```\n\ncov@0.2: fraction of (layer, query head, decode step) cells whose served meter is ≤ 0.2; cov pre: "
         "the same on the step's meter before its own repair (pages repaired at earlier steps stay exact). KL/tok: mean KL(p_fp16 ‖ p_run) over the generated positions, fp16 teacher-forced "
         "on the run's tokens.\n\n## fp16 text\n\n"

@@ -69,9 +69,10 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
 // A progress bar on stderr for one run's prefill.
 Progress progress_bar(std::ostream& err, const std::string& label);
 
-// Writes report.json, report.md and heatmap-<label>.svg into dir (created if missing).
+// Writes report.json, report.md, heatmap-<i>.svg and meter-<i>.jsonl into dir (created if
+// missing); with an expected answer, the table says whether each run's text contains it.
 void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
-                  const std::vector<RunOutcome>& runs);
+                  const std::vector<RunOutcome>& runs, const std::string& answer = "");
 
 // A table of runs, one line each.
 void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const std::string& answer = "");
