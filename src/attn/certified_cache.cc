@@ -43,6 +43,11 @@ void CertifiedKvCache::clear() {
   cells_.clear();
 }
 
+AttendConcurrency CertifiedKvCache::attend_concurrency() const {
+  if (opts_.gate.tau == 0.0) return AttendConcurrency::any;
+  return opts_.gate.granularity == Granularity::request ? AttendConcurrency::serial : AttendConcurrency::per_head;
+}
+
 std::vector<MeterCell> CertifiedKvCache::cells() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cells_;

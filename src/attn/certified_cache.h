@@ -73,6 +73,9 @@ class CertifiedKvCache final : public KvCache {
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
                      std::int64_t n, float* out, std::int64_t out_stride) const override;
   void clear() override;
+  // Repairs promote pages that later calls read: per_head when gated by head or block, serial
+  // when a repair promotes every head (request granularity).
+  AttendConcurrency attend_concurrency() const override;
 
   const cache::KvStore& store() const { return store_; }
   // Turns the true-TV check on or off for the cells that follow (between forward passes, not

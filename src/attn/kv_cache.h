@@ -15,6 +15,12 @@ struct KvGeometry {
   std::int64_t capacity = 0;  // positions per sequence
 };
 
+// Which attention calls of one forward pass may run at the same time. A cache whose attention
+// changes what later calls read (the gate's repairs) asks for per_head (one call at a time per
+// (layer, KV head), in position order) or serial (one call at a time), so that results do not
+// depend on thread timing.
+enum class AttendConcurrency { any, per_head, serial };
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -38,6 +44,8 @@ class KvCache {
                              std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
     for (std::int64_t i = 0; i < n; ++i) attend(layer, kv_head, q + i * q_stride, group, pos0 + i + 1, out + i * out_stride);
   }
+
+  virtual AttendConcurrency attend_concurrency() const { return AttendConcurrency::any; }
 
   // Forgets every position (a new request).
   virtual void clear() = 0;

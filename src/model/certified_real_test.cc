@@ -3,7 +3,9 @@
 // (layer, query head, position) cell checked against the true TV from the exact tier.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,54 @@ TEST_F(CertifiedRealModel, SharedPageDitherHasZeroViolationsTeacherForced) {
               o.cells, static_cast<double>(o.covered) / o.cells, o.violations, o.worst);
   EXPECT_EQ(o.violations, 0);
   EXPECT_GT(static_cast<double>(o.covered) / o.cells, 0.5);
+}
+
+}  // namespace
+}  // namespace witcert::model
+
+namespace witcert::model {
+namespace {
+
+// A gated prefill repairs pages that later positions of the same head read; with the cache's
+// per-head (and, for request granularity, serial) concurrency the result does not depend on the
+// thread count or timing: logits, page-ins and every cell are the same at 1 and 2 threads.
+TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), tokens_.begin(), tokens_.end());
+  const LlamaConfig& cfg = model_->config();
+  for (const attn::Granularity gran : {attn::Granularity::block, attn::Granularity::request}) {
+    struct Result {
+      std::vector<float> logits;
+      std::int64_t page_in_bytes;
+      std::vector<attn::MeterCell> cells;
+    };
+    const auto prefill = [&](int threads) {
+      attn::CertifiedOptions opts;
+      opts.q_heads = cfg.heads;
+      opts.gate = {0.3, gran};
+      attn::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), "q4_0"), opts);
+      ThreadPool pool(threads);
+      Result r;
+      r.logits.resize(cfg.vocab);
+      model_->forward(prompt, 0, cache, pool, r.logits);
+      r.page_in_bytes = cache.store().page_in_stats().page_in_bytes;
+      r.cells = cache.cells();
+      std::sort(r.cells.begin(), r.cells.end(), [](const attn::MeterCell& a, const attn::MeterCell& b) {
+        return std::tie(a.layer, a.q_head, a.pos) < std::tie(b.layer, b.q_head, b.pos);
+      });
+      return r;
+    };
+    const Result one = prefill(1), two = prefill(2);
+    EXPECT_GT(one.page_in_bytes, 0);
+    EXPECT_EQ(one.page_in_bytes, two.page_in_bytes);
+    EXPECT_EQ(one.logits, two.logits);
+    ASSERT_EQ(one.cells.size(), two.cells.size());
+    for (std::size_t i = 0; i < one.cells.size(); ++i) {
+      ASSERT_EQ(one.cells[i].pos, two.cells[i].pos);
+      ASSERT_EQ(one.cells[i].meter, two.cells[i].meter) << "cell " << i;
+      ASSERT_EQ(one.cells[i].repaired, two.cells[i].repaired) << "cell " << i;
+    }
+  }
 }
 
 }  // namespace

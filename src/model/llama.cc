@@ -170,17 +170,32 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
                             {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
                             {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
     }
-    // Causal attention: token i sees positions [0, pos0 + i]. One job per (run of kAttnRun
-    // tokens, KV head), so that a cache can read the shared prefix once per run.
+    // Causal attention: token i sees positions [0, pos0 + i], in runs of kAttnRun tokens so that
+    // a cache can read the shared prefix once per run. Jobs are (run, KV head) pairs, or KV heads
+    // taking their runs in order, or one job, as the cache's concurrency asks.
     const std::int64_t runs = (n + kAttnRun - 1) / kAttnRun;
-    pool.parallel_for(runs * KV, [&](std::int64_t b, std::int64_t e, int) {
-      for (std::int64_t job = b; job < e; ++job) {
-        const std::int64_t i = job / KV * kAttnRun;
-        const int h = static_cast<int>(job % KV);
-        cache.attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, pos0 + i, std::min(kAttnRun, n - i),
-                            &att[i * q_dim + h * G * hd], q_dim);
-      }
-    });
+    const auto attend_run = [&](std::int64_t r, int h) {
+      const std::int64_t i = r * kAttnRun;
+      cache.attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, pos0 + i, std::min(kAttnRun, n - i),
+                          &att[i * q_dim + h * G * hd], q_dim);
+    };
+    switch (cache.attend_concurrency()) {
+      case attn::AttendConcurrency::any:
+        pool.parallel_for(runs * KV, [&](std::int64_t b, std::int64_t e, int) {
+          for (std::int64_t job = b; job < e; ++job) attend_run(job / KV, static_cast<int>(job % KV));
+        });
+        break;
+      case attn::AttendConcurrency::per_head:
+        pool.parallel_for(KV, [&](std::int64_t b, std::int64_t e, int) {
+          for (std::int64_t h = b; h < e; ++h)
+            for (std::int64_t r = 0; r < runs; ++r) attend_run(r, static_cast<int>(h));
+        });
+        break;
+      case attn::AttendConcurrency::serial:
+        for (int h = 0; h < KV; ++h)
+          for (std::int64_t r = 0; r < runs; ++r) attend_run(r, h);
+        break;
+    }
     matmul(L.wo, att.data(), n, xb.data(), pool);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
 
