@@ -114,7 +114,7 @@ TEST(AttendCausal, GatedRunServesEveryPositionWithinTau) {
   }
 }
 
-TEST(AttendCausal, ExactCacheDefaultEqualsAttendBitForBit) {
+TEST(AttendCausal, ExactCacheRunEqualsAttendBitForBit) {
   const Data d = data(11);
   ExactKvCache cache({1, 1, kDim, kN});
   for (int t = 0; t < kN; ++t) cache.write(0, 0, t, &d.k[t * kDim], &d.v[t * kDim]);

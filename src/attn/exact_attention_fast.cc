@@ -47,12 +47,14 @@ HWY_INLINE void AccumulateColumns(const float* p, const float* rows, int n, std:
   for (std::size_t k = 0; k < K; ++k) hn::StoreU(sum[k], df, out + c + k * kW);
 }
 
-void ExactAttentionGroup(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
-                         std::int64_t n_ctx, int head_dim, float* out) {
+void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths, const f16* const* key_rows,
+                         const f16* const* value_rows, int head_dim, float* out) {
   const DF df;
   const int d = head_dim;
   const std::size_t dp = hwy::RoundUpTo(static_cast<std::size_t>(d), kW);
   const float sm = 1.0f / std::sqrt(static_cast<float>(d));
+  // Scores are computed over the longest context for every query (the extra ones are never read).
+  const std::int64_t n_ctx = *std::max_element(lengths, lengths + group);
   std::vector<float> score(static_cast<std::size_t>(group) * n_ctx);
 
   // Scores, kW query heads per vector: lane h accumulates q_h[i]·k_t[i] over i in order.
@@ -63,8 +65,9 @@ void ExactAttentionGroup(const float* q, int group, const f16* const* key_rows, 
     std::fill(q_t.begin(), q_t.end(), 0.0f);
     for (int h = 0; h < heads; ++h)
       for (int i = 0; i < d; ++i) q_t[i * kW + h] = q[(h0 + h) * d + i];
-    for (std::int64_t t0 = 0; t0 < n_ctx; t0 += kTokens) {
-      const int n = static_cast<int>(std::min<std::int64_t>(kTokens, n_ctx - t0));
+    const std::int64_t n_lanes = *std::max_element(lengths + h0, lengths + h0 + heads);
+    for (std::int64_t t0 = 0; t0 < n_lanes; t0 += kTokens) {
+      const int n = static_cast<int>(std::min<std::int64_t>(kTokens, n_lanes - t0));
       for (int j = 0; j < n; ++j) FloatRow(key_rows[t0 + j], d, &k_rows[j * dp]);
       VF dot[kTokens];
       for (VF& v : dot) v = hn::Zero(df);
@@ -79,23 +82,25 @@ void ExactAttentionGroup(const float* q, int group, const f16* const* key_rows, 
     }
   }
 
-  // The softmax of each head, scalar and in token order as in exact_attention.
+  // The softmax of each head over its own context, scalar and in token order as in exact_attention.
   std::vector<float> sum(group);
   for (int h = 0; h < group; ++h) {
     float* s = &score[h * n_ctx];
     float max_score = -INFINITY;
-    for (std::int64_t t = 0; t < n_ctx; ++t) max_score = std::max(max_score, s[t]);
+    for (std::int64_t t = 0; t < lengths[h]; ++t) max_score = std::max(max_score, s[t]);
     float total = 0.0f;
-    for (std::int64_t t = 0; t < n_ctx; ++t) total += s[t] = std::exp(s[t] - max_score);
+    for (std::int64_t t = 0; t < lengths[h]; ++t) total += s[t] = std::exp(s[t] - max_score);
     sum[h] = total;
   }
 
   // Outputs, channels in lanes: out[i] += p_t·v_t[i] over t in order.
   std::vector<float> acc(static_cast<std::size_t>(group) * dp, 0.0f), v_rows(kTile * dp, 0.0f), p(kTile);
   for (std::int64_t t0 = 0; t0 < n_ctx; t0 += kTile) {
-    const int n = static_cast<int>(std::min<std::int64_t>(kTile, n_ctx - t0));
-    for (int j = 0; j < n; ++j) FloatRow(value_rows[t0 + j], d, &v_rows[j * dp]);
+    const int n_tile = static_cast<int>(std::min<std::int64_t>(kTile, n_ctx - t0));
+    for (int j = 0; j < n_tile; ++j) FloatRow(value_rows[t0 + j], d, &v_rows[j * dp]);
     for (int h = 0; h < group; ++h) {
+      const int n = static_cast<int>(std::clamp<std::int64_t>(lengths[h] - t0, 0, n_tile));
+      if (n == 0) continue;
       for (int j = 0; j < n; ++j) p[j] = score[h * n_ctx + t0 + j] / sum[h];
       float* a = &acc[h * dp];
       std::size_t c = 0;
@@ -114,11 +119,18 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace witcert::attn {
 
-HWY_EXPORT(ExactAttentionGroup);
+HWY_EXPORT(ExactAttentionMulti);
+
+void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
+                           const f16* const* value_rows, int head_dim, float* out) {
+  if (queries <= 0) return;
+  HWY_DYNAMIC_DISPATCH(ExactAttentionMulti)(q, queries, lengths, key_rows, value_rows, head_dim, out);
+}
 
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out) {
-  HWY_DYNAMIC_DISPATCH(ExactAttentionGroup)(q, group, key_rows, value_rows, n_ctx, head_dim, out);
+  const std::vector<std::int64_t> lengths(static_cast<std::size_t>(std::max(group, 0)), n_ctx);
+  exact_attention_multi(q, group, lengths.data(), key_rows, value_rows, head_dim, out);
 }
 
 }  // namespace witcert::attn

@@ -20,4 +20,11 @@ namespace witcert::attn {
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out);
 
+// The same for `queries` queries that each attend over their own prefix [0, lengths[i]) of the
+// rows (lengths[i] ≥ 1; the rows must cover the longest): each output is bit for bit
+// exact_attention over its own prefix. The keys and values are read once for all of them (a run of
+// causal prefill positions).
+void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
+                           const f16* const* value_rows, int head_dim, float* out);
+
 }  // namespace witcert::attn
