@@ -23,8 +23,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-using Progress = std::function<void(std::int64_t, std::int64_t)>;
-
 // Prefills the prompt in chunks; logits receives the last position's.
 void prefill(const Engine& e, const std::vector<std::int32_t>& prompt, attn::KvCache& cache, ThreadPool& pool,
              std::vector<float>& logits, const Progress& progress) {
@@ -91,14 +89,14 @@ std::string fmt_bytes(double b) {
 }
 
 std::string gate_label(const attn::GateOptions& g) {
-  if (g.tau == 0.0) return "raw";
+  if (!g.on()) return "raw";
   const char* gran = g.granularity == attn::Granularity::block ? "block" : g.granularity == attn::Granularity::head ? "head" : "request";
   return fmt::format("{} tau={} {}", g.certified() ? "certified" : "risk-ranked", g.tau, gran);
 }
 
 }  // namespace
 
-std::function<void(std::int64_t, std::int64_t)> progress_bar(std::ostream& err, const std::string& label) {
+Progress progress_bar(std::ostream& err, const std::string& label) {
   return [&err, label](std::int64_t done, std::int64_t total) {
     const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
     err << fmt::format("\r  {:<28} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),

@@ -44,7 +44,7 @@ void CertifiedKvCache::clear() {
 }
 
 AttendConcurrency CertifiedKvCache::attend_concurrency() const {
-  if (opts_.gate.tau == 0.0) return AttendConcurrency::any;
+  if (!opts_.gate.on()) return AttendConcurrency::any;
   return opts_.gate.granularity == Granularity::request ? AttendConcurrency::serial : AttendConcurrency::per_head;
 }
 
@@ -70,14 +70,20 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
     attend_range_fast(reader, q, group, d, b, e, ctx, part);
     for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
   }
-  g.out.resize(static_cast<std::size_t>(group) * d);
+  finish_group(g);
+}
+
+void CertifiedKvCache::finish_group(Group& g) const {
+  const int d = g_.head_dim;
+  const std::size_t group = g.partials.size();
+  g.out.resize(group * d);
   g.results.resize(group);
-  for (int h = 0; h < group; ++h) g.results[h] = finish(g.partials[h], d, &g.out[h * d]);
+  for (std::size_t h = 0; h < group; ++h) g.results[h] = finish(g.partials[h], d, &g.out[h * d]);
 }
 
 bool CertifiedKvCache::triggered(const Group& g) const {
   const GateOptions& gate = opts_.gate;
-  if (gate.tau == 0.0) return false;
+  if (!gate.on()) return false;
   for (const HeadResult& r : g.results)  // any-of-G over the query heads of the KV head
     if (gate.certified() ? r.meter > gate.tau : !(r.eform_raw <= gate.tau)) return true;
   return false;
@@ -205,12 +211,8 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
     attend_range_fast(reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
     Group g;
     g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
-    g.out.resize(row);
-    g.results.resize(group);
-    for (int h = 0; h < group; ++h) {
-      g.partials[h].merge(tail[h]);
-      g.results[h] = finish(g.partials[h], d, &g.out[h * d]);
-    }
+    for (int h = 0; h < group; ++h) g.partials[h].merge(tail[h]);
+    finish_group(g);
     serve(reader, layer, kv_head, &qs[i * row], group, pos0 + i + 1, g, out + i * out_stride, local);
   }
   log(local);

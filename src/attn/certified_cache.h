@@ -25,6 +25,7 @@ enum class Granularity {
 struct GateOptions {
   double tau = 0.0;  // 0: no gate
   Granularity granularity = Granularity::block;
+  bool on() const { return tau != 0.0; }
   bool certified() const { return tau < 1.0; }
 };
 
@@ -92,6 +93,8 @@ class CertifiedKvCache final : public KvCache {
   void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
              Group& g, float* out, std::vector<MeterCell>& cells) const;
   void log(const std::vector<MeterCell>& cells) const;
+  // The output and meters of every head from the group's merged partials.
+  void finish_group(Group& g) const;
   bool triggered(const Group& g) const;
   // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
   bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,

@@ -34,37 +34,33 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
   }
 }
 
+ExactKvCache::Rows ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
+  Rows r{std::vector<const f16*>(n), std::vector<const f16*>(n)};
+  for (std::int64_t t = 0; t < n; ++t) {
+    r.keys[t] = key(layer, kv_head, t);
+    r.values[t] = value(layer, kv_head, t);
+  }
+  return r;
+}
+
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
-  const f16* keys = &k_[index(layer, kv_head, 0)];
-  const f16* values = &v_[index(layer, kv_head, 0)];
-  const int d = g_.head_dim;
-  std::vector<const f16*> key_rows(n_ctx), value_rows(n_ctx);
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
-    key_rows[t] = keys + t * d;
-    value_rows[t] = values + t * d;
-  }
-  exact_attention_group(q, group, key_rows.data(), value_rows.data(), n_ctx, d, out);
+  const Rows r = rows(layer, kv_head, n_ctx);
+  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
                                  std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
   const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
-  const f16* keys = &k_[index(layer, kv_head, 0)];
-  const f16* values = &v_[index(layer, kv_head, 0)];
-  std::vector<const f16*> key_rows(pos0 + n), value_rows(pos0 + n);
-  for (std::int64_t t = 0; t < pos0 + n; ++t) {
-    key_rows[t] = keys + t * d;
-    value_rows[t] = values + t * d;
-  }
+  const Rows r = rows(layer, kv_head, pos0 + n);
   std::vector<float> qs(n * row), res(n * row);
   std::vector<std::int64_t> lengths(n * group);
   for (std::int64_t i = 0; i < n; ++i) {
     std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
     std::fill_n(&lengths[i * group], group, pos0 + i + 1);
   }
-  exact_attention_multi(qs.data(), static_cast<int>(n * group), lengths.data(), key_rows.data(), value_rows.data(), d,
+  exact_attention_multi(qs.data(), static_cast<int>(n * group), lengths.data(), r.keys.data(), r.values.data(), d,
                         res.data());
   for (std::int64_t i = 0; i < n; ++i) std::copy(&res[i * row], &res[(i + 1) * row], out + i * out_stride);
 }

@@ -33,6 +33,11 @@ class ExactKvCache final : public KvCache {
 
  private:
   std::size_t index(int layer, int kv_head, std::int64_t pos) const;
+  // Pointers to the key and value rows of positions [0, n), as the SIMD attention reads them.
+  struct Rows {
+    std::vector<const f16*> keys, values;
+  };
+  Rows rows(int layer, int kv_head, std::int64_t n) const;
 
   KvGeometry g_;
   std::vector<f16> k_, v_;

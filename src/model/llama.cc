@@ -179,6 +179,10 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
       cache.attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, pos0 + i, std::min(kAttnRun, n - i),
                           &att[i * q_dim + h * G * hd], q_dim);
     };
+    const auto heads_in_order = [&](std::int64_t b, std::int64_t e, int) {
+      for (std::int64_t h = b; h < e; ++h)
+        for (std::int64_t r = 0; r < runs; ++r) attend_run(r, static_cast<int>(h));
+    };
     switch (cache.attend_concurrency()) {
       case attn::AttendConcurrency::any:
         pool.parallel_for(runs * KV, [&](std::int64_t b, std::int64_t e, int) {
@@ -186,14 +190,10 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
         });
         break;
       case attn::AttendConcurrency::per_head:
-        pool.parallel_for(KV, [&](std::int64_t b, std::int64_t e, int) {
-          for (std::int64_t h = b; h < e; ++h)
-            for (std::int64_t r = 0; r < runs; ++r) attend_run(r, static_cast<int>(h));
-        });
+        pool.parallel_for(KV, heads_in_order);
         break;
       case attn::AttendConcurrency::serial:
-        for (int h = 0; h < KV; ++h)
-          for (std::int64_t r = 0; r < runs; ++r) attend_run(r, h);
+        heads_in_order(0, KV, 0);
         break;
     }
     matmul(L.wo, att.data(), n, xb.data(), pool);
