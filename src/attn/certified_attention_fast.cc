@@ -38,6 +38,28 @@
 // Tier B bound) + η_t. Tokens served exact carry c_t = 0 as in the reference: their logits are the
 // reference point of every fp16 path.
 //
+// Shared-page dither-int8 keys take a float path (the certified cache's default, and the one whose
+// speed matters): the tile's codes are converted to float with the tokens in lanes, and per query
+// head and group the code sum C_g = Σ_{c∈g} q̄_c·code_{t,c} (q̄: q with the outlier channels
+// zeroed) runs in kChains FMA chains; then z̃'_t = sm·(Σ_{outlier c} q_c x_{t,c} + Σ_g s_g·(C_g − Q_g))
+// in float, Q_g rounded to float. Codes, scales, outlier values and q are exact in float. A term
+// q_c·code_c passes through at most kGroup/kChains (its chain) + 2 (the chains' sum) + 1 (− Q_g)
+// + 1 (·s_g, added to the running sum) + (G − 1) (the later groups' additions) + 2 (sm rounded to
+// float, and the product) = kGroup/kChains + G + 5 roundings; Q_g at most G + 4 (its rounding to
+// float included); an outlier term m2 + G + 2. With n the largest of these and u = 2^-24,
+//   |z̃'_t − sm·q·k̂_t| ≤ γ_n·sm·(Σ_g s_g·(Σ_{c∈g}|q̄_c code_c| + |Q_g|) + Σ_{outlier c}|q_c x_{t,c}|)
+//                     ≤ γ_n·sm·(128·Σ_g s_g·‖q̄_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}|)
+// (|code| ≤ 127, |Q_g| ≤ ½‖q̄_g‖₁), γ_n = n·u/(1 − n·u) ≤ n·u·(1 + 2^-16). Q_g itself comes from a
+// double sum whose error the double term (d + 64)·2^-52 covers, and a float product that underflows
+// loses at most 2^-150, covered by sm·(d + 64)·2^-126. That is η_t of this path: about 1e-4 of the
+// sub-Gaussian radius at d = 64. c_t = (u_t + η_t) is then evaluated in float and multiplied by
+// 1 + 2^-17, which exceeds the relative rounding of its ≤ 2G + 8 float operations, so c_t is at
+// least its exact value. The meter's sums need e^{±c_t}: they take w_t·(1 + (e^{c_t} − 1)) with
+// e^{c_t} − 1 from Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19, an upper bound, and e^{−c_t} − 1 the
+// same way, a lower bound (more negative); relative to e^{±c} − 1, so a small c_t keeps its full
+// precision. A larger A and a smaller A⁻ than the exact ones only loosen every bound shape. A
+// non-finite scale or outlier value makes the logit NaN, which reads as "no guarantee".
+//
 // The three LSEs accumulate in double. Every term e^{x_t − m} carries ≤ 1 ulp (Highway's Exp), and
 // the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most one rescale per
 // tile: per term no more roundings than the reference's token-by-token accumulation, whose total
@@ -57,6 +79,9 @@ constexpr std::size_t kN = hn::MaxLanes(DD());
 constexpr std::size_t kNF = hn::MaxLanes(DF());
 constexpr int kTile = 16;  // positions per tile (at most one page)
 constexpr int kGroup = quant::kDefaultGroup;
+constexpr int kChains = 4;  // independent FMA chains per head of a code dot (kGroup / kChains + 2 roundings)
+constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's key codes or value rows
+static_assert(kChains == 4, "the code dots sum four chains");
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
@@ -169,11 +194,23 @@ class FastAttention {
         shared_(cfg_.dither == cache::DitherMode::shared_page),
         G_(d / kGroup),
         B_(cfg_.bands),
-        m2_(2 * cfg_.outlier_pairs) {
+        m2_(2 * cfg_.outlier_pairs),
+        float_keys_(k_kind_ == cache::FormatKind::dither_int8 && shared_) {
     qd_.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
       for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
-    const double eta = ctx_.sm * (d_ + 64) * 0x1p-52;  // η_t per unit of Σ_c |q_c k'_{t,c}|
+    // η_t per unit of Σ_c |q_c k'_{t,c}| (float keys: per unit of the larger Σ_g s_g·129·‖q_g‖₁, see
+    // the comment at the top), and the float products' underflow.
+    const double float_roundings = std::max(kGroup / kChains + G_ + 5, m2_ + G_ + 2);
+    const double eta =
+        ctx_.sm * ((float_keys_ ? float_roundings * 0x1p-24 * (1.0 + 0x1p-16) : 0.0) + (d_ + 64) * 0x1p-52);
+    if (float_keys_) {
+      eta0_ = ctx_.sm * (dp_ + 64) * 0x1p-126;  // 2^-150 a rounding would do; 2^-126 keeps it a normal float
+      const int blocks = (kTile + static_cast<int>(kNF) - 1) / static_cast<int>(kNF);
+      codes_t_.assign(static_cast<std::size_t>(blocks) * d_ * kNF, 0.0f);
+      outliers_t_.assign(static_cast<std::size_t>(blocks) * m2_ * kNF, 0.0f);
+      code_dots_.assign(static_cast<std::size_t>(group_) * G_ * kTile + kNF, 0.0f);
+    }
     if (k_kind_ == cache::FormatKind::scheme) {
       const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
       qn_.resize(static_cast<std::size_t>(group_) * B_);
@@ -210,6 +247,12 @@ class FastAttention {
       for (int h = 0; h < group_; ++h)
         for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = qbar_[h * dp_ + c];
       qg_t_.assign(G_ * heads_padded_, 0.0);
+      if (float_keys_) {
+        qbarf_.assign(qbar_.begin(), qbar_.end());
+        q_out_.resize(static_cast<std::size_t>(group_) * m2_);
+        for (int h = 0; h < group_; ++h)
+          for (int j = 0; j < m2_; ++j) q_out_[h * m2_ + j] = q_[h * d_ + outliers_[j]];
+      }
       scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
       outlier_values_.assign(static_cast<std::size_t>(kTile) * m2_, 0.0);
       v2_scale_ = ctx_.sm * ctx_.sm / 12.0 * cert::kRoundUpMargin;
@@ -221,6 +264,16 @@ class FastAttention {
       qg_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
       s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
       s2_.assign(s_.size(), 0.0);
+      if (float_keys_) {
+        sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
+        x_outf_.assign(kTile + kNF, 0.0f);
+        qgf_.assign(qg_.size(), 0.0f);
+        q2f_.assign(q2_.begin(), q2_.end());
+        eta_gf_.assign(eta_g_.begin(), eta_g_.end());
+        eta_xf_.assign(eta_x_.begin(), eta_x_.end());
+        em1_plus_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
+        em1_minus_.assign(em1_plus_.size(), 0.0f);
+      }
     }
     if (k_kind_ == cache::FormatKind::scheme) {
       w_band_.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
@@ -265,6 +318,7 @@ class FastAttention {
       if (k_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.k.packed_end - t0));
       if (v_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.v.packed_end - t0));
       LoadKeys(page, t0, n, k_packed);
+      if (float_keys_ && k_packed) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(page, t0, n, v_packed);
       for (int h = 0; h < group_; ++h) {
@@ -276,8 +330,8 @@ class FastAttention {
         } else {
           Update(h, n, p);
         }
-        Accumulate(h, n);
       }
+      AccumulateAll(n);
     }
     for (int h = 0; h < group_; ++h) {
       Flush(h, partials[h]);
@@ -319,13 +373,60 @@ class FastAttention {
     if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
     // The tile's scales and outlier values are contiguous: converted in one go.
     F16ToDouble(key_meta_, n * G_, scales_.data());
+    if (float_keys_)
+      for (int i = 0; i < n; ++i)
+        for (int g = 0; g < G_; ++g) sf_[g * kTile + i] = static_cast<float>(scales_[i * G_ + g]);
     for (int i = 0; i < n; ++i)
       for (int g = 0; g < G_; ++g) {
         s_[g * kTile + i] = scales_[i * G_ + g];
         s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
       }
     if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
-    for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+    if (float_keys_)
+      KeyTileFloat(page, row0, n);
+    else
+      for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+  }
+
+  // Shared-page dither: the tile's codes as floats with the tokens in lanes (codes_t_[b][c][lane],
+  // token b·kNF + lane; lanes past the tile repeat its last token), its outlier values likewise
+  // (outliers_t_[b][j][lane]), Σ_j |x_{t,j}| in x_outf_.
+  void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
+    const DF df;
+    const std::int8_t* codes = page.k.codes + row0 * d_;
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      float* out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
+      const int last = n - 1 - j0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+      // One gather reads 4 channels of every token: bytes c..c+3 of row t as lane t's int32.
+      const hn::RebindToSigned<DF> di;
+      const auto rows = hn::Min(hn::Iota(di, 0), hn::Set(di, last));
+      const auto idx = hn::Mul(rows, hn::Set(di, d_ / 4));
+      const auto* base = reinterpret_cast<const std::int32_t*>(codes + j0 * d_);
+      for (int c = 0; c < d_; c += 4) {
+        const auto w = hn::GatherIndex(di, base + c / 4, idx);
+        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(w))), df, out + (c + 0) * kNF);
+        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(w))), df, out + (c + 1) * kNF);
+        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(w))), df, out + (c + 2) * kNF);
+        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(w)), df, out + (c + 3) * kNF);
+      }
+#else
+      for (int c = 0; c < d_; ++c)
+        for (std::size_t l = 0; l < kNF; ++l)
+          out[c * kNF + l] = codes[(j0 + std::min<int>(static_cast<int>(l), last)) * d_ + c];
+#endif
+      float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
+      for (int j = 0; j < m2_; ++j)
+        for (std::size_t l = 0; l < kNF; ++l) xo[j * kNF + l] = static_cast<float>(outlier_values_[std::min<int>(static_cast<int>(l), last) * m2_ + j + j0 * m2_]);
+      VF x_out = hn::Zero(df);
+      for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
+      hn::StoreU(x_out, df, &x_outf_[j0]);
+    }
+    for (int i = 0; i < n; ++i) {
+      double x_out = 0.0;
+      for (int j = 0; j < m2_; ++j) x_out += std::fabs(outlier_values_[i * m2_ + j]);
+      x_out_[i] = x_out;
+    }
   }
 
   // k'_t = s_g·(code − ξ) (per-slot dither) or s_g·code (shared-page dither: Σ_g s_g Q_g is taken
@@ -362,17 +463,21 @@ class FastAttention {
     xi_page_ = counter;
     for (int h0 = 0; h0 < group_; h0 += static_cast<int>(kN))
       for (int g = 0; g < G_; ++g) {
-        VD acc = hn::Zero(dd);
-        for (int c = g * kGroup; c < (g + 1) * kGroup; ++c)
-          acc = hn::MulAdd(hn::LoadU(dd, &qbar_t_[c * heads_padded_ + h0]), hn::Set(dd, xi_[c]), acc);
-        hn::StoreU(acc, dd, &qg_t_[g * heads_padded_ + h0]);
+        VD acc[kChains];
+        for (VD& a : acc) a = hn::Zero(dd);
+        for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
+          for (int k = 0; k < kChains; ++k)
+            acc[k] = hn::MulAdd(hn::LoadU(dd, &qbar_t_[(c + k) * heads_padded_ + h0]), hn::Set(dd, xi_[c + k]), acc[k]);
+        hn::StoreU(hn::Add(hn::Add(acc[0], acc[1]), hn::Add(acc[2], acc[3])), dd, &qg_t_[g * heads_padded_ + h0]);
       }
     for (int h = 0; h < group_; ++h)
       for (int g = 0; g < G_; ++g) qg_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
+    if (float_keys_) std::copy(qg_.begin(), qg_.end(), qgf_.begin());
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
+    if (float_keys_ && key_kind_ == KeyKind::tier_b) return LogitsFloat(h, n);
     const DD dd;
     const double* q = &qd_[h * dp_];
     auto finite = hn::FirstN(dd, kN);
@@ -392,7 +497,7 @@ class FastAttention {
                        hn::Mul(hn::Set(dd, eta_q_[h]), hn::LoadU(dd, &mu_[j0])));
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
         // Lemma 2: u_t = sqrt(ς_t²)·κ; then η_t.
-        VD v2 = hn::Zero(dd), eta = hn::Mul(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]));
+        VD v2 = hn::Zero(dd), eta = hn::MulAdd(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]), hn::Set(dd, eta0_));
         for (int g = 0; g < G_; ++g) {
           v2 = hn::MulAdd(hn::Set(dd, q2_[h * G_ + g]), hn::LoadU(dd, &s2_[g * kTile + j0]), v2);
           eta = hn::MulAdd(hn::Set(dd, eta_g_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), eta);
@@ -405,6 +510,88 @@ class FastAttention {
       finite = hn::And(finite, hn::Or(ok, hn::Not(hn::FirstN(dd, static_cast<std::size_t>(n - j0)))));
     }
     finite_[h] = hn::AllTrue(dd, finite);
+  }
+
+  // Σ_{c∈g} q̄_c·code_{t,c} of every group g, for NH query heads from h0 in one pass over the
+  // tile's codes (kChains FMA chains per head and group), into code_dots_.
+  template <int NH>
+  void CodeDots(int h0, int n) {
+    const DF df;
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      const float* codes = &codes_t_[static_cast<std::size_t>(j0) / kNF * d_ * kNF];
+      for (int g = 0; g < G_; ++g) {
+        VF a[NH][kChains];
+        for (auto& chains : a)
+          for (VF& x : chains) x = hn::Zero(df);
+        for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
+          for (int k = 0; k < kChains; ++k) {
+            const VF code = hn::LoadU(df, codes + (c + k) * kNF);
+            for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, qbarf_[(h0 + j) * dp_ + c + k]), code, a[j][k]);
+          }
+        for (int j = 0; j < NH; ++j)
+          hn::StoreU(hn::Add(hn::Add(a[j][0], a[j][1]), hn::Add(a[j][2], a[j][3])), df,
+                     &code_dots_[((h0 + j) * G_ + g) * kTile + j0]);
+      }
+    }
+  }
+
+  void AllCodeDots(int n) {
+    for (int h0 = 0; h0 < group_; h0 += kHeadBlock) {
+      switch (std::min(kHeadBlock, group_ - h0)) {
+        case 4: CodeDots<4>(h0, n); break;
+        case 3: CodeDots<3>(h0, n); break;
+        case 2: CodeDots<2>(h0, n); break;
+        default: CodeDots<1>(h0, n); break;
+      }
+    }
+  }
+
+  // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
+  //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  c_t = (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17),
+  // and e^{±c_t} − 1 rounded outwards for the meter's sums (see the comment at the top).
+  void LogitsFloat(int h, int n) {
+    const DF df;
+    const DD dd;
+    const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), v2_scale = hn::Set(df, static_cast<float>(v2_scale_));
+    const VF kappa = hn::Set(df, static_cast<float>(kappa_)), eta0 = hn::Set(df, static_cast<float>(eta0_));
+    const VF up = hn::Set(df, 1.0f + 0x1p-17f), em1_out = hn::Set(df, 1.0f + 0x1p-19f);
+    auto finite = hn::FirstN(df, kNF);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      const std::size_t b = static_cast<std::size_t>(j0) / kNF;
+      VF dot = hn::Zero(df);
+      for (int j = 0; j < m2_; ++j)
+        dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
+      const VF x_out = hn::LoadU(df, &x_outf_[j0]);
+      VF v2 = hn::Zero(df), eta = hn::MulAdd(hn::Set(df, eta_xf_[h]), x_out, eta0);
+      // A non-finite stored value makes the logit NaN ("no guarantee"): an infinite scale times a
+      // finite code sum would pass for a token of weight 0.
+      auto bad = hn::Not(hn::IsFinite(x_out));
+      for (int g = 0; g < G_; ++g) {
+        const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
+        bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
+        const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
+        dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qgf_[h * G_ + g])), dot);
+        v2 = hn::MulAdd(hn::Set(df, q2f_[h * G_ + g]), hn::Mul(sg, sg), v2);
+        eta = hn::MulAdd(hn::Set(df, eta_gf_[h * G_ + g]), sg, eta);
+      }
+      const VF z = hn::IfThenElse(bad, hn::Set(df, NAN), hn::Mul(sm, dot));
+      VF c = hn::Zero(df);
+      if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
+      if (meter_) {
+        hn::StoreU(hn::Mul(hn::Expm1(df, c), em1_out), df, &em1_plus_[h * kTile + j0]);
+        hn::StoreU(hn::Mul(hn::Expm1(df, hn::Neg(c)), em1_out), df, &em1_minus_[h * kTile + j0]);
+      }
+      const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
+      finite = hn::And(finite, hn::Or(ok, hn::Not(hn::FirstN(df, static_cast<std::size_t>(n - j0)))));
+      HWY_ALIGN float zc[2 * kNF];
+      hn::Store(z, df, zc);
+      hn::Store(c, df, zc + kNF);
+      for (std::size_t k = 0; k < kNF; k += kN) {
+        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), zc + k)), dd, &z_[h * kTile + j0 + k]);
+        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), zc + kNF + k)), dd, &c_[h * kTile + j0 + k]);
+      }
+    }
+    finite_[h] = hn::AllTrue(df, finite);
   }
 
   // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
@@ -524,6 +711,7 @@ class FastAttention {
   // division per token instead of two exponentials. Below this c_t, Σ_t e^{z̃_t − m + c_t} cannot
   // overflow for any realistic token count.
   static constexpr double kSharedReferenceMaxC = 600.0;
+  static constexpr double kFloatMaxC = 80.0;  // e^{±c} − 1 in float (float keys): e^80 < 2^116
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
@@ -557,7 +745,7 @@ class FastAttention {
                                                   hn::LoadU(dd, &c_[h * kTile + j0])));
     hn::StoreU(hn::Max(c_max, hn::LoadU(dd, pending(h, kCMax))), dd, pending(h, kCMax));
     const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m &&
-                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, kSharedReferenceMaxC)));
+                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, float_keys_ ? kFloatMaxC : kSharedReferenceMaxC)));
     if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     rescale_[h] = 1.0;
@@ -587,7 +775,10 @@ class FastAttention {
       l = hn::Add(l, w);
       rho = hn::MulAdd(w, rho_t, rho);
       v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
-      if (shared_reference) {
+      if (shared_reference && float_keys_) {
+        s_plus = hn::Add(s_plus, hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_plus_[h * kTile + j0])), w));
+        s_minus = hn::Add(s_minus, hn::Max(hn::Zero(dd), hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_minus_[h * kTile + j0])), w)));
+      } else if (shared_reference) {
         const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
         s_plus = hn::MulAdd(w, e_c, s_plus);
         s_minus = hn::Add(s_minus, hn::Div(w, e_c));
@@ -606,35 +797,62 @@ class FastAttention {
     }
   }
 
-  // Σ_t w_t v̂_t over the tile in float, added to the head's double accumulator.
-  void Accumulate(int h, int n) {
-    if (scalar_[h]) return;
+  // Σ_t w_t v̂_t over the tile in float, added to each vector-path head's double accumulator; up to
+  // kHeadBlock heads share one pass over the value rows.
+  void AccumulateAll(int n) {
     const DD dd;
-    double* acc = &acc_[h * dp_];
-    if (rescale_[h] != 1.0)
-      for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
-    std::size_t c = 0;
-    for (; c + 8 * kNF <= dp_; c += 8 * kNF) AccumulateColumns<8>(h, n, c, acc);
-    for (; c + 4 * kNF <= dp_; c += 4 * kNF) AccumulateColumns<4>(h, n, c, acc);
-    for (; c < dp_; c += kNF) AccumulateColumns<1>(h, n, c, acc);
+    int heads[kHeadBlock];
+    int nh = 0;
+    for (int h = 0; h < group_; ++h) {
+      if (scalar_[h]) continue;
+      double* acc = &acc_[h * dp_];
+      if (rescale_[h] != 1.0)
+        for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
+      heads[nh++] = h;
+      if (nh == kHeadBlock || h == group_ - 1) {
+        switch (nh) {
+          case 4: AccumulateHeads<4>(heads, n); break;
+          case 3: AccumulateHeads<3>(heads, n); break;
+          case 2: AccumulateHeads<2>(heads, n); break;
+          case 1: AccumulateHeads<1>(heads, n); break;
+          default: break;
+        }
+        nh = 0;
+      }
+    }
   }
 
-  // Columns [c, c + K·kNF): K independent FMA chains over the tile's tokens.
-  template <std::size_t K>
-  HWY_INLINE void AccumulateColumns(int h, int n, std::size_t c, double* acc) const {
+  template <int NH>
+  void AccumulateHeads(const int* heads, int n) {
+    std::size_t c = 0;
+    for (; c + 4 * kNF <= dp_; c += 4 * kNF) AccumulateColumns<4, NH>(heads, n, c);
+    for (; c < dp_; c += kNF) AccumulateColumns<1, NH>(heads, n, c);
+  }
+
+  // Columns [c, c + K·kNF) of NH heads: NH·K independent FMA chains over the tile's tokens.
+  template <std::size_t K, int NH>
+  HWY_INLINE void AccumulateColumns(const int* heads, int n, std::size_t c) {
     const DD dd;
     const DF df;
-    VF sum[K];
-    for (VF& s : sum) s = hn::Zero(df);
+    VF sum[NH][K];
+    for (auto& s : sum)
+      for (VF& x : s) x = hn::Zero(df);
     for (int i = 0; i < n; ++i) {
-      const VF w = hn::Set(df, w_[h * kTile + i]);
       const float* row = &vrows_[i * dp_ + c];
-      for (std::size_t k = 0; k < K; ++k) sum[k] = hn::MulAdd(w, hn::LoadU(df, row + k * kNF), sum[k]);
+      VF r[K];
+      for (std::size_t k = 0; k < K; ++k) r[k] = hn::LoadU(df, row + k * kNF);
+      for (int j = 0; j < NH; ++j) {
+        const VF w = hn::Set(df, w_[heads[j] * kTile + i]);
+        for (std::size_t k = 0; k < K; ++k) sum[j][k] = hn::MulAdd(w, r[k], sum[j][k]);
+      }
     }
-    HWY_ALIGN float o[K * kNF];
-    for (std::size_t k = 0; k < K; ++k) hn::Store(sum[k], df, o + k * kNF);
-    for (std::size_t j = 0; j < K * kNF; j += kN)
-      hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + j), hn::PromoteTo(dd, hn::LoadU(DFH(), o + j))), dd, acc + c + j);
+    for (int j = 0; j < NH; ++j) {
+      double* acc = &acc_[heads[j] * dp_];
+      HWY_ALIGN float o[K * kNF];
+      for (std::size_t k = 0; k < K; ++k) hn::Store(sum[j][k], df, o + k * kNF);
+      for (std::size_t x = 0; x < K * kNF; x += kN)
+        hn::StoreU(hn::Add(hn::LoadU(dd, acc + c + x), hn::PromoteTo(dd, hn::LoadU(DFH(), o + x))), dd, acc + c + x);
+    }
   }
 
   // The reference's token-by-token update (certified_attention.cc), for tiles with a non-finite
@@ -655,7 +873,7 @@ class FastAttention {
                                                       std::span<const f16>(key_meta_ + i * G_, G_),
                                                       std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
                                                       ctx_.sm);
-        double eta = eta_x_[h] * x_out_[i];
+        double eta = eta0_ + eta_x_[h] * x_out_[i];
         for (int g = 0; g < G_; ++g) eta += eta_g_[h * G_ + g] * s_[g * kTile + i];
         c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
@@ -733,6 +951,20 @@ class FastAttention {
   const cache::FormatKind k_kind_, v_kind_;
   const bool shared_;
   const int G_, B_, m2_;  // scale groups, bands, outlier channels
+  const bool float_keys_;  // shared-page dither-int8 keys: float rows and logits
+
+  // Float keys only.
+  std::vector<float> qbarf_;       // [h][dp] q, the outlier channels zeroed
+  std::vector<float> q_out_;       // [h][2m] q at the outlier channels
+  std::vector<float> codes_t_;     // [b][c][lane] the tile's key codes, tokens in lanes
+  std::vector<float> outliers_t_;  // [b][j][lane] the tile's outlier values, tokens in lanes
+  std::vector<float> code_dots_;   // [h][g][t] Σ_{c∈g} q̄_c·code_{t,c}
+  double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
+  std::vector<float> sf_;      // [g][t] the tile's key scales
+  std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
+  std::vector<float> qgf_, q2f_, eta_gf_;  // [h][G] Q_g, Σ q_c², η's coefficient of s_g
+  std::vector<float> eta_xf_;  // [h]
+  std::vector<float> em1_plus_, em1_minus_;  // [h][t] e^{c_t} − 1 rounded up, e^{−c_t} − 1 rounded down
 
   // Per call: the queries and their constants.
   std::vector<double> qd_;    // [h][dp] q as double

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -127,12 +128,14 @@ bool close(double a, double b, double tol) { return a == b || std::fabs(a - b) <
 TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
   const std::int64_t n = 77;  // a partial page and a partial group-scheme block at the end
   long cells = 0, violations = 0, runs = 0;
-  double worst_out = 0.0, worst_meter = 0.0;
+  double worst_out = 0.0, worst_meter = 0.0, worst_float_meter = 0.0;
   int config = 0;
   for (const Format& f : all_formats())
     for (int d : {64, 128})
       for (int page : {1, 16}) {
         Store s(f, d, n, page, 1000 + config);
+        // The shared-page dither-int8 keys take the float-logit path (certified_attention_fast.cc).
+        const bool float_logits = f.k == cache::kDitherInt8 && f.dither == cache::DitherMode::shared_page;
         cache::KvStore::Reader r(s.store, 0, 1);
         for (int group : {1, 3, 7}) {
           const int splits = std::vector<int>{1, 2, 8}[(config + group) % 3];
@@ -162,8 +165,16 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
               for (const auto& [a, b, what] : {std::tuple{fast[h].eform_raw, ref[h].eform_raw, "eform_raw"},
                                                std::tuple{fast[h].meter, ref[h].meter, "meter"},
                                                std::tuple{fast[h].v_meter, ref[h].v_meter, "v_meter"}}) {
-                if (a != b) worst_meter = std::max(worst_meter, std::fabs(a - b) / std::fabs(b));
-                ASSERT_TRUE(close(a, b, 1e-6)) << what << " " << a << " vs " << b << ", head " << h;
+                if (float_logits && std::string_view(what) != "v_meter") {
+                  // Float logits: c_t carries the float rounding allowance η_t, about 1e-4 of the
+                  // radius, so the meter is a little looser than the reference's, never tighter.
+                  worst_float_meter = std::max(worst_float_meter, std::fabs(a - b) / std::fabs(b));
+                  ASSERT_TRUE(close(a, b, 3e-3)) << what << " " << a << " vs " << b << ", head " << h;
+                  ASSERT_GE(a, b * (1 - 1e-6)) << what << ", head " << h;
+                } else {
+                  if (a != b) worst_meter = std::max(worst_meter, std::fabs(a - b) / std::fabs(b));
+                  ASSERT_TRUE(close(a, b, 1e-6)) << what << " " << a << " vs " << b << ", head " << h;
+                }
               }
               ++cells;
               if (!(tv[h] <= fast[h].meter * (1 + 1e-9) + 1e-12)) {
@@ -174,8 +185,9 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
           });
         }
       }
-  std::printf("[certified-fast] %ld runs, %ld cells, %ld violations; worst |Δout|/max|out| %.2g, worst meter rel %.2g\n",
-              runs, cells, violations, worst_out, worst_meter);
+  std::printf("[certified-fast] %ld runs, %ld cells, %ld violations; worst |Δout|/max|out| %.2g, worst meter rel %.2g "
+              "(float logits %.2g)\n",
+              runs, cells, violations, worst_out, worst_meter, worst_float_meter);
   EXPECT_EQ(violations, 0);
 }
 
