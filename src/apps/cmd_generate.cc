@@ -91,7 +91,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     cc.page_size = args.page_size;
     cc.outlier_pairs = args.outliers;
     cc.seed = args.dither_seed;
-    cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
+    cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::parse_dither_mode(args.dither);
     cc.backing_file = args.backing_file;
     attn::CertifiedOptions opts;
     opts.q_heads = cfg.heads;

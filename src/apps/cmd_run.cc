@@ -47,6 +47,7 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
     rc.check_soundness = a.check_soundness;
     rc.stride = a.stride;
     rc.backing_file = a.backing_file;
+    rc.dither = cache::parse_dither_mode(a.dither);
     rc.label = s + (a.kv_v.empty() ? "" : "/" + a.kv_v);
     runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, fp16, progress_bar(err, rc.label)));
   }

@@ -43,6 +43,7 @@ struct GenerateArgs {
   double delta = 1e-2;
   double tau = 0.2;
   bool shared_page_dither = false;
+  std::string dither = "shared-prompt";  // cache::parse_dither_mode
   std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
   std::string meter_json;
@@ -73,6 +74,7 @@ struct RunArgs {
   double delta = 1e-2;
   bool check_soundness = false;
   int stride = 1;      // telemetry sampling stride in decode steps
+  std::string dither = "shared-prompt";  // cache::parse_dither_mode
   std::string backing_file;  // "" keeps the exact tier in RAM
   std::string report;  // directory
   int threads = 2;

@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   generate->add_option("--page-size", gen.page_size, "tokens per cache page")->check(CLI::PositiveNumber);
   generate->add_option("--delta", gen.delta, "request-level failure budget of the Tier-B certificate, in (0, 1)");
   generate->add_option("--tau", gen.tau, "meter threshold for the coverage figure, > 0");
-  generate->add_flag("--shared-page-dither", gen.shared_page_dither,
-                     "dither-int8: one dither per page and channel (docs/dither-cost.md)");
+  generate->add_option("--dither", gen.dither,
+                       "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)");
+  generate->add_flag("--shared-page-dither", gen.shared_page_dither, "the same as --dither shared-page");
   generate->add_option("--dither-seed", gen.dither_seed, "dither-int8: seed of the key dither's Philox stream");
   generate->add_flag("--check-soundness", gen.check_soundness, "compare every meter with the true TV from the exact tier");
   generate->add_option("--meter-json", gen.meter_json, "write every (layer, head, position) meter as JSON lines");
@@ -70,6 +71,8 @@ int main(int argc, char** argv) {
   runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
       ->check(CLI::PositiveNumber);
   runc->add_option("--backing-file", ra.backing_file, "keep the exact tier in this memory-mapped file instead of RAM");
+  runc->add_option("--dither", ra.dither,
+                   "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)");
   runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
 
   std::string demo_model, demo_report = "out/demo";

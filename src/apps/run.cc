@@ -28,6 +28,7 @@ void prefill(const Engine& e, const std::vector<std::int32_t>& prompt, attn::KvC
              std::vector<float>& logits, const Progress& progress) {
   const std::int64_t len = static_cast<std::int64_t>(prompt.size());
   logits.resize(e.model->config().vocab);
+  cache.set_prompt_length(len);
   for (std::int64_t p = 0; p < len; p += kChunk) {
     const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
     e.model->forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, cache, pool, logits);
@@ -139,6 +140,7 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   cc.page_size = rc.page_size;
   cc.outlier_pairs = rc.outliers;
   cc.backing_file = rc.backing_file;
+  cc.dither = rc.dither;
   attn::CertifiedOptions opts;
   opts.q_heads = cfg.heads;
   opts.delta_req = rc.delta;

@@ -27,6 +27,7 @@ struct RunConfig {
   double tau_report = 0.2;  // the coverage threshold of the report
   bool check_soundness = false;
   std::string backing_file;  // "" keeps the exact tier in RAM, else a memory-mapped file
+  cache::DitherMode dither = cache::DitherMode::shared_prompt;  // dither-int8 keys
   int stride = 1;  // telemetry: keep the cells of every stride-th decode step for quantiles and JSON lines
 };
 

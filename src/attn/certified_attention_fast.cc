@@ -191,19 +191,19 @@ class FastAttention {
         meter_(meter),
         k_kind_(reader.kind(quant::KvSide::key)),
         v_kind_(reader.kind(quant::KvSide::value)),
-        shared_(cfg_.dither == cache::DitherMode::shared_page),
+        may_share_(cfg_.dither != cache::DitherMode::per_slot),
         G_(d / kGroup),
         B_(cfg_.bands),
         m2_(2 * cfg_.outlier_pairs),
-        float_keys_(k_kind_ == cache::FormatKind::dither_int8 && shared_) {
+        float_keys_(k_kind_ == cache::FormatKind::dither_int8 && may_share_) {
     qd_.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
       for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
-    // η_t per unit of Σ_c |q_c k'_{t,c}| (float keys: per unit of the larger Σ_g s_g·129·‖q_g‖₁, see
-    // the comment at the top), and the float products' underflow.
+    // η_t per unit of Σ_c |q_c k'_{t,c}|: tiles in double, and tiles of shared-ξ dither-int8 keys in
+    // float (the comment at the top).
     const double float_roundings = std::max(kGroup / kChains + G_ + 5, m2_ + G_ + 2);
-    const double eta =
-        ctx_.sm * ((float_keys_ ? float_roundings * 0x1p-24 * (1.0 + 0x1p-16) : 0.0) + (d_ + 64) * 0x1p-52);
+    const double eta = ctx_.sm * (d_ + 64) * 0x1p-52;
+    const double eta_float = ctx_.sm * (float_roundings * 0x1p-24 * (1.0 + 0x1p-16) + (d_ + 64) * 0x1p-52);
     if (float_keys_) {
       eta0_ = ctx_.sm * (dp_ + 64) * 0x1p-126;  // 2^-150 a rounding would do; 2^-126 keeps it a normal float
       const int blocks = (kTile + static_cast<int>(kNF) - 1) / static_cast<int>(kNF);
@@ -269,8 +269,8 @@ class FastAttention {
         x_outf_.assign(kTile + kNF, 0.0f);
         qgf_.assign(qg_.size(), 0.0f);
         q2f_.assign(q2_.begin(), q2_.end());
-        eta_gf_.assign(eta_g_.begin(), eta_g_.end());
-        eta_xf_.assign(eta_x_.begin(), eta_x_.end());
+        for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
+        for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
         em1_plus_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         em1_minus_.assign(em1_plus_.size(), 0.0f);
       }
@@ -317,8 +317,11 @@ class FastAttention {
       const bool k_packed = t0 < page.k.packed_end, v_packed = t0 < page.v.packed_end;
       if (k_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.k.packed_end - t0));
       if (v_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.v.packed_end - t0));
+      shared_tile_ = t0 < page.shared_end;  // a tile's keys share one ξ, or each has its own
+      if (shared_tile_) n = static_cast<int>(std::min<std::int64_t>(n, page.shared_end - t0));
+      float_tile_ = float_keys_ && k_packed && shared_tile_;
       LoadKeys(page, t0, n, k_packed);
-      if (float_keys_ && k_packed) AllCodeDots(n);
+      if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(page, t0, n, v_packed);
       for (int h = 0; h < group_; ++h) {
@@ -370,10 +373,10 @@ class FastAttention {
     }
     key_kind_ = KeyKind::tier_b;
     key_meta_ = page.k.meta + row0 * G_;
-    if (shared_ && page.dither_counter != xi_page_) SharedDither(page.dither_counter);
+    if (shared_tile_ && page.page_counter != xi_page_) SharedDither(page.page_counter);
     // The tile's scales and outlier values are contiguous: converted in one go.
     F16ToDouble(key_meta_, n * G_, scales_.data());
-    if (float_keys_)
+    if (float_tile_)
       for (int i = 0; i < n; ++i)
         for (int g = 0; g < G_; ++g) sf_[g * kTile + i] = static_cast<float>(scales_[i * G_ + g]);
     for (int i = 0; i < n; ++i)
@@ -382,7 +385,7 @@ class FastAttention {
         s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
       }
     if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
-    if (float_keys_)
+    if (float_tile_)
       KeyTileFloat(page, row0, n);
     else
       for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
@@ -436,13 +439,13 @@ class FastAttention {
     const hn::Rebind<std::int8_t, DD> di8;
     const hn::Rebind<std::int32_t, DD> di32;
     const std::int8_t* codes = page.k.codes + row * d_;
-    if (!shared_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
+    if (!shared_tile_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
     double* out = &krows_[i * dp_];
     for (int g = 0; g < G_; ++g) {
       const VD s = hn::Set(dd, scales_[i * G_ + g]);
       for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
         VD x = hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
-        if (!shared_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
+        if (!shared_tile_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
         hn::StoreU(hn::Mul(x, s), dd, out + c);
       }
     }
@@ -477,13 +480,13 @@ class FastAttention {
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
-    if (float_keys_ && key_kind_ == KeyKind::tier_b) return LogitsFloat(h, n);
+    if (float_tile_) return LogitsFloat(h, n);
     const DD dd;
     const double* q = &qd_[h * dp_];
     auto finite = hn::FirstN(dd, kN);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);
-      if (key_kind_ == KeyKind::tier_b && shared_)
+      if (key_kind_ == KeyKind::tier_b && shared_tile_)
         for (int g = 0; g < G_; ++g)
           dot = hn::NegMulAdd(hn::Set(dd, qg_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), dot);
       hn::StoreU(hn::Mul(hn::Set(dd, ctx_.sm), dot), dd, &z_[h * kTile + j0]);
@@ -745,7 +748,7 @@ class FastAttention {
                                                   hn::LoadU(dd, &c_[h * kTile + j0])));
     hn::StoreU(hn::Max(c_max, hn::LoadU(dd, pending(h, kCMax))), dd, pending(h, kCMax));
     const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m &&
-                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, float_keys_ ? kFloatMaxC : kSharedReferenceMaxC)));
+                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, float_tile_ ? kFloatMaxC : kSharedReferenceMaxC)));
     if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     rescale_[h] = 1.0;
@@ -775,7 +778,7 @@ class FastAttention {
       l = hn::Add(l, w);
       rho = hn::MulAdd(w, rho_t, rho);
       v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
-      if (shared_reference && float_keys_) {
+      if (shared_reference && float_tile_) {
         s_plus = hn::Add(s_plus, hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_plus_[h * kTile + j0])), w));
         s_minus = hn::Add(s_minus, hn::Max(hn::Zero(dd), hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_minus_[h * kTile + j0])), w)));
       } else if (shared_reference) {
@@ -873,8 +876,9 @@ class FastAttention {
                                                       std::span<const f16>(key_meta_ + i * G_, G_),
                                                       std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
                                                       ctx_.sm);
-        double eta = eta0_ + eta_x_[h] * x_out_[i];
-        for (int g = 0; g < G_; ++g) eta += eta_g_[h * G_ + g] * s_[g * kTile + i];
+        // The float path's logits carry its own, larger allowance.
+        double eta = float_tile_ ? eta0_ + eta_xf_[h] * x_out_[i] : eta_x_[h] * x_out_[i];
+        for (int g = 0; g < G_; ++g) eta += (float_tile_ ? eta_gf_[h * G_ + g] : eta_g_[h * G_ + g]) * s_[g * kTile + i];
         c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
       p.meter.add(z, c);
@@ -949,9 +953,11 @@ class FastAttention {
   const BoundContext ctx_;
   const bool meter_;
   const cache::FormatKind k_kind_, v_kind_;
-  const bool shared_;
+  const bool may_share_;  // the store's dither mode shares ξ on some pages
   const int G_, B_, m2_;  // scale groups, bands, outlier channels
-  const bool float_keys_;  // shared-page dither-int8 keys: float rows and logits
+  const bool float_keys_;  // dither-int8 keys that may share ξ: tiles of shared-ξ keys take the float path
+  bool shared_tile_ = false;  // the tile's keys share their page's ξ
+  bool float_tile_ = false;   // the tile takes the float path
 
   // Float keys only.
   std::vector<float> qbarf_;       // [h][dp] q, the outlier channels zeroed

@@ -33,7 +33,8 @@ struct Format {
   std::string k, v;
   cache::DitherMode dither = cache::DitherMode::per_slot;
   std::string name() const {
-    return k + (k == cache::kDitherInt8 && dither == cache::DitherMode::shared_page ? "(shared)" : "") + "/" + v;
+    return k + (k == cache::kDitherInt8 && dither != cache::DitherMode::per_slot ? std::string("(") + cache::dither_mode_name(dither) + ")" : "") +
+           "/" + v;
   }
 };
 
@@ -45,6 +46,7 @@ std::vector<Format> all_formats() {
   for (const std::string& s : quant::kv_scheme_names()) names.push_back({s, cache::DitherMode::per_slot});
   names.push_back({cache::kDitherInt8, cache::DitherMode::per_slot});
   names.push_back({cache::kDitherInt8, cache::DitherMode::shared_page});
+  names.push_back({cache::kDitherInt8, cache::DitherMode::shared_prompt});
   for (const auto& [name, mode] : names) {
     f.push_back({name, name, mode});
     if (name == "fp16") continue;
@@ -61,6 +63,8 @@ constexpr int kKvHeads = 2;
 struct Store {
   cache::KvStore store;
   Store(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) : store(config(f, d, n, page, seed)) {
+    // shared-prompt: a prompt that ends inside a page, so that a page holds shared and own dither.
+    store.set_prompt_length(n / 2 - 1);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> g(0.0f, 1.0f);
     std::vector<float> gain(d);
@@ -135,7 +139,7 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
       for (int page : {1, 16}) {
         Store s(f, d, n, page, 1000 + config);
         // The shared-page dither-int8 keys take the float-logit path (certified_attention_fast.cc).
-        const bool float_logits = f.k == cache::kDitherInt8 && f.dither == cache::DitherMode::shared_page;
+        const bool float_logits = f.k == cache::kDitherInt8 && f.dither != cache::DitherMode::per_slot;
         cache::KvStore::Reader r(s.store, 0, 1);
         for (int group : {1, 3, 7}) {
           const int splits = std::vector<int>{1, 2, 8}[(config + group) % 3];

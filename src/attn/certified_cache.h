@@ -74,6 +74,7 @@ class CertifiedKvCache final : public KvCache {
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
                      std::int64_t n, float* out, std::int64_t out_stride) const override;
   void clear() override;
+  void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
   // Repairs promote pages that later calls read: per_head when gated by head or block, serial
   // when a repair promotes every head (request granularity).
   AttendConcurrency attend_concurrency() const override;

@@ -105,10 +105,12 @@ TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
 TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
   const Tokens t = draw_tokens(70, 4);
   for (int page : {1, 16})
-    for (cache::DitherMode mode : {cache::DitherMode::per_slot, cache::DitherMode::shared_page}) {
+    for (cache::DitherMode mode :
+         {cache::DitherMode::per_slot, cache::DitherMode::shared_page, cache::DitherMode::shared_prompt}) {
       cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, page, 77);
       c.dither = mode;
       CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
+      cache.set_prompt_length(41);
       fill(cache, t);
       for (int l = 0; l < kLayers; ++l)
         for (int h = 0; h < kKvHeads; ++h) {
@@ -134,6 +136,36 @@ TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
           }
         }
     }
+}
+
+// shared-prompt: the prompt's keys take their page's counter word, every later key its slot's; the
+// prompt length is fixed before the first write and reset by clear().
+TEST(CertifiedCache, SharedPromptDitherSharesOnlyThePrompt) {
+  const Tokens t = draw_tokens(70, 4);
+  cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, 16, 78);
+  c.dither = cache::DitherMode::shared_prompt;
+  CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
+  cache.set_prompt_length(41);
+  fill(cache, t);
+  EXPECT_THROW(cache.set_prompt_length(10), std::logic_error);
+  cache::KvStore::Reader r(cache.store(), 1, 0);
+  for (std::int64_t p = 0; p < t.n; ++p) {
+    const cache::KvStore::Reader::RawPage page = r.raw_page(p);
+    EXPECT_EQ(cache.store().shared_dither(p), p < 41) << p;
+    EXPECT_EQ(page.shared_end, std::clamp<std::int64_t>(41, page.begin, page.end)) << p;
+    const std::uint32_t word = page.counter(p);
+    EXPECT_EQ(word >> 31, p < 41 ? 1u : 0u) << p;  // page words have the top bit, slot words not
+    if (p % 16 == 0) continue;
+    if (p < 41) {
+      EXPECT_EQ(word, page.counter(p - 1)) << p;
+    } else if (p > 41) {
+      EXPECT_EQ(word, page.counter(p - 1) + 1) << p;  // consecutive slots
+    }
+  }
+  cache.clear();
+  EXPECT_FALSE(cache.store().shared_dither(0));
+  EXPECT_NO_THROW(cache.set_prompt_length(5));
+  EXPECT_THROW(cache.set_prompt_length(-1), std::invalid_argument);
 }
 
 // Soundness on every cell: for every format, page size and split count, the meter bounds the

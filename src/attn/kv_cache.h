@@ -49,6 +49,11 @@ class KvCache {
 
   // Forgets every position (a new request).
   virtual void clear() = 0;
+
+  // The request's prompt is positions [0, n), announced before any of them is written. A cache
+  // may use it (DitherMode::shared_prompt: the prompt's keys share their page's dither); the
+  // default ignores it.
+  virtual void set_prompt_length(std::int64_t n) { (void)n; }
 };
 
 }  // namespace witcert::attn

@@ -73,6 +73,7 @@ void KvStore::clear() {
   for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
   page_ins_ = 0;
   page_in_bytes_ = 0;
+  prompt_length_ = 0;
   table_.clear();
   std::fill(written_.begin(), written_.end(), 0);
   std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
@@ -80,9 +81,31 @@ void KvStore::clear() {
 }
 
 std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
-  // Shared-page dither names the page, in a counter range disjoint from slots (top bit set).
-  if (cfg_.dither == DitherMode::shared_page) return static_cast<std::uint32_t>(table_.page_of(pos)) | 0x80000000u;
+  // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
+  if (shared_dither(pos)) return static_cast<std::uint32_t>(table_.page_of(pos)) | 0x80000000u;
   return static_cast<std::uint32_t>(table_.slot(pos));
+}
+
+void KvStore::set_prompt_length(std::int64_t n) {
+  if (n < 0) throw std::invalid_argument("the prompt length is negative");
+  if (std::any_of(written_.begin(), written_.end(), [](std::int64_t w) { return w > 0; }))
+    throw std::logic_error("the prompt length is set before anything is written to the cache");
+  prompt_length_ = n;
+}
+
+const char* dither_mode_name(DitherMode mode) {
+  switch (mode) {
+    case DitherMode::per_slot: return "per-slot";
+    case DitherMode::shared_page: return "shared-page";
+    case DitherMode::shared_prompt: return "shared-prompt";
+  }
+  return "?";
+}
+
+DitherMode parse_dither_mode(const std::string& name) {
+  for (DitherMode m : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt})
+    if (name == dither_mode_name(m)) return m;
+  throw std::invalid_argument("unknown dither mode '" + name + "' (per-slot, shared-page or shared-prompt)");
 }
 
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
@@ -288,8 +311,10 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   r.begin = pos / P * P;
   r.end = r.begin + P;
   const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.table_.page_of(pos)) * P;
-  r.dither_counter = s_.dither_counter_slot(r.begin);
-  r.dither_shared = s_.cfg_.dither == DitherMode::shared_page;
+  r.page_counter = static_cast<std::uint32_t>(s_.table_.page_of(pos)) | 0x80000000u;
+  r.slot_counter = static_cast<std::uint32_t>(s_.table_.slot(r.begin));
+  r.shared_end = r.begin;
+  while (r.shared_end < r.end && s_.shared_dither(r.shared_end)) ++r.shared_end;
   const bool repaired = s_.page_promoted(stream_, pos);  // a repaired page is served exact
   auto view = [&](const Side& sd, quant::KvSide which, const f16* exact) {
     RawSide v;

@@ -33,9 +33,16 @@
 namespace witcert::cache {
 
 enum class DitherMode {
-  per_slot,     // the paper's: one ξ per (slot, channel)
-  shared_page,  // one ξ per (page, channel), shared by the page's tokens (docs/dither-cost.md)
+  per_slot,       // the paper's: one ξ per (slot, channel)
+  shared_page,    // one ξ per (page, channel), shared by the page's tokens (docs/dither-cost.md)
+  shared_prompt,  // the prompt's tokens share their page's ξ, every later token has its own: as sound
+                  // as per slot in free decoding (docs/dither-cost.md §2), nearly as fast as shared
 };
+
+// "per-slot", "shared-page", "shared-prompt"; parse_dither_mode throws std::invalid_argument on
+// anything else.
+const char* dither_mode_name(DitherMode mode);
+DitherMode parse_dither_mode(const std::string& name);
 
 inline constexpr const char* kDitherInt8 = "dither-int8";
 
@@ -78,6 +85,14 @@ class KvStore {
   // for each (layer, kv_head). Throws std::out_of_range beyond the capacity.
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v);
   void clear();
+  // DitherMode::shared_prompt: positions [0, n) are the request's prompt, whose keys do not depend
+  // on this cache's dither; they take their page's shared ξ, later positions their slot's. Set
+  // before anything is written (std::logic_error otherwise); clear() resets it to 0.
+  void set_prompt_length(std::int64_t n);
+  // Whether pos takes its page's shared ξ.
+  bool shared_dither(std::int64_t pos) const {
+    return cfg_.dither == DitherMode::shared_page || (cfg_.dither == DitherMode::shared_prompt && pos < prompt_length_);
+  }
   std::int64_t length(int layer, int kv_head) const { return written_[stream(layer, kv_head)]; }
 
   // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.
@@ -111,11 +126,12 @@ class KvStore {
     };
     struct RawPage {
       std::int64_t begin = 0, end = 0;  // the positions of the page
-      std::uint32_t dither_counter = 0;  // Philox counter word of the page's first slot
-      bool dither_shared = false;        // DitherMode::shared_page: one counter word for the page
+      std::int64_t shared_end = 0;       // [begin, shared_end) take the page's shared ξ, the rest their slot's
+      std::uint32_t page_counter = 0;    // Philox counter word of the page's shared ξ
+      std::uint32_t slot_counter = 0;    // Philox counter word of the page's first slot
       RawSide k, v;
       std::uint32_t counter(std::int64_t pos) const {
-        return dither_shared ? dither_counter : dither_counter + static_cast<std::uint32_t>(pos - begin);
+        return pos < shared_end ? page_counter : slot_counter + static_cast<std::uint32_t>(pos - begin);
       }
     };
     RawPage raw_page(std::int64_t pos) const;  // the page that holds pos
@@ -200,6 +216,7 @@ class KvStore {
   std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
   std::vector<char> outliers_fixed_;                // [stream]
   std::vector<std::int64_t> written_;               // [stream]
+  std::int64_t prompt_length_ = 0;                  // DitherMode::shared_prompt
   std::int64_t logical_pages_ = 0;                  // per stream
   std::unique_ptr<std::atomic<std::uint8_t>[]> promoted_;  // [stream][logical page]
   std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};

@@ -32,6 +32,7 @@ GenerateResult generate(const LlamaModel& model, std::span<const std::int32_t> p
   std::vector<float> logits(model.config().vocab);
 
   auto t0 = std::chrono::steady_clock::now();
+  cache.set_prompt_length(n);
   for (std::int64_t p = 0; p < n; p += opts.prefill_chunk) {
     const std::int64_t m = std::min<std::int64_t>(opts.prefill_chunk, n - p);
     model.forward(prompt.subspan(p, m), p, cache, pool, logits);
