@@ -217,6 +217,14 @@ TEST(CliEngine, DitherSeedAndModeNameTheDitherStream) {
   EXPECT_TRUE(a == meters("--dither-seed 11"));
   EXPECT_FALSE(a == meters("--dither-seed 12"));
   EXPECT_FALSE(a == meters("--dither-seed 11 --shared-page-dither"));
+  // The default shares the prompt's dither: not the per-slot stream, not the shared-page one
+  // (the generated tokens have their own), and spelled out it is the same as the default.
+  EXPECT_FALSE(a == meters("--dither-seed 11 --dither per-slot"));
+  EXPECT_TRUE(a == meters("--dither-seed 11 --dither shared-prompt"));
+  EXPECT_FALSE(meters("--dither-seed 11 --dither shared-page") == meters("--dither-seed 11 --dither per-slot"));
+  const Result bad = run("generate --model " + kModel + " --prompt 'hi' --n 1 --kv dither-int8 --dither sideways");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("unknown dither mode"), std::string::npos) << bad.out;
 }
 
 TEST(CliEngine, SeededSamplingIsReproducible) {

@@ -228,6 +228,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_k", r.config.kv_k},
                           {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
                           {"gate", gate_label(r.config.gate)},
+                          {"dither", cache::dither_mode_name(r.config.dither)},
                           {"text", r.text},
                           {"kl_vs_fp16", r.kl},
                           {"top1_agreement", r.top1},
