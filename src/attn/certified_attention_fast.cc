@@ -210,6 +210,7 @@ class FastAttention {
       codes_t_.assign(static_cast<std::size_t>(blocks) * d_ * kNF, 0.0f);
       outliers_t_.assign(static_cast<std::size_t>(blocks) * m2_ * kNF, 0.0f);
       code_dots_.assign(static_cast<std::size_t>(group_) * G_ * kTile + kNF, 0.0f);
+      tail_codes_.assign(static_cast<std::size_t>(d_) * kNF, 0);
     }
     if (k_kind_ == cache::FormatKind::scheme) {
       const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
@@ -260,6 +261,7 @@ class FastAttention {
       kappa_ = cert::subgaussian_radius(1.0, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels());
       stream_ = r_.dither_stream();
       xi_.assign(dp_ + 4 * kNF, 0.0f);
+      key_row_.assign(d_, 0);
       words_.assign(xi_.size(), 0);
       qg_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
       s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
@@ -396,28 +398,25 @@ class FastAttention {
   // (outliers_t_[b][j][lane]), Σ_j |x_{t,j}| in x_outf_.
   void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
     const DF df;
-    const std::int8_t* codes = page.k.codes + row0 * d_;
+    const hn::Rebind<std::int8_t, DF> di8;
+    const hn::Rebind<std::int32_t, DF> di32;
+    const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       float* out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
       const int last = n - 1 - j0;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-      // One gather reads 4 channels of every token: bytes c..c+3 of row t as lane t's int32.
-      const hn::RebindToSigned<DF> di;
-      const auto rows = hn::Min(hn::Iota(di, 0), hn::Set(di, last));
-      const auto idx = hn::Mul(rows, hn::Set(di, d_ / 4));
-      const auto* base = reinterpret_cast<const std::int32_t*>(codes + j0 * d_);
-      for (int c = 0; c < d_; c += 4) {
-        const auto w = hn::GatherIndex(di, base + c / 4, idx);
-        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(w))), df, out + (c + 0) * kNF);
-        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(w))), df, out + (c + 1) * kNF);
-        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(w))), df, out + (c + 2) * kNF);
-        hn::StoreU(hn::ConvertTo(df, hn::ShiftRight<24>(w)), df, out + (c + 3) * kNF);
+      // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
+      // of kNF consecutive tokens. A block that would read past the page is copied first.
+      const std::int8_t* codes = page.k.codes + row0 + j0;
+      std::size_t stride = P;
+      if (row0 + j0 + kNF > P) {
+        for (int c = 0; c < d_; ++c)
+          for (std::size_t l = 0; l < kNF; ++l)
+            tail_codes_[c * kNF + l] = page.k.codes[c * P + row0 + j0 + std::min<std::size_t>(l, static_cast<std::size_t>(last))];
+        codes = tail_codes_.data();
+        stride = kNF;
       }
-#else
       for (int c = 0; c < d_; ++c)
-        for (std::size_t l = 0; l < kNF; ++l)
-          out[c * kNF + l] = codes[(j0 + std::min<int>(static_cast<int>(l), last)) * d_ + c];
-#endif
+        hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c * stride))), df, out + c * kNF);
       float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
       for (int j = 0; j < m2_; ++j)
         for (std::size_t l = 0; l < kNF; ++l) xo[j * kNF + l] = static_cast<float>(outlier_values_[std::min<int>(static_cast<int>(l), last) * m2_ + j + j0 * m2_]);
@@ -438,7 +437,9 @@ class FastAttention {
     const DD dd;
     const hn::Rebind<std::int8_t, DD> di8;
     const hn::Rebind<std::int32_t, DD> di32;
-    const std::int8_t* codes = page.k.codes + row * d_;
+    const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
+    for (int c = 0; c < d_; ++c) key_row_[c] = page.k.codes[c * P + row];  // channel-major in the page
+    const std::int8_t* codes = key_row_.data();
     if (!shared_tile_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
     double* out = &krows_[i * dp_];
     for (int g = 0; g < G_; ++g) {
@@ -965,6 +966,8 @@ class FastAttention {
   std::vector<float> codes_t_;     // [b][c][lane] the tile's key codes, tokens in lanes
   std::vector<float> outliers_t_;  // [b][j][lane] the tile's outlier values, tokens in lanes
   std::vector<float> code_dots_;   // [h][g][t] Σ_{c∈g} q̄_c·code_{t,c}
+  std::vector<std::int8_t> tail_codes_;  // [c][lane] a lane block that would read past its page
+  std::vector<std::int8_t> key_row_;     // [c] one key's codes (the double path)
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_;      // [g][t] the tile's key scales
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|

@@ -212,10 +212,11 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
       quant::dither_values(stream, dither_counter_slot(pos), xi);
     }
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg_.outlier_pairs) : 0;
-    quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup,
-                              std::span<std::int8_t>(&side.codes[at * d], d),
+    std::vector<std::int8_t> codes(d);
+    quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
                               std::span<f16>(key ? &side.outlier_values[at * n_out] : nullptr, n_out));
+    for (int c = 0; c < d; ++c) side.codes[key ? key_code(at, c) : at * d + c] = codes[c];
     return;
   }
   std::uint8_t* packed = &side.packed[at * side.block_bytes];
@@ -380,7 +381,9 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
                                    static_cast<std::uint32_t>(kv_head_)};
   quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg_.outlier_pairs);
-  quant::decode_dither_int8(std::span<const std::int8_t>(&sd.codes[at * d], d),
+  key_codes_.resize(d);
+  for (int c = 0; c < d; ++c) key_codes_[c] = sd.codes[s_.key_code(at, c)];
+  quant::decode_dither_int8(key_codes_,
                             std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
                             std::span<const std::uint8_t>(outlier_mask(), d),
                             std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,

@@ -121,7 +121,7 @@ class KvStore {
       const f16* exact = nullptr;    // [slot][head_dim]: the exact tier
       const std::uint8_t* packed = nullptr;  // per-token schemes: [slot][block_bytes]
       const f16* meta = nullptr;     // [slot][·]: B witness bands (keys), ρ_t (values) or d/32 dither scales
-      const std::int8_t* codes = nullptr;       // dither-int8: [slot][head_dim]
+      const std::int8_t* codes = nullptr;       // dither-int8 keys: [head_dim][page_size]; values: [slot][head_dim]
       const f16* outlier_values = nullptr;      // dither-int8 keys: [slot][2m], in channel order
     };
     struct RawPage {
@@ -153,6 +153,7 @@ class KvStore {
     std::size_t stream_;
     BlockCache k_block_, v_block_;
     std::vector<float> xi_;
+    std::vector<std::int8_t> key_codes_;  // one key's codes, gathered from the page's channel-major block
     std::vector<std::uint8_t> no_outliers_;
   };
 
@@ -184,13 +185,21 @@ class KvStore {
     std::vector<std::uint8_t> packed;  // per-token formats: [stream][slot][block_bytes]; group: [stream][group][block_bytes]
     std::vector<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
     int meta_per_token = 0;
-    std::vector<std::int8_t> codes;  // dither-int8: [stream][slot][head_dim]
+    // dither-int8 values: [stream][slot][head_dim]; keys page by page, channel-major inside a page
+    // ([stream][page][head_dim][page_size], key_code), so that a page's tokens of one channel are
+    // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
+    std::vector<std::int8_t> codes;
     std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
     std::size_t bytes() const;
   };
 
   std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg_.kv_heads + kv_head; }
   std::size_t slots() const { return static_cast<std::size_t>(pool_.pages()) * cfg_.page_size; }
+  // Index in Side::codes of channel c of the dither-int8 key in global slot `at`.
+  std::size_t key_code(std::size_t at, int c) const {
+    const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
+    return at / P * P * cfg_.head_dim + static_cast<std::size_t>(c) * P + at % P;
+  }
   void init_side(Side& side, const std::string& format, quant::KvSide which);
   void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
