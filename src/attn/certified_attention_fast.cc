@@ -378,14 +378,16 @@ class FastAttention {
     if (shared_tile_ && page.page_counter != xi_page_) SharedDither(page.page_counter);
     // The tile's scales and outlier values are contiguous: converted in one go.
     F16ToDouble(key_meta_, n * G_, scales_.data());
-    if (float_tile_)
+    if (float_tile_) {
       for (int i = 0; i < n; ++i)
         for (int g = 0; g < G_; ++g) sf_[g * kTile + i] = static_cast<float>(scales_[i * G_ + g]);
-    for (int i = 0; i < n; ++i)
-      for (int g = 0; g < G_; ++g) {
-        s_[g * kTile + i] = scales_[i * G_ + g];
-        s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
-      }
+    } else {
+      for (int i = 0; i < n; ++i)
+        for (int g = 0; g < G_; ++g) {
+          s_[g * kTile + i] = scales_[i * G_ + g];
+          s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
+        }
+    }
     if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
     if (float_tile_)
       KeyTileFloat(page, row0, n);
@@ -423,11 +425,6 @@ class FastAttention {
       VF x_out = hn::Zero(df);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
       hn::StoreU(x_out, df, &x_outf_[j0]);
-    }
-    for (int i = 0; i < n; ++i) {
-      double x_out = 0.0;
-      for (int j = 0; j < m2_; ++j) x_out += std::fabs(outlier_values_[i * m2_ + j]);
-      x_out_[i] = x_out;
     }
   }
 
@@ -878,8 +875,11 @@ class FastAttention {
                                                       std::span<const std::uint8_t>(r_.outlier_mask(), d_), kGroup,
                                                       ctx_.sm);
         // The float path's logits carry its own, larger allowance.
-        double eta = float_tile_ ? eta0_ + eta_xf_[h] * x_out_[i] : eta_x_[h] * x_out_[i];
-        for (int g = 0; g < G_; ++g) eta += (float_tile_ ? eta_gf_[h * G_ + g] : eta_g_[h * G_ + g]) * s_[g * kTile + i];
+        double x_out = 0.0;  // Σ_{outlier c}|x_{t,c}|, as x_out_ holds it for the double path
+        for (int j = 0; j < m2_; ++j) x_out += std::fabs(outlier_values_[i * m2_ + j]);
+        double eta = float_tile_ ? eta0_ + eta_xf_[h] * x_out : eta_x_[h] * x_out;
+        for (int g = 0; g < G_; ++g)
+          eta += (float_tile_ ? eta_gf_[h * G_ + g] : eta_g_[h * G_ + g]) * scales_[i * G_ + g];
         c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
       p.meter.add(z, c);
