@@ -279,6 +279,11 @@ TEST(CliEngine, DemoPrintsItsTableAndGatesWithinTau) {
   for (const auto& run : j["runs"]) {
     EXPECT_TRUE(run.contains("answer_correct"));
     EXPECT_NE(r.out.find(run["label"].get<std::string>()), std::string::npos) << "missing from the table";
+    // Only a dither-int8 run has a dither; the demo's is the default.
+    if (run["kv_k"] == "dither-int8")
+      EXPECT_EQ(run["dither"], "shared-prompt");
+    else
+      EXPECT_FALSE(run.contains("dither")) << run["label"];
     runs[run["label"]] = run;
   }
   EXPECT_EQ(runs["fp8-e4m3 gated"]["meter"]["coverage"].get<double>(), 1.0);   // τ = 0.2

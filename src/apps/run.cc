@@ -228,7 +228,6 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_k", r.config.kv_k},
                           {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
                           {"gate", gate_label(r.config.gate)},
-                          {"dither", cache::dither_mode_name(r.config.dither)},
                           {"text", r.text},
                           {"kl_vs_fp16", r.kl},
                           {"top1_agreement", r.top1},
@@ -238,6 +237,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
+    if (r.config.kv_k == cache::kDitherInt8) run["dither"] = cache::dither_mode_name(r.config.dither);
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
     const std::string n = std::to_string(j["runs"].size());
