@@ -967,7 +967,6 @@ class FastAttention {
   std::vector<float> outliers_t_;  // [b][j][lane] the tile's outlier values, tokens in lanes
   std::vector<float> code_dots_;   // [h][g][t] Σ_{c∈g} q̄_c·code_{t,c}
   std::vector<std::int8_t> tail_codes_;  // [c][lane] a lane block that would read past its page
-  std::vector<std::int8_t> key_row_;     // [c] one key's codes (the double path)
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_;      // [g][t] the tile's key scales
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
@@ -994,6 +993,7 @@ class FastAttention {
   KeyKind key_kind_ = KeyKind::exact;
   const f16* key_meta_ = nullptr;   // the tile's witness rows or dither scale rows
   std::vector<double> krows_;       // [t][dp] k'_t
+  std::vector<std::int8_t> key_row_;  // [c] one dither-int8 key's codes, gathered from its page
   std::vector<float> kfloat_;       // one decoded scheme key
   std::vector<float> xi_;           // ξ of the token (per-slot) or of the page (shared)
   std::vector<std::uint32_t> words_;
