@@ -81,7 +81,6 @@ constexpr int kTile = 16;  // positions per tile (at most one page)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr int kChains = 4;  // independent FMA chains per head of a code dot (kGroup / kChains + 2 roundings)
 constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's key codes or value rows
-static_assert(kChains == 4, "the code dots sum four chains");
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
@@ -95,6 +94,13 @@ HWY_INLINE hn::Vec<D> TransposeSum(hn::Vec<D>* v) {
       v[i] = hn::Add(hn::ConcatEven(d, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(d, v[2 * i + 1], v[2 * i]));
 #endif
   return v[0];
+}
+
+// The sum of kChains FMA chains, pairwise (log2(kChains) roundings).
+template <class V>
+HWY_INLINE V SumChains(const V* a) {
+  static_assert(kChains == 4);
+  return hn::Add(hn::Add(a[0], a[1]), hn::Add(a[2], a[3]));
 }
 
 // Lane i: q · row i, for kN rows of dp doubles `stride` apart.
@@ -191,11 +197,10 @@ class FastAttention {
         meter_(meter),
         k_kind_(reader.kind(quant::KvSide::key)),
         v_kind_(reader.kind(quant::KvSide::value)),
-        may_share_(cfg_.dither != cache::DitherMode::per_slot),
         G_(d / kGroup),
         B_(cfg_.bands),
         m2_(2 * cfg_.outlier_pairs),
-        float_keys_(k_kind_ == cache::FormatKind::dither_int8 && may_share_) {
+        float_keys_(k_kind_ == cache::FormatKind::dither_int8 && cfg_.dither != cache::DitherMode::per_slot) {
     qd_.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
       for (int c = 0; c < d_; ++c) qd_[h * dp_ + c] = q_[h * d_ + c];
@@ -469,7 +474,7 @@ class FastAttention {
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
           for (int k = 0; k < kChains; ++k)
             acc[k] = hn::MulAdd(hn::LoadU(dd, &qbar_t_[(c + k) * heads_padded_ + h0]), hn::Set(dd, xi_[c + k]), acc[k]);
-        hn::StoreU(hn::Add(hn::Add(acc[0], acc[1]), hn::Add(acc[2], acc[3])), dd, &qg_t_[g * heads_padded_ + h0]);
+        hn::StoreU(SumChains(acc), dd, &qg_t_[g * heads_padded_ + h0]);
       }
     for (int h = 0; h < group_; ++h)
       for (int g = 0; g < G_; ++g) qg_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
@@ -498,7 +503,7 @@ class FastAttention {
                        hn::Mul(hn::Set(dd, eta_q_[h]), hn::LoadU(dd, &mu_[j0])));
       } else if (meter_ && key_kind_ == KeyKind::tier_b) {
         // Lemma 2: u_t = sqrt(ς_t²)·κ; then η_t.
-        VD v2 = hn::Zero(dd), eta = hn::MulAdd(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]), hn::Set(dd, eta0_));
+        VD v2 = hn::Zero(dd), eta = hn::Mul(hn::Set(dd, eta_x_[h]), hn::LoadU(dd, &x_out_[j0]));
         for (int g = 0; g < G_; ++g) {
           v2 = hn::MulAdd(hn::Set(dd, q2_[h * G_ + g]), hn::LoadU(dd, &s2_[g * kTile + j0]), v2);
           eta = hn::MulAdd(hn::Set(dd, eta_g_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), eta);
@@ -529,9 +534,7 @@ class FastAttention {
             const VF code = hn::LoadU(df, codes + (c + k) * kNF);
             for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, qbarf_[(h0 + j) * dp_ + c + k]), code, a[j][k]);
           }
-        for (int j = 0; j < NH; ++j)
-          hn::StoreU(hn::Add(hn::Add(a[j][0], a[j][1]), hn::Add(a[j][2], a[j][3])), df,
-                     &code_dots_[((h0 + j) * G_ + g) * kTile + j0]);
+        for (int j = 0; j < NH; ++j) hn::StoreU(SumChains(a[j]), df, &code_dots_[((h0 + j) * G_ + g) * kTile + j0]);
       }
     }
   }
@@ -954,7 +957,6 @@ class FastAttention {
   const BoundContext ctx_;
   const bool meter_;
   const cache::FormatKind k_kind_, v_kind_;
-  const bool may_share_;  // the store's dither mode shares ξ on some pages
   const int G_, B_, m2_;  // scale groups, bands, outlier channels
   const bool float_keys_;  // dither-int8 keys that may share ξ: tiles of shared-ξ keys take the float path
   bool shared_tile_ = false;  // the tile's keys share their page's ξ

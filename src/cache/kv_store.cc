@@ -314,8 +314,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.table_.page_of(pos)) * P;
   r.page_counter = static_cast<std::uint32_t>(s_.table_.page_of(pos)) | 0x80000000u;
   r.slot_counter = static_cast<std::uint32_t>(s_.table_.slot(r.begin));
-  r.shared_end = r.begin;
-  while (r.shared_end < r.end && s_.shared_dither(r.shared_end)) ++r.shared_end;
+  r.shared_end = std::clamp(s_.shared_dither_end(), r.begin, r.end);
   const bool repaired = s_.page_promoted(stream_, pos);  // a repaired page is served exact
   auto view = [&](const Side& sd, quant::KvSide which, const f16* exact) {
     RawSide v;

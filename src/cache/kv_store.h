@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,10 +90,16 @@ class KvStore {
   // on this cache's dither; they take their page's shared ξ, later positions their slot's. Set
   // before anything is written (std::logic_error otherwise); clear() resets it to 0.
   void set_prompt_length(std::int64_t n);
-  // Whether pos takes its page's shared ξ.
-  bool shared_dither(std::int64_t pos) const {
-    return cfg_.dither == DitherMode::shared_page || (cfg_.dither == DitherMode::shared_prompt && pos < prompt_length_);
+  // Positions below this take their page's shared ξ, the rest their slot's.
+  std::int64_t shared_dither_end() const {
+    switch (cfg_.dither) {
+      case DitherMode::shared_page: return std::numeric_limits<std::int64_t>::max();
+      case DitherMode::shared_prompt: return prompt_length_;
+      case DitherMode::per_slot: break;
+    }
+    return 0;
   }
+  bool shared_dither(std::int64_t pos) const { return pos < shared_dither_end(); }
   std::int64_t length(int layer, int kv_head) const { return written_[stream(layer, kv_head)]; }
 
   // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.
