@@ -216,6 +216,8 @@ class FastAttention {
       outliers_t_.assign(static_cast<std::size_t>(blocks) * m2_ * kNF, 0.0f);
       code_dots_.assign(static_cast<std::size_t>(group_) * G_ * kTile + kNF, 0.0f);
       tail_codes_.assign(static_cast<std::size_t>(d_) * kNF, 0);
+      meta_f_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
+      outliers_f_.assign(static_cast<std::size_t>(kTile) * m2_ + 1, 0.0f);
     }
     if (k_kind_ == cache::FormatKind::scheme) {
       const cert::BandLayout bands(d_, B_, cfg_.rope_layout);
@@ -291,6 +293,7 @@ class FastAttention {
     vrows_.assign(kTile * dp_, 0.0f);
     if (v_kind_ == cache::FormatKind::dither_int8) {
       v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
+      v_scalesf_.assign(v_scales_.size(), 0.0f);
       v_s_t_.assign(v_scales_.size() + kN, 0.0);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
@@ -380,35 +383,49 @@ class FastAttention {
     }
     key_kind_ = KeyKind::tier_b;
     key_meta_ = page.k.meta + row0 * G_;
+    key_outliers_ = page.k.outlier_values + row0 * m2_;
     if (shared_tile_ && page.page_counter != xi_page_) SharedDither(page.page_counter);
-    // The tile's scales and outlier values are contiguous: converted in one go.
+    if (float_tile_) return KeyTileFloat(page, row0, n);
+    DoubleKeyMeta(n);
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < G_; ++g) {
+        s_[g * kTile + i] = scales_[i * G_ + g];
+        s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
+      }
+    for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+  }
+
+  // The tile's key scales and outlier values as double, [t][g] and [t][j] (contiguous in the page):
+  // the double path's, and the float path's when a tile falls back to ScalarTile.
+  void DoubleKeyMeta(int n) {
     F16ToDouble(key_meta_, n * G_, scales_.data());
-    if (float_tile_) {
-      for (int i = 0; i < n; ++i)
-        for (int g = 0; g < G_; ++g) sf_[g * kTile + i] = static_cast<float>(scales_[i * G_ + g]);
-    } else {
-      for (int i = 0; i < n; ++i)
-        for (int g = 0; g < G_; ++g) {
-          s_[g * kTile + i] = scales_[i * G_ + g];
-          s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
-        }
-    }
-    if (m2_ > 0) F16ToDouble(page.k.outlier_values + row0 * m2_, n * m2_, outlier_values_.data());
-    if (float_tile_)
-      KeyTileFloat(page, row0, n);
-    else
-      for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+    if (m2_ > 0) F16ToDouble(key_outliers_, n * m2_, outlier_values_.data());
   }
 
   // Shared-page dither: the tile's codes as floats with the tokens in lanes (codes_t_[b][c][lane],
-  // token b·kNF + lane; lanes past the tile repeat its last token), its outlier values likewise
-  // (outliers_t_[b][j][lane]), Σ_j |x_{t,j}| in x_outf_.
+  // token b·kNF + lane; lanes past the tile repeat its last token), its scales (sf_[g][t]) and
+  // outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in x_outf_.
   void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
     const DF df;
     const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
+    // Scales and outlier values are token-major in the page: converted in one go, then gathered.
+    F16ToFloat(key_meta_, n * G_, meta_f_.data());
+    if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outliers_f_.data());
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      const auto token = hn::Min(hn::Iota(di32, j0), hn::Set(di32, n - 1));
+      const auto at_g = hn::Mul(token, hn::Set(di32, G_)), at_j = hn::Mul(token, hn::Set(di32, m2_));
+      for (int g = 0; g < G_; ++g)
+        hn::StoreU(hn::GatherIndex(df, meta_f_.data(), hn::Add(at_g, hn::Set(di32, g))), df, &sf_[g * kTile + j0]);
+      float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
+      VF x_out = hn::Zero(df);
+      for (int j = 0; j < m2_; ++j) {
+        const VF x = hn::GatherIndex(df, outliers_f_.data(), hn::Add(at_j, hn::Set(di32, j)));
+        hn::StoreU(x, df, xo + j * kNF);
+        x_out = hn::Add(x_out, hn::Abs(x));
+      }
+      hn::StoreU(x_out, df, &x_outf_[j0]);
       float* out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
       const int last = n - 1 - j0;
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -424,12 +441,6 @@ class FastAttention {
       }
       for (int c = 0; c < d_; ++c)
         hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c * stride))), df, out + c * kNF);
-      float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
-      for (int j = 0; j < m2_; ++j)
-        for (std::size_t l = 0; l < kNF; ++l) xo[j * kNF + l] = static_cast<float>(outlier_values_[std::min<int>(static_cast<int>(l), last) * m2_ + j + j0 * m2_]);
-      VF x_out = hn::Zero(df);
-      for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
-      hn::StoreU(x_out, df, &x_outf_[j0]);
     }
   }
 
@@ -631,11 +642,14 @@ class FastAttention {
     const DF df;
     const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
+    const hn::Rebind<std::int32_t, DD> di32_d;
+    const hn::RebindToSigned<DD> di64;
     F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
+    F16ToFloat(page.v.meta + row0 * G_, n * G_, v_scalesf_.data());
     for (int i = 0; i < n; ++i) {
       const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
       for (int g = 0; g < G_; ++g) {
-        const VF s = hn::Set(df, static_cast<float>(v_scales_[i * G_ + g]));
+        const VF s = hn::Set(df, v_scalesf_[i * G_ + g]);
         VF sq = hn::Zero(df);
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
           const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
@@ -643,12 +657,15 @@ class FastAttention {
           sq = hn::MulAdd(code, code, sq);
         }
         hn::StoreU(sq, df, &code_sq_[(g * kTile + i) * kNF]);
-        v_s_t_[g * kTile + i] = v_scales_[i * G_ + g];
       }
     }
-    // Lanes past the tile's end read scale 0: finite ρ_t and ‖v̂_t‖ there, whatever a past tile held.
-    for (int g = 0; g < G_; ++g)
-      for (int i = n; i < static_cast<int>(hwy::RoundUpTo(static_cast<std::size_t>(n), kN)); ++i) v_s_t_[g * kTile + i] = 0.0;
+    // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
+    // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const auto at = hn::PromoteTo(di64, hn::Mul(hn::Min(hn::Iota(di32_d, j0), hn::Set(di32_d, n - 1)), hn::Set(di32_d, G_)));
+      for (int g = 0; g < G_; ++g)
+        hn::StoreU(hn::GatherIndex(dd, v_scales_.data(), hn::Add(at, hn::Set(di64, g))), dd, &v_s_t_[g * kTile + j0]);
+    }
     for (int g = 0; g < G_; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
         VF rows[kNF];
@@ -863,6 +880,7 @@ class FastAttention {
   // logit or bound and for partials already poisoned by one. c_t comes from the cert functions,
   // which skip bands and groups the query does not touch.
   void ScalarTile(int h, int n, HeadPartial& p) {
+    if (float_tile_) DoubleKeyMeta(n);
     const float* qh = q_ + h * d_;
     double* acc = &acc_[h * dp_];
     for (int i = 0; i < n; ++i) {
@@ -915,12 +933,14 @@ class FastAttention {
     for (; c < n; ++c) out[c] = fp16_to_float(src[c]);
   }
 
-  void F16FloatRow(const f16* src, float* out) const {
+  static void F16ToFloat(const f16* src, int n, float* out) {
     const DF df;
     int c = 0;
-    for (; c + static_cast<int>(kNF) <= d_; c += static_cast<int>(kNF)) hn::StoreU(LoadF16(df, src + c), df, out + c);
-    for (; c < d_; ++c) out[c] = fp16_to_float(src[c]);
+    for (; c + static_cast<int>(kNF) <= n; c += static_cast<int>(kNF)) hn::StoreU(LoadF16(df, src + c), df, out + c);
+    for (; c < n; ++c) out[c] = fp16_to_float(src[c]);
   }
+
+  void F16FloatRow(const f16* src, float* out) const { F16ToFloat(src, d_, out); }
 
   void FloatRow(const float* src, double* out) const {
     const DD dd;
@@ -969,6 +989,8 @@ class FastAttention {
   std::vector<float> outliers_t_;  // [b][j][lane] the tile's outlier values, tokens in lanes
   std::vector<float> code_dots_;   // [h][g][t] Σ_{c∈g} q̄_c·code_{t,c}
   std::vector<std::int8_t> tail_codes_;  // [c][lane] a lane block that would read past its page
+  std::vector<float> meta_f_;      // [t][g] the tile's key scales, as stored
+  std::vector<float> outliers_f_;  // [t][j] the tile's outlier values, as stored
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_;      // [g][t] the tile's key scales
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
@@ -994,6 +1016,7 @@ class FastAttention {
   // Per tile.
   KeyKind key_kind_ = KeyKind::exact;
   const f16* key_meta_ = nullptr;   // the tile's witness rows or dither scale rows
+  const f16* key_outliers_ = nullptr;  // the tile's dither-int8 outlier values
   std::vector<double> krows_;       // [t][dp] k'_t
   std::vector<std::int8_t> key_row_;  // [c] one dither-int8 key's codes, gathered from its page
   std::vector<float> kfloat_;       // one decoded scheme key
@@ -1010,6 +1033,7 @@ class FastAttention {
   std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
   std::vector<double> v_scales_;    // [t][g] the tile's value scales (dither-int8)
+  std::vector<float> v_scalesf_;    // [t][g] the same, as float
   std::vector<double> v_s_t_;       // [g][t] the same
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
