@@ -18,6 +18,7 @@ void HeadPartial::merge(const HeadPartial& o) {
   rho = rho * a + o.rho * b;
   m = m_new;
   v_max = std::max(v_max, o.v_max);
+  float_rho_max = std::max(float_rho_max, o.float_rho_max);
   meter.merge(o.meter);
 }
 
@@ -131,7 +132,10 @@ HeadResult finish(const HeadPartial& p, int head_dim, float* out) {
   const double shapes = std::min({r.eform_raw, cert::two_sided_raw(log_A, log_A_minus),
                                   cert::tanh_half_shape(p.meter.c_max)});
   r.meter = std::isnan(log_A) || std::isnan(p.m) ? 1.0 : cert::clamp_meter(shapes);
-  const double weighted_rho = p.rho / p.l;
+  // Float weights (the fast kernel) move the weighted mean of ρ^v_t by at most ε times the largest
+  // ρ^v_t among their tokens (cert::float_weight_error).
+  double weighted_rho = p.rho / p.l;
+  if (p.meter.float_c_max >= 0.0) weighted_rho += cert::float_weight_error(p.meter.n) * p.float_rho_max;
   r.v_meter = cert::value_meter(weighted_rho, p.v_max);
   r.output_bound = cert::value_output_bound(r.meter, p.v_max, weighted_rho);
   if (std::isnan(p.m) || !(p.l > 0.0)) {

@@ -31,6 +31,7 @@ struct HeadPartial {
   std::vector<double> acc;       // Σ e^{z̃_t − m} v̂_t
   double rho = 0.0;              // Σ e^{z̃_t − m} ρ^v_t
   double v_max = 0.0;            // max_t (‖v̂_t‖ + ρ^v_t) ≥ max_t ‖v_t‖
+  double float_rho_max = 0.0;    // max_t ρ^v_t over the tokens whose weight was computed in float
   cert::MeterStats meter;        // LSE(z̃), LSE(z̃ ± c), c_max
 
   void merge(const HeadPartial& o);

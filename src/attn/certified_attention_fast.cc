@@ -177,6 +177,48 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 #endif
 }
 
+// e^{c} − 1 rounded up into plus and e^{−c} − 1 rounded down into minus, for kNF lanes of c ≥ 0.
+// While every c ≤ ½ (the usual case), from the Taylor series: e^{±c} − 1 = ±c·(E(c²) ± c·O(c²)) with
+// E = Σ_{k even ≤ 6} c^k/(k+1)!, O = Σ_{k odd ≤ 7} c^{k−1}/(k+1)!. The truncated tail is below
+// c^8/9! ≤ 2^-26 of E ± c·O (which is ≥ 0.78); for −c it alternates with decreasing terms. E and O
+// by Horner in c², all terms positive: ≤ 8 roundings each plus the coefficients' own, relative;
+// E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
+// final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
+// (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
+HWY_INLINE void Em1Bounds(VF c, float* plus, float* minus) {
+  const DF df;
+  if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
+    const VF out = hn::Set(df, 1.0f + 0x1p-19f);
+    hn::StoreU(hn::Mul(hn::Expm1(df, c), out), df, plus);
+    hn::StoreU(hn::Mul(hn::Expm1(df, hn::Neg(c)), out), df, minus);
+    return;
+  }
+  const VF c2 = hn::Mul(c, c);
+  VF e = hn::Set(df, 1.0f / 5040.0f), o = hn::Set(df, 1.0f / 40320.0f);
+  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f / 120.0f));
+  o = hn::MulAdd(o, c2, hn::Set(df, 1.0f / 720.0f));
+  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f / 6.0f));
+  o = hn::MulAdd(o, c2, hn::Set(df, 1.0f / 24.0f));
+  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f));
+  o = hn::MulAdd(o, c2, hn::Set(df, 0.5f));
+  const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
+  hn::StoreU(hn::Mul(hn::Add(e, co), up), df, plus);
+  hn::StoreU(hn::Neg(hn::Mul(hn::Sub(e, co), up)), df, minus);
+}
+
+void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
+  const DF df;
+  HWY_ALIGN float in[kNF], p[kNF], m[kNF];
+  for (std::size_t i = 0; i < n; i += kNF) {
+    const std::size_t k = std::min(kNF, n - i);
+    std::fill_n(in, kNF, 0.0f);
+    std::copy_n(c + i, k, in);
+    Em1Bounds(hn::Load(df, in), p, m);
+    std::copy_n(p, k, plus + i);
+    std::copy_n(m, k, minus + i);
+  }
+}
+
 void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
   std::vector<std::uint32_t> words(static_cast<std::size_t>(d) + 4 * hn::MaxLanes(hn::ScalableTag<std::uint32_t>()));
   std::vector<float> out(words.size());
@@ -282,6 +324,11 @@ class FastAttention {
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
         em1_plus_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         em1_minus_.assign(em1_plus_.size(), 0.0f);
+        zf_.assign(em1_plus_.size(), 0.0f);
+        cf_.assign(em1_plus_.size(), 0.0f);
+        z_max_.assign(group_, 0.0);
+        c_max_.assign(group_, 0.0);
+        xf_.assign(kTile + kNF, 0.0f);
       }
     }
     if (k_kind_ == cache::FormatKind::scheme) {
@@ -334,6 +381,13 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(page, t0, n, v_packed);
+      if (float_tile_) {
+        tile_v_max_ = tile_rho_max_ = 0.0;
+        for (int i = 0; i < n; ++i) {
+          tile_v_max_ = std::max(tile_v_max_, vnorm_[i] + rho_[i]);
+          tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
+        }
+      }
       for (int h = 0; h < group_; ++h) {
         HeadPartial& p = partials[h];
         scalar_[h] = !finite_[h] || !Clean(p);
@@ -566,11 +620,11 @@ class FastAttention {
   // and e^{±c_t} − 1 rounded outwards for the meter's sums (see the comment at the top).
   void LogitsFloat(int h, int n) {
     const DF df;
-    const DD dd;
     const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), v2_scale = hn::Set(df, static_cast<float>(v2_scale_));
     const VF kappa = hn::Set(df, static_cast<float>(kappa_)), eta0 = hn::Set(df, static_cast<float>(eta0_));
-    const VF up = hn::Set(df, 1.0f + 0x1p-17f), em1_out = hn::Set(df, 1.0f + 0x1p-19f);
+    const VF up = hn::Set(df, 1.0f + 0x1p-17f);
     auto finite = hn::FirstN(df, kNF);
+    VF z_max = hn::Set(df, -HUGE_VALF), c_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
       VF dot = hn::Zero(df);
@@ -592,21 +646,26 @@ class FastAttention {
       const VF z = hn::IfThenElse(bad, hn::Set(df, NAN), hn::Mul(sm, dot));
       VF c = hn::Zero(df);
       if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
-      if (meter_) {
-        hn::StoreU(hn::Mul(hn::Expm1(df, c), em1_out), df, &em1_plus_[h * kTile + j0]);
-        hn::StoreU(hn::Mul(hn::Expm1(df, hn::Neg(c)), em1_out), df, &em1_minus_[h * kTile + j0]);
-      }
+      if (meter_) Em1Bounds(c, &em1_plus_[h * kTile + j0], &em1_minus_[h * kTile + j0]);
       const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
-      finite = hn::And(finite, hn::Or(ok, hn::Not(hn::FirstN(df, static_cast<std::size_t>(n - j0)))));
-      HWY_ALIGN float zc[2 * kNF];
-      hn::Store(z, df, zc);
-      hn::Store(c, df, zc + kNF);
-      for (std::size_t k = 0; k < kNF; k += kN) {
-        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), zc + k)), dd, &z_[h * kTile + j0 + k]);
-        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), zc + kNF + k)), dd, &c_[h * kTile + j0 + k]);
-      }
+      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
+      finite = hn::And(finite, hn::Or(ok, hn::Not(valid)));
+      z_max = hn::Max(z_max, hn::IfThenElse(valid, z, z_max));
+      c_max = hn::Max(c_max, hn::IfThenElseZero(valid, c));
+      hn::StoreU(z, df, &zf_[h * kTile + j0]);
+      hn::StoreU(c, df, &cf_[h * kTile + j0]);
     }
     finite_[h] = hn::AllTrue(df, finite);
+    z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
+    c_max_[h] = hn::GetLane(hn::MaxOfLanes(df, c_max));
+  }
+
+  // A float tile's z̃_t and c_t as double, for the paths that take them from z_ and c_.
+  void DoubleLogits(int h, int n) {
+    for (int i = 0; i < n; ++i) {
+      z_[h * kTile + i] = zf_[h * kTile + i];
+      c_[h * kTile + i] = cf_[h * kTile + i];
+    }
   }
 
   // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
@@ -759,6 +818,10 @@ class FastAttention {
     const DD dd;
     cert::Lse& plus = p.meter.z_plus_c;
     cert::Lse& minus = p.meter.z_minus_c;
+    if (float_tile_) {
+      if (!meter_ || (plus.m == p.m && minus.m == p.m && c_max_[h] < kFloatMaxC)) return UpdateFloat(h, n, p);
+      DoubleLogits(h, n);
+    }
     VD c_max = hn::Zero(dd);
     if (meter_)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
@@ -816,6 +879,69 @@ class FastAttention {
       LseTile(plus, h, n, 1.0);
       LseTile(minus, h, n, -1.0);
     }
+  }
+
+  // A float tile whose LSE(z̃ ± c) keep LSE(z̃)'s reference point m (or with the meter off): the
+  // weights w_t = e^{z̃_t − m} in float from x_t = z̃_t − m rounded to float (|Δx_t| ≤ 2^-24(1 + 2^-28)|x_t|)
+  // and Highway's Exp (≤ 1 ulp; 2^-20 is taken), so w'_t = w_t(1 + ε_t) with
+  // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)|x_t|, or |w'_t − w_t| ≤ 2^-125 where e^{x_t} underflows; the same
+  // w'_t enters all three sums, and MeterStats::float_c_max accounts for it. The terms
+  // w'_t(e^{±c_t} − 1) are rounded outwards (×(1 + 2^-22) after two float roundings); the sums are
+  // in double, as in Update.
+  void UpdateFloat(int h, int n, HeadPartial& p) {
+    const DD dd;
+    const DF df;
+    p.meter.c_max = std::max(p.meter.c_max, c_max_[h]);
+    p.meter.float_c_max = std::max(p.meter.float_c_max, c_max_[h]);
+    p.v_max = std::max(p.v_max, tile_v_max_);
+    p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
+    rescale_[h] = 1.0;
+    if (z_max_[h] > p.m) {
+      const double r = rescale_[h] = std::exp(p.m - z_max_[h]);
+      p.l *= r;
+      p.rho *= r;
+      for (Pending what : {kL, kRho, kPlus, kMinus})
+        hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
+      if (meter_) {
+        p.meter.z_plus_c.s *= r;
+        p.meter.z_minus_c.s *= r;
+        p.meter.z_plus_c.m = p.meter.z_minus_c.m = z_max_[h];
+      }
+      p.m = z_max_[h];
+      p.meter.z.s = p.l;
+    }
+    const VD m = hn::Set(dd, p.m);
+    float* x = xf_.data();
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+      hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
+    const VF out = hn::Set(df, 1.0f + 0x1p-22f);
+    float* w = &w_[h * kTile];
+    float* wp = &em1_plus_[h * kTile];
+    float* wm = &em1_minus_[h * kTile];
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
+      const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
+      hn::StoreU(wt, df, w + j0);
+      if (!meter_) continue;
+      hn::StoreU(hn::IfThenElseZero(valid, hn::Mul(hn::Mul(wt, hn::LoadU(df, wp + j0)), out)), df, wp + j0);
+      hn::StoreU(hn::IfThenElseZero(valid, hn::Mul(hn::Mul(wt, hn::LoadU(df, wm + j0)), out)), df, wm + j0);
+    }
+    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
+    VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      const VD wd = hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0));
+      l = hn::Add(l, wd);
+      rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
+      if (!meter_) continue;
+      s_plus = hn::Add(s_plus, hn::Add(wd, hn::PromoteTo(dd, hn::LoadU(DFH(), wp + j0))));
+      s_minus = hn::Add(s_minus, hn::Max(hn::Zero(dd), hn::Add(wd, hn::PromoteTo(dd, hn::LoadU(DFH(), wm + j0)))));
+    }
+    hn::StoreU(l, dd, pending(h, kL));
+    hn::StoreU(rho, dd, pending(h, kRho));
+    hn::StoreU(s_plus, dd, pending(h, kPlus));
+    hn::StoreU(s_minus, dd, pending(h, kMinus));
+    p.meter.z.m = p.m;
+    p.meter.n += n;
   }
 
   // Σ_t w_t v̂_t over the tile in float, added to each vector-path head's double accumulator; up to
@@ -880,7 +1006,10 @@ class FastAttention {
   // logit or bound and for partials already poisoned by one. c_t comes from the cert functions,
   // which skip bands and groups the query does not touch.
   void ScalarTile(int h, int n, HeadPartial& p) {
-    if (float_tile_) DoubleKeyMeta(n);
+    if (float_tile_) {
+      DoubleKeyMeta(n);
+      DoubleLogits(h, n);
+    }
     const float* qh = q_ + h * d_;
     double* acc = &acc_[h * dp_];
     for (int i = 0; i < n; ++i) {
@@ -997,6 +1126,9 @@ class FastAttention {
   std::vector<float> qgf_, q2f_, eta_gf_;  // [h][G] Q_g, Σ q_c², η's coefficient of s_g
   std::vector<float> eta_xf_;  // [h]
   std::vector<float> em1_plus_, em1_minus_;  // [h][t] e^{c_t} − 1 rounded up, e^{−c_t} − 1 rounded down
+  std::vector<float> zf_, cf_;     // [h][t] z̃_t and c_t
+  std::vector<double> z_max_, c_max_;  // [h] their maxima over the tile
+  std::vector<float> xf_;          // [t] z̃_t − m
 
   // Per call: the queries and their constants.
   std::vector<double> qd_;    // [h][dp] q as double
@@ -1038,6 +1170,7 @@ class FastAttention {
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
+  double tile_v_max_ = 0.0, tile_rho_max_ = 0.0;  // max_t (‖v̂_t‖ + ρ^v_t), max_t ρ^v_t over the tile
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
   std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
@@ -1062,6 +1195,7 @@ namespace witcert::attn {
 
 HWY_EXPORT(AttendRangeFast);
 HWY_EXPORT(DitherValuesFast);
+HWY_EXPORT(Em1BoundsFast);
 
 void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
                        std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
@@ -1070,6 +1204,10 @@ void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group
 
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {
   HWY_DYNAMIC_DISPATCH(DitherValuesFast)(stream, counter, xi.data(), static_cast<int>(xi.size()));
+}
+
+void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus) {
+  HWY_DYNAMIC_DISPATCH(Em1BoundsFast)(c.data(), plus.data(), minus.data(), std::min({c.size(), plus.size(), minus.size()}));
 }
 
 }  // namespace witcert::attn

@@ -34,4 +34,10 @@ void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group
 // known-answer test). xi.size() must be a multiple of 4.
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi);
 
+// e^{c_i} − 1 rounded up into plus[i] and e^{−c_i} − 1 rounded down into minus[i], c_i ≥ 0, as the
+// float path computes them for the meter's sums (exposed for its known-answer test). Vectors whose
+// lanes are all ≤ ½ take a Taylor polynomial; others Highway's Expm1: the lanes of one vector of
+// the current target decide together.
+void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus);
+
 }  // namespace witcert::attn

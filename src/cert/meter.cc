@@ -28,6 +28,7 @@ void MeterStats::add(double z_t, double c_t) {
 
 void MeterStats::merge(const MeterStats& o) {
   n += o.n;
+  float_c_max = std::max(float_c_max, o.float_c_max);
   z.merge(o.z);
   z_plus_c.merge(o.z_plus_c);
   z_minus_c.merge(o.z_minus_c);
@@ -39,17 +40,50 @@ double lse_rounding_margin(long n, double lse_a, double lse_b) {
   return (2.0 * static_cast<double>(n) + 4.0) * 0x1p-52 * (1.0 + size);
 }
 
+double float_weight_error(long n) {
+  const double count = std::max(1.0, static_cast<double>(n));
+  const double e = (0x1p-20 + 0x1p-24 * (1.0 + 0x1p-20) * std::log(count) + count * 0x1p-125) * kRoundUpMargin;
+  return e / (1.0 - e) * kRoundUpMargin;
+}
+
+// Float weights (float_c_max ≥ 0). With A = Σ w_t E_t / Σ w_t (E_t = e^{c_t}) and A'' the same
+// with w'_t, A'' − A = Σ_t (w'_t − w_t)(E_t − A) / Σ_t w'_t, so |A'' − A| ≤ ε·max_t |E_t − A| over
+// the float tokens, ε = float_weight_error(n) (Σ w' ≥ (1 − ε̄)Σ w). Those E_t lie in [1, e^{f}]
+// (f = float_c_max) and A in [1, e^{c_max}]:
+//   c_max ≤ f:  |E_t − A| ≤ e^f − 1, so A ≤ A'' + ε(e^f − 1);
+//   otherwise:  |E_t − A| ≤ max(e^f, A) − 1, so also A ≤ A''/(1 − ε) ≤ A''(1 + ε/(1 − ε)) may bind.
+// With A'' ≥ 1, log A ≤ log A'' + δ for δ = ε(e^f − 1), or the larger of that and ε/(1 − ε).
+// Likewise E_t, A⁻ ∈ (0, 1]: A⁻ ≥ A⁻'' − δ⁻ with δ⁻ = ε(1 − e^{−f}) when c_max ≤ f, else ε; and
+// log A⁻ ≥ log A⁻'' − y/(1 − y), y = δ⁻/A⁻''. The kernel's E'_t only round A'' up and A⁻'' down.
+namespace {
+double float_weight_shift(const MeterStats& s, bool plus) {
+  if (s.float_c_max < 0.0) return 0.0;
+  const double eps = float_weight_error(s.n);
+  if (plus) {
+    const double d = eps * std::expm1(s.float_c_max);
+    return (s.c_max <= s.float_c_max ? d : std::max(d, eps / (1.0 - eps))) * kRoundUpMargin;
+  }
+  return (s.c_max <= s.float_c_max ? -eps * std::expm1(-s.float_c_max) : eps) * kRoundUpMargin;
+}
+}  // namespace
+
 // With every c_t = 0 the compressed logits are exact: A = A⁻ = 1 with no rounding at all.
 double MeterStats::log_A() const {
   if (c_max == 0.0) return 0.0;
   const double a = z_plus_c.value(), b = z.value();
-  return a - b + lse_rounding_margin(n, a, b);
+  const double upper = a - b + lse_rounding_margin(n, a, b);
+  const double d = float_weight_shift(*this, true);
+  return d == 0.0 ? upper : upper + d + 0x1p-52 * (1.0 + std::fabs(upper));  // the addition's rounding
 }
 
 double MeterStats::log_A_minus() const {
   if (c_max == 0.0) return 0.0;
   const double a = z_minus_c.value(), b = z.value();
-  return a - b - lse_rounding_margin(n, a, b);
+  const double lower = a - b - lse_rounding_margin(n, a, b);
+  const double d = float_weight_shift(*this, false);
+  if (d == 0.0) return lower;
+  const double y = d / std::exp(lower) * kRoundUpMargin;
+  return y >= 1.0 ? -kInf : lower - y / (1.0 - y) * kRoundUpMargin - 0x1p-52 * (1.0 + std::fabs(lower));
 }
 
 double eform_raw(double log_A) {

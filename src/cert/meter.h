@@ -21,6 +21,11 @@ struct MeterStats {
   Lse z_minus_c;  // LSE_t(z̃_t − c_t)
   double c_max = 0.0;
   long n = 0;  // tokens with p̃_t > 0
+  // The largest c_t among tokens whose weight e^{z̃_t − m} was computed in float (the fast
+  // kernel's float tiles), −1 if none. Such a weight w'_t = w_t(1 + ε_t) carries
+  // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)·|z̃_t − m|, the same w'_t in all three sums; log_A and
+  // log_A_minus widen by what that can move A and A⁻ (float_weight_error).
+  double float_c_max = -1.0;
 
   void add(double z_t, double c_t);
   void merge(const MeterStats& o);
@@ -30,6 +35,12 @@ struct MeterStats {
   double log_A() const;
   double log_A_minus() const;
 };
+
+// ε̄/(1 − ε̄), where ε̄ = 2^-20 + 2^-24(1 + 2^-20)·ln n + n·2^-125 bounds Σ_t |ε_t| w_t / Σ_t w_t for
+// n float weights w'_t = w_t(1 + ε_t) with |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)·|x_t|, x_t = z̃_t − m ≤ 0
+// for the running max m of their partial (or |w'_t − w_t| ≤ 2^-125 where e^{x_t} underflows):
+// Σ_t w_t·|x_t| / Σ_t w_t ≤ H(p̃) ≤ ln n because max_t x_t = 0.
+double float_weight_error(long n);
 
 // An upper bound on the rounding error of LSE(a) − LSE(b) over n terms each: the recursive sums
 // carry relative error ≤ (2n)·2^-53 each, and the final additions m + log s one ulp of their size.

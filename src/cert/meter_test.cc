@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -89,6 +90,67 @@ TEST(Meter, TinyCIsAccurateAndNeverBelowTheExactValue) {
   const double e = evaluate(p, c).eform;
   EXPECT_GE(e, 1e-9);
   EXPECT_NEAR(e, 1e-9, 1e-14);
+}
+
+// Float weights (MeterStats::float_c_max): every weight of a float token is perturbed by the largest
+// relative error the model allows, |ε_t| = 2^-20 + 2^-24·|z̃_t − m| (m the max logit), with the sign
+// that pushes A down and A⁻ up (below A: weight up; above: down). log_A and log_A_minus must still
+// bound the exact values, query by query, for all-float cells and for cells where exact tokens
+// carry larger c_t than the float ones; and the same cells without the allowance must fail, or the
+// adversary is too weak to test anything.
+TEST(Meter, FloatWeightAllowanceCoversAdversarialWeights) {
+  std::mt19937_64 rng(7);
+  long cells = 0, caught_without = 0;
+  for (long n : {1L, 2L, 17L, 300L, 5000L})
+    for (double spread : {0.1, 5.0, 40.0})
+      for (double c_top : {1e-4, 0.05, 0.5, 3.0})
+        for (int mixed = 0; mixed < 2; ++mixed) {
+          std::normal_distribution<double> g(0.0, spread);
+          std::uniform_real_distribution<double> u(0.0, 1.0);
+          std::vector<double> z(n), c(n);
+          std::vector<char> is_float(n);
+          double f = -1.0;
+          for (long t = 0; t < n; ++t) {
+            z[t] = g(rng);
+            is_float[t] = !mixed || t % 3 != 0;
+            c[t] = c_top * u(rng) * (is_float[t] ? 1.0 : 2.0);
+            if (is_float[t]) f = std::max(f, c[t]);
+          }
+          const double m = *std::max_element(z.begin(), z.end());
+          long double w = 0, a = 0, am = 0;
+          for (long t = 0; t < n; ++t) {
+            const long double e = std::exp(static_cast<long double>(z[t] - m));
+            w += e, a += e * std::exp(static_cast<long double>(c[t])), am += e * std::exp(-static_cast<long double>(c[t]));
+          }
+          const double log_A = static_cast<double>(std::log(a / w)), log_Am = static_cast<double>(std::log(am / w));
+          const double A = std::exp(log_A), Am = std::exp(log_Am);
+          for (int side = 0; side < 2; ++side) {
+            MeterStats s, bare;
+            for (long t = 0; t < n; ++t) {
+              double zt = z[t];
+              if (is_float[t]) {
+                const double eps = 0x1p-20 + 0x1p-24 * std::fabs(z[t] - m);
+                const bool above = side == 0 ? std::exp(c[t]) > A : std::exp(-c[t]) > Am;
+                zt += std::log1p(above ? -eps : eps);
+              }
+              s.add(zt, c[t]);
+              bare.add(zt, c[t]);
+            }
+            s.float_c_max = f;
+            ++cells;
+            if (side == 0) {
+              EXPECT_GE(s.log_A(), log_A) << "n " << n << " spread " << spread << " c " << c_top << " mixed " << mixed;
+              caught_without += bare.log_A() < log_A;
+            } else {
+              EXPECT_LE(s.log_A_minus(), log_Am) << "n " << n << " spread " << spread << " c " << c_top << " mixed " << mixed;
+              caught_without += bare.log_A_minus() > log_Am;
+            }
+          }
+        }
+  EXPECT_GT(caught_without, cells / 4) << "the adversarial weights should beat the bare LSE margin";
+  // Known answers: no float weights, no shift; the allowance's size at n = 1 and n = e^10.
+  EXPECT_EQ(float_weight_error(1), (0x1p-20 * (1.0 + 0x1p-40) + 0x1p-125) / (1.0 - 0x1p-20) * (1.0 + 0x1p-40));
+  EXPECT_NEAR(float_weight_error(22026), 0x1p-20 + 10.0 * 0x1p-24, 1e-9);
 }
 
 TEST(Meter, NanPoisonsEveryFormToNoGuarantee) {
