@@ -41,29 +41,31 @@
 // Shared-page dither-int8 keys take a float path (the certified cache's default, and the one whose
 // speed matters): the tile's codes are converted to float with the tokens in lanes, and per query
 // head and group the code sum C_g = Σ_{c∈g} q̄_c·code_{t,c} (q̄: q with the outlier channels
-// zeroed) runs in kChains FMA chains; then z̃'_t = sm·(Σ_{outlier c} q_c x_{t,c} + Σ_g s_g·(C_g − Q_g))
-// in float, Q_g rounded to float. Codes, scales, outlier values and q are exact in float. A term
-// q_c·code_c passes through at most kGroup/kChains (its chain) + 2 (the chains' sum) + 1 (− Q_g)
-// + 1 (·s_g, added to the running sum) + (G − 1) (the later groups' additions) + 2 (sm rounded to
-// float, and the product) = kGroup/kChains + G + 5 roundings; Q_g at most G + 4 (its rounding to
-// float included); an outlier term m2 + G + 2. With n the largest of these and u = 2^-24,
-//   |z̃'_t − sm·q·k̂_t| ≤ γ_n·sm·(Σ_g s_g·(Σ_{c∈g}|q̄_c code_c| + |Q_g|) + Σ_{outlier c}|q_c x_{t,c}|)
+// zeroed) runs in kChains FMA chains, and so does Q_g = Σ_{c∈g} q̄_c·ξ_c (once per page, query heads
+// in lanes); then z̃'_t = sm·(Σ_{outlier c} q_c x_{t,c} + Σ_g s_g·(C_g − Q_g)) in float. Codes, ξ,
+// scales, outlier values and q are exact in float. A term q_c·code_c or q_c·ξ_c passes through at
+// most kGroup/kChains (its chain) + 2 (the chains' sum) + 1 (C_g − Q_g) + 1 (·s_g, added to the
+// running sum) + (G − 1) (the later groups' additions) + 2 (sm rounded to float, and the product)
+// = kGroup/kChains + G + 5 roundings; an outlier term m2 + G + 2. With n the largest of these and
+// u = 2^-24,
+//   |z̃'_t − sm·q·k̂_t| ≤ γ_n·sm·(Σ_g s_g·Σ_{c∈g}(|q̄_c code_c| + |q̄_c ξ_c|) + Σ_{outlier c}|q_c x_{t,c}|)
 //                     ≤ γ_n·sm·(128·Σ_g s_g·‖q̄_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}|)
-// (|code| ≤ 127, |Q_g| ≤ ½‖q̄_g‖₁), γ_n = n·u/(1 − n·u) ≤ n·u·(1 + 2^-16). Q_g itself comes from a
-// double sum whose error the double term (d + 64)·2^-52 covers, and a float product that underflows
+// (|code| ≤ 127, |ξ| ≤ ½), γ_n = n·u/(1 − n·u) ≤ n·u·(1 + 2^-16). A float product that underflows
 // loses at most 2^-150, covered by sm·(d + 64)·2^-126. That is η_t of this path: about 1e-4 of the
 // sub-Gaussian radius at d = 64. c_t = (u_t + η_t) is then evaluated in float and multiplied by
 // 1 + 2^-17, which exceeds the relative rounding of its ≤ 2G + 8 float operations, so c_t is at
 // least its exact value. The meter's sums need e^{±c_t}: they take w_t·(1 + (e^{c_t} − 1)) with
-// e^{c_t} − 1 from Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19, an upper bound, and e^{−c_t} − 1 the
-// same way, a lower bound (more negative); relative to e^{±c} − 1, so a small c_t keeps its full
-// precision. A larger A and a smaller A⁻ than the exact ones only loosen every bound shape. A
-// non-finite scale or outlier value makes the logit NaN, which reads as "no guarantee".
+// e^{c_t} − 1 rounded up and e^{−c_t} − 1 rounded down (Em1Bounds: a Taylor polynomial for c ≤ ½,
+// Highway's Expm1 above), relative to e^{±c} − 1, so a small c_t keeps its full precision. A larger
+// A and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or
+// outlier value makes the logit NaN, which reads as "no guarantee".
 //
-// The three LSEs accumulate in double. Every term e^{x_t − m} carries ≤ 1 ulp (Highway's Exp), and
-// the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most one rescale per
-// tile: per term no more roundings than the reference's token-by-token accumulation, whose total
-// cert::lse_rounding_margin covers.
+// The three LSEs accumulate in double. In the double path every term e^{x_t − m} carries ≤ 1 ulp
+// (Highway's Exp), and the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most
+// one rescale per tile: per term no more roundings than the reference's token-by-token
+// accumulation, whose total cert::lse_rounding_margin covers. Float tiles compute the weight
+// w_t = e^{x_t − m} itself in float (UpdateFloat): its relative error grows with |x_t|, and
+// MeterStats::float_c_max carries the allowance for it (cert::float_weight_error).
 
 HWY_BEFORE_NAMESPACE();
 namespace witcert::attn {
@@ -292,11 +294,11 @@ class FastAttention {
           eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
           qbar_[h * dp_ + c] = qc;
         }
-      heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kN);
-      qbar_t_.assign(d_ * heads_padded_, 0.0);
+      heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kNF);
+      qbar_t_.assign(d_ * heads_padded_, 0.0f);
       for (int h = 0; h < group_; ++h)
-        for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = qbar_[h * dp_ + c];
-      qg_t_.assign(G_ * heads_padded_, 0.0);
+        for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = static_cast<float>(qbar_[h * dp_ + c]);
+      qg_t_.assign(G_ * heads_padded_, 0.0f);
       if (float_keys_) {
         qbarf_.assign(qbar_.begin(), qbar_.end());
         q_out_.resize(static_cast<std::size_t>(group_) * m2_);
@@ -312,13 +314,12 @@ class FastAttention {
       xi_.assign(dp_ + 4 * kNF, 0.0f);
       key_row_.assign(d_, 0);
       words_.assign(xi_.size(), 0);
-      qg_.assign(static_cast<std::size_t>(group_) * G_, 0.0);
       s_.assign(static_cast<std::size_t>(G_) * kTile, 0.0);
       s2_.assign(s_.size(), 0.0);
       if (float_keys_) {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
         x_outf_.assign(kTile + kNF, 0.0f);
-        qgf_.assign(qg_.size(), 0.0f);
+        qgf_.assign(static_cast<std::size_t>(group_) * G_, 0.0f);
         q2f_.assign(q2_.begin(), q2_.end());
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
@@ -526,24 +527,24 @@ class FastAttention {
     x_out_[i] = x_out;
   }
 
-  // Shared-page dither: ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per query head, once
-  // per page, the query heads in lanes.
+  // Shared-page dither (float tiles only): ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per
+  // query head, once per page, in float with the query heads in lanes and kChains FMA chains (the
+  // same roundings as a code sum: the comment at the top).
   void SharedDither(std::uint32_t counter) {
-    const DD dd;
+    const DF df;
     DitherRow(stream_, counter, d_, xi_.data(), words_.data());
     xi_page_ = counter;
-    for (int h0 = 0; h0 < group_; h0 += static_cast<int>(kN))
+    for (std::size_t h0 = 0; h0 < static_cast<std::size_t>(group_); h0 += kNF)
       for (int g = 0; g < G_; ++g) {
-        VD acc[kChains];
-        for (VD& a : acc) a = hn::Zero(dd);
+        VF acc[kChains];
+        for (VF& a : acc) a = hn::Zero(df);
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
           for (int k = 0; k < kChains; ++k)
-            acc[k] = hn::MulAdd(hn::LoadU(dd, &qbar_t_[(c + k) * heads_padded_ + h0]), hn::Set(dd, xi_[c + k]), acc[k]);
-        hn::StoreU(SumChains(acc), dd, &qg_t_[g * heads_padded_ + h0]);
+            acc[k] = hn::MulAdd(hn::LoadU(df, &qbar_t_[(c + k) * heads_padded_ + h0]), hn::Set(df, xi_[c + k]), acc[k]);
+        hn::StoreU(SumChains(acc), df, &qg_t_[g * heads_padded_ + h0]);
       }
     for (int h = 0; h < group_; ++h)
-      for (int g = 0; g < G_; ++g) qg_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
-    if (float_keys_) std::copy(qg_.begin(), qg_.end(), qgf_.begin());
+      for (int g = 0; g < G_; ++g) qgf_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
@@ -553,10 +554,7 @@ class FastAttention {
     const double* q = &qd_[h * dp_];
     auto finite = hn::FirstN(dd, kN);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);
-      if (key_kind_ == KeyKind::tier_b && shared_tile_)
-        for (int g = 0; g < G_; ++g)
-          dot = hn::NegMulAdd(hn::Set(dd, qg_[h * G_ + g]), hn::LoadU(dd, &s_[g * kTile + j0]), dot);
+      const VD dot = DotRows(q, &krows_[j0 * dp_], dp_, dp_);  // shared-ξ dither keys never come here
       hn::StoreU(hn::Mul(hn::Set(dd, ctx_.sm), dot), dd, &z_[h * kTile + j0]);
       VD c = hn::Zero(dd);
       if (meter_ && key_kind_ == KeyKind::tier_a) {
@@ -1139,8 +1137,8 @@ class FastAttention {
   std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
   std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
   std::size_t heads_padded_ = 0;
-  std::vector<double> qbar_t_;  // [c][heads_padded] the same, query heads in lanes
-  std::vector<double> qg_t_;    // [g][heads_padded] Q_g of the page
+  std::vector<float> qbar_t_;   // [c][heads_padded] the same, query heads in lanes (float tiles)
+  std::vector<float> qg_t_;     // [g][heads_padded] Q_g of the page
   std::vector<int> outliers_;
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
@@ -1154,8 +1152,7 @@ class FastAttention {
   std::vector<float> kfloat_;       // one decoded scheme key
   std::vector<float> xi_;           // ξ of the token (per-slot) or of the page (shared)
   std::vector<std::uint32_t> words_;
-  std::int64_t xi_page_ = -1;       // the shared-page counter word xi_ and qg_ belong to
-  std::vector<double> qg_;          // [h][G] Q_g of the page
+  std::int64_t xi_page_ = -1;       // the shared-page counter word xi_ and qgf_ belong to
   std::vector<double> w_band_;      // [b][t] witness
   std::vector<double> s_, s2_;      // [g][t] dither scale and its square
   std::vector<double> scales_;      // [t][g] the tile's key scales
