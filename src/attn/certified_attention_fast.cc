@@ -318,6 +318,8 @@ class FastAttention {
       s2_.assign(s_.size(), 0.0);
       if (float_keys_) {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
+        s2f_.assign(sf_.size(), 0.0f);
+        poison_.assign(kTile + kNF, 0.0f);
         x_outf_.assign(kTile + kNF, 0.0f);
         qgf_.assign(static_cast<std::size_t>(group_) * G_, 0.0f);
         q2f_.assign(q2_.begin(), q2_.end());
@@ -471,8 +473,6 @@ class FastAttention {
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const auto token = hn::Min(hn::Iota(di32, j0), hn::Set(di32, n - 1));
       const auto at_g = hn::Mul(token, hn::Set(di32, G_)), at_j = hn::Mul(token, hn::Set(di32, m2_));
-      for (int g = 0; g < G_; ++g)
-        hn::StoreU(hn::GatherIndex(df, meta_f_.data(), hn::Add(at_g, hn::Set(di32, g))), df, &sf_[g * kTile + j0]);
       float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
       VF x_out = hn::Zero(df);
       for (int j = 0; j < m2_; ++j) {
@@ -481,6 +481,16 @@ class FastAttention {
         x_out = hn::Add(x_out, hn::Abs(x));
       }
       hn::StoreU(x_out, df, &x_outf_[j0]);
+      // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
+      // scale times a finite code sum would pass for a token of weight 0.
+      auto bad = hn::Not(hn::IsFinite(x_out));
+      for (int g = 0; g < G_; ++g) {
+        const VF sg = hn::GatherIndex(df, meta_f_.data(), hn::Add(at_g, hn::Set(di32, g)));
+        bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
+        hn::StoreU(sg, df, &sf_[g * kTile + j0]);
+        hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
+      }
+      hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       float* out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
       const int last = n - 1 - j0;
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -630,18 +640,14 @@ class FastAttention {
         dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
       const VF x_out = hn::LoadU(df, &x_outf_[j0]);
       VF v2 = hn::Zero(df), eta = hn::MulAdd(hn::Set(df, eta_xf_[h]), x_out, eta0);
-      // A non-finite stored value makes the logit NaN ("no guarantee"): an infinite scale times a
-      // finite code sum would pass for a token of weight 0.
-      auto bad = hn::Not(hn::IsFinite(x_out));
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
-        bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
         const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
         dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qgf_[h * G_ + g])), dot);
-        v2 = hn::MulAdd(hn::Set(df, q2f_[h * G_ + g]), hn::Mul(sg, sg), v2);
+        v2 = hn::MulAdd(hn::Set(df, q2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
         eta = hn::MulAdd(hn::Set(df, eta_gf_[h * G_ + g]), sg, eta);
       }
-      const VF z = hn::IfThenElse(bad, hn::Set(df, NAN), hn::Mul(sm, dot));
+      const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
       VF c = hn::Zero(df);
       if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
       if (meter_) Em1Bounds(c, &em1_plus_[h * kTile + j0], &em1_minus_[h * kTile + j0]);
@@ -1119,7 +1125,8 @@ class FastAttention {
   std::vector<float> meta_f_;      // [t][g] the tile's key scales, as stored
   std::vector<float> outliers_f_;  // [t][j] the tile's outlier values, as stored
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
-  std::vector<float> sf_;      // [g][t] the tile's key scales
+  std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
+  std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
   std::vector<float> qgf_, q2f_, eta_gf_;  // [h][G] Q_g, Σ q_c², η's coefficient of s_g
   std::vector<float> eta_xf_;  // [h]
