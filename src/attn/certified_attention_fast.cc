@@ -342,9 +342,8 @@ class FastAttention {
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
     if (v_kind_ == cache::FormatKind::dither_int8) {
-      v_scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
-      v_scalesf_.assign(v_scales_.size(), 0.0f);
-      v_s_t_.assign(v_scales_.size() + kN, 0.0);
+      v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
+      v_s_t_.assign(v_scalesf_.size() + kN, 0.0);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
     }
@@ -360,6 +359,10 @@ class FastAttention {
     finite_.assign(group_, 1);
     pending_.assign(static_cast<std::size_t>(group_) * kPendings * kN, 0.0);
     scalar_.assign(group_, 0);
+    for (int t = 0; t < kTile + static_cast<int>(kNF); ++t) {
+      times_g_.push_back(t * G_);
+      times_m_.push_back(t * m2_);
+    }
   }
 
   void Run(std::int64_t begin, std::int64_t end, std::vector<HeadPartial>& partials) {
@@ -471,8 +474,8 @@ class FastAttention {
     F16ToFloat(key_meta_, n * G_, meta_f_.data());
     if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outliers_f_.data());
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const auto token = hn::Min(hn::Iota(di32, j0), hn::Set(di32, n - 1));
-      const auto at_g = hn::Mul(token, hn::Set(di32, G_)), at_j = hn::Mul(token, hn::Set(di32, m2_));
+      const auto at_g = hn::Min(hn::LoadU(di32, &times_g_[j0]), hn::Set(di32, (n - 1) * G_));
+      const auto at_j = hn::Min(hn::LoadU(di32, &times_m_[j0]), hn::Set(di32, (n - 1) * m2_));
       float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
       VF x_out = hn::Zero(df);
       for (int j = 0; j < m2_; ++j) {
@@ -491,8 +494,8 @@ class FastAttention {
         hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
-      float* out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
-      const int last = n - 1 - j0;
+      float* HWY_RESTRICT out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
+      const int last = n - 1 - j0, d = d_;
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
       // of kNF consecutive tokens. A block that would read past the page is copied first.
       const std::int8_t* codes = page.k.codes + row0 + j0;
@@ -504,7 +507,7 @@ class FastAttention {
         codes = tail_codes_.data();
         stride = kNF;
       }
-      for (int c = 0; c < d_; ++c)
+      for (int c = 0; c < d; ++c)
         hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c * stride))), df, out + c * kNF);
     }
   }
@@ -706,45 +709,51 @@ class FastAttention {
     const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
     const hn::Rebind<std::int32_t, DD> di32_d;
-    const hn::RebindToSigned<DD> di64;
-    F16ToDouble(page.v.meta + row0 * G_, n * G_, v_scales_.data());
-    F16ToFloat(page.v.meta + row0 * G_, n * G_, v_scalesf_.data());
-    for (int i = 0; i < n; ++i) {
-      const std::int8_t* codes = page.v.codes + (row0 + i) * d_;
-      for (int g = 0; g < G_; ++g) {
-        const VF s = hn::Set(df, v_scalesf_[i * G_ + g]);
+    // Locals: the stores below would otherwise make the compiler reload every member per vector.
+    const int G = G_, d = d_;
+    const std::size_t dp = dp_;
+    float* HWY_RESTRICT scales = v_scalesf_.data();
+    float* HWY_RESTRICT rows = vrows_.data();
+    float* HWY_RESTRICT code_sq = code_sq_.data();
+    float* HWY_RESTRICT code_sum = code_sum_.data();
+    double* HWY_RESTRICT s_t = v_s_t_.data();
+    F16ToFloat(page.v.meta + row0 * G, n * G, scales);
+    const std::int8_t* codes = page.v.codes + row0 * d;
+    for (int i = 0; i < n; ++i, codes += d)
+      for (int g = 0; g < G; ++g) {
+        const VF s = hn::Set(df, scales[i * G + g]);
         VF sq = hn::Zero(df);
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
           const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
-          hn::StoreU(hn::Mul(code, s), df, &vrows_[i * dp_ + c]);
+          hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
           sq = hn::MulAdd(code, code, sq);
         }
-        hn::StoreU(sq, df, &code_sq_[(g * kTile + i) * kNF]);
+        hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
       }
-    }
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
     // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
+    const auto last = hn::Set(di32_d, (n - 1) * G);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      const auto at = hn::PromoteTo(di64, hn::Mul(hn::Min(hn::Iota(di32_d, j0), hn::Set(di32_d, n - 1)), hn::Set(di32_d, G_)));
-      for (int g = 0; g < G_; ++g)
-        hn::StoreU(hn::GatherIndex(dd, v_scales_.data(), hn::Add(at, hn::Set(di64, g))), dd, &v_s_t_[g * kTile + j0]);
+      const auto at = hn::Min(hn::LoadU(di32_d, &times_g_[j0]), last);
+      for (int g = 0; g < G; ++g)
+        hn::StoreU(hn::PromoteTo(dd, hn::GatherIndex(DFH(), scales, hn::Add(at, hn::Set(di32_d, g)))), dd, s_t + g * kTile + j0);
     }
-    for (int g = 0; g < G_; ++g)
+    for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-        VF rows[kNF];
+        VF sums[kNF];
         for (std::size_t j = 0; j < kNF; ++j)
-          rows[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, &code_sq_[(g * kTile + j0 + j) * kNF]) : hn::Zero(df);
-        hn::StoreU(TransposeSum<DF>(rows), df, &code_sum_[g * kTile + j0]);
+          sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, code_sq + (g * kTile + j0 + j) * kNF) : hn::Zero(df);
+        hn::StoreU(TransposeSum<DF>(sums), df, code_sum + g * kTile + j0);
       }
     // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
     const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD rho2 = hn::Zero(dd), norm2 = hn::Zero(dd);
-      for (int g = 0; g < G_; ++g) {
-        const VD s = hn::LoadU(dd, &v_s_t_[g * kTile + j0]);
+      for (int g = 0; g < G; ++g) {
+        const VD s = hn::LoadU(dd, s_t + g * kTile + j0);
         const VD h = hn::Mul(s, half);
         rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
-        norm2 = hn::MulAdd(hn::Mul(s, s), hn::PromoteTo(dd, hn::LoadU(DFH(), &code_sum_[g * kTile + j0])), norm2);
+        norm2 = hn::MulAdd(hn::Mul(s, s), hn::PromoteTo(dd, hn::LoadU(DFH(), code_sum + g * kTile + j0)), norm2);
       }
       hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
       hn::StoreU(hn::Sqrt(norm2), dd, &vnorm_[j0]);
@@ -1168,12 +1177,12 @@ class FastAttention {
   std::vector<double> x_out_;       // [t] Σ_{outlier c} |x_{t,c}| (Tier B)
   std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
-  std::vector<double> v_scales_;    // [t][g] the tile's value scales (dither-int8)
-  std::vector<float> v_scalesf_;    // [t][g] the same, as float
-  std::vector<double> v_s_t_;       // [g][t] the same
+  std::vector<float> v_scalesf_;    // [t][g] the tile's value scales (dither-int8)
+  std::vector<double> v_s_t_;       // [g][t] the same, token lanes
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
+  std::vector<std::int32_t> times_g_, times_m_;  // [t] t·G, t·2m: where token t's row starts in [t][g], [t][j]
   double tile_v_max_ = 0.0, tile_rho_max_ = 0.0;  // max_t (‖v̂_t‖ + ρ^v_t), max_t ρ^v_t over the tile
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}

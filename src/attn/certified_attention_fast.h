@@ -9,8 +9,9 @@
 // tile's tokens in SIMD lanes, in double; the output accumulates in float per tile and in double
 // across tiles. Shared-page dither-int8 keys, the certified cache's default, take a float path:
 // codes with the tokens in lanes, logits and c_t in float with a proven rounding allowance in c_t
-// (the comment at the top of the .cc), up to four query heads per pass over a tile's codes and
-// value rows. The scalar reference stays the oracle (certified_attention_fast_test.cc): the float
+// (the comment at the top of the .cc), softmax weights in float with a proven allowance in the
+// meter (cert::float_weight_error), up to four query heads per pass over a tile's codes and value
+// rows. The scalar reference stays the oracle (certified_attention_fast_test.cc): the float
 // path's meter is within about 1e-3 of it and never below it.
 #pragma once
 
