@@ -256,10 +256,10 @@ class FastAttention {
     if (float_keys_) {
       eta0_ = ctx_.sm * (dp_ + 64) * 0x1p-126;  // 2^-150 a rounding would do; 2^-126 keeps it a normal float
       const int blocks = (kTile + static_cast<int>(kNF) - 1) / static_cast<int>(kNF);
-      codes_t_.assign(static_cast<std::size_t>(blocks) * d_ * kNF, 0.0f);
+      code_blocks_.assign(static_cast<std::size_t>(blocks), CodeBlock{});
+      tail_codes_.assign(static_cast<std::size_t>(blocks) * d_ * kNF, 0);
       outliers_t_.assign(static_cast<std::size_t>(blocks) * m2_ * kNF, 0.0f);
       code_dots_.assign(static_cast<std::size_t>(group_) * G_ * kTile + kNF, 0.0f);
-      tail_codes_.assign(static_cast<std::size_t>(d_) * kNF, 0);
       meta_f_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
       outliers_f_.assign(static_cast<std::size_t>(kTile) * m2_ + 1, 0.0f);
     }
@@ -462,12 +462,12 @@ class FastAttention {
     if (m2_ > 0) F16ToDouble(key_outliers_, n * m2_, outlier_values_.data());
   }
 
-  // Shared-page dither: the tile's codes as floats with the tokens in lanes (codes_t_[b][c][lane],
-  // token b·kNF + lane; lanes past the tile repeat its last token), its scales (sf_[g][t]) and
+  // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
+  // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
+  // its scales (sf_[g][t]) and
   // outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in x_outf_.
   void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
     const DF df;
-    const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     // Scales and outlier values are token-major in the page: converted in one go, then gathered.
@@ -494,21 +494,20 @@ class FastAttention {
         hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
-      float* HWY_RESTRICT out = &codes_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * d_ * kNF];
-      const int last = n - 1 - j0, d = d_;
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
-      // of kNF consecutive tokens. A block that would read past the page is copied first.
-      const std::int8_t* codes = page.k.codes + row0 + j0;
-      std::size_t stride = P;
+      // of kNF consecutive tokens. A block that would read past the page is copied first (lanes
+      // past the tile repeat its last token).
+      CodeBlock& block = code_blocks_[static_cast<std::size_t>(j0) / kNF];
+      block.codes = page.k.codes + row0 + j0;
+      block.stride = P;
       if (row0 + j0 + kNF > P) {
+        std::int8_t* tail = &tail_codes_[static_cast<std::size_t>(j0) / kNF * d_ * kNF];
+        const std::size_t last = static_cast<std::size_t>(n - 1 - j0);
         for (int c = 0; c < d_; ++c)
-          for (std::size_t l = 0; l < kNF; ++l)
-            tail_codes_[c * kNF + l] = page.k.codes[c * P + row0 + j0 + std::min<std::size_t>(l, static_cast<std::size_t>(last))];
-        codes = tail_codes_.data();
-        stride = kNF;
+          for (std::size_t l = 0; l < kNF; ++l) tail[c * kNF + l] = page.k.codes[c * P + row0 + j0 + std::min(l, last)];
+        block.codes = tail;
+        block.stride = kNF;
       }
-      for (int c = 0; c < d; ++c)
-        hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c * stride))), df, out + c * kNF);
     }
   }
 
@@ -599,18 +598,25 @@ class FastAttention {
   template <int NH>
   void CodeDots(int h0, int n) {
     const DF df;
+    const hn::Rebind<std::int8_t, DF> di8;
+    const hn::Rebind<std::int32_t, DF> di32;
+    const float* HWY_RESTRICT q = &qbarf_[h0 * dp_];
+    const std::size_t dp = dp_;
+    float* HWY_RESTRICT out = &code_dots_[h0 * G_ * kTile];
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const float* codes = &codes_t_[static_cast<std::size_t>(j0) / kNF * d_ * kNF];
+      const CodeBlock& block = code_blocks_[static_cast<std::size_t>(j0) / kNF];
+      const std::int8_t* codes = block.codes;
+      const std::size_t stride = block.stride;
       for (int g = 0; g < G_; ++g) {
         VF a[NH][kChains];
         for (auto& chains : a)
           for (VF& x : chains) x = hn::Zero(df);
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
           for (int k = 0; k < kChains; ++k) {
-            const VF code = hn::LoadU(df, codes + (c + k) * kNF);
-            for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, qbarf_[(h0 + j) * dp_ + c + k]), code, a[j][k]);
+            const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + (c + k) * stride)));
+            for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, q[j * dp + c + k]), code, a[j][k]);
           }
-        for (int j = 0; j < NH; ++j) hn::StoreU(SumChains(a[j]), df, &code_dots_[((h0 + j) * G_ + g) * kTile + j0]);
+        for (int j = 0; j < NH; ++j) hn::StoreU(SumChains(a[j]), df, out + (j * G_ + g) * kTile + j0);
       }
     }
   }
@@ -1127,7 +1133,11 @@ class FastAttention {
   // Float keys only.
   std::vector<float> qbarf_;       // [h][dp] q, the outlier channels zeroed
   std::vector<float> q_out_;       // [h][2m] q at the outlier channels
-  std::vector<float> codes_t_;     // [b][c][lane] the tile's key codes, tokens in lanes
+  struct CodeBlock {
+    const std::int8_t* codes = nullptr;  // channel c's kNF codes at codes + c·stride
+    std::size_t stride = 0;
+  };
+  std::vector<CodeBlock> code_blocks_;  // [b] the tile's key codes, tokens in lanes
   std::vector<float> outliers_t_;  // [b][j][lane] the tile's outlier values, tokens in lanes
   std::vector<float> code_dots_;   // [h][g][t] Σ_{c∈g} q̄_c·code_{t,c}
   std::vector<std::int8_t> tail_codes_;  // [c][lane] a lane block that would read past its page
