@@ -294,12 +294,12 @@ class FastAttention {
           eta_g_[h * G_ + c / kGroup] += eta * 128.0 * std::fabs(qc);
           qbar_[h * dp_ + c] = qc;
         }
-      heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kNF);
-      qbar_t_.assign(d_ * heads_padded_, 0.0f);
-      for (int h = 0; h < group_; ++h)
-        for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = static_cast<float>(qbar_[h * dp_ + c]);
-      qg_t_.assign(G_ * heads_padded_, 0.0f);
       if (float_keys_) {
+        heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kNF);
+        qbar_t_.assign(d_ * heads_padded_, 0.0f);
+        for (int h = 0; h < group_; ++h)
+          for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = static_cast<float>(qbar_[h * dp_ + c]);
+        qg_t_.assign(G_ * heads_padded_, 0.0f);
         qbarf_.assign(qbar_.begin(), qbar_.end());
         q_out_.resize(static_cast<std::size_t>(group_) * m2_);
         for (int h = 0; h < group_; ++h)
@@ -444,8 +444,10 @@ class FastAttention {
     key_kind_ = KeyKind::tier_b;
     key_meta_ = page.k.meta + row0 * G_;
     key_outliers_ = page.k.outlier_values + row0 * m2_;
-    if (shared_tile_ && page.page_counter != xi_page_) SharedDither(page.page_counter);
-    if (float_tile_) return KeyTileFloat(page, row0, n);
+    if (float_tile_) {  // every shared-ξ tile of dither-int8 keys
+      if (page.page_counter != xi_page_) SharedDither(page.page_counter);
+      return KeyTileFloat(page, row0, n);
+    }
     DoubleKeyMeta(n);
     for (int i = 0; i < n; ++i)
       for (int g = 0; g < G_; ++g) {
@@ -464,8 +466,8 @@ class FastAttention {
 
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
-  // its scales (sf_[g][t]) and
-  // outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in x_outf_.
+  // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in
+  // x_outf_.
   void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
     const DF df;
     const hn::Rebind<std::int32_t, DF> di32;
@@ -511,8 +513,8 @@ class FastAttention {
     }
   }
 
-  // k'_t = s_g·(code − ξ) (per-slot dither) or s_g·code (shared-page dither: Σ_g s_g Q_g is taken
-  // off the logit), the fp16 outliers in place; exact in double either way.
+  // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
+  // in double. Keys that share their page's ξ take the float path instead.
   void DitherKey(const cache::KvStore::Reader::RawPage& page, std::size_t row, std::int64_t pos, int i) {
     const DD dd;
     const hn::Rebind<std::int8_t, DD> di8;
@@ -520,13 +522,13 @@ class FastAttention {
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     for (int c = 0; c < d_; ++c) key_row_[c] = page.k.codes[c * P + row];  // channel-major in the page
     const std::int8_t* codes = key_row_.data();
-    if (!shared_tile_) DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
+    DitherRow(stream_, page.counter(pos), d_, xi_.data(), words_.data());
     double* out = &krows_[i * dp_];
     for (int g = 0; g < G_; ++g) {
       const VD s = hn::Set(dd, scales_[i * G_ + g]);
       for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
         VD x = hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
-        if (!shared_tile_) x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
+        x = hn::Sub(x, hn::PromoteTo(dd, hn::LoadU(DFH(), &xi_[c])));
         hn::StoreU(hn::Mul(x, s), dd, out + c);
       }
     }
@@ -833,6 +835,27 @@ class FastAttention {
     p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
   }
 
+  // A tile whose max logit mz exceeds the head's running max: every sum kept relative to it (the
+  // partial's, the pending lanes', and LSE(z̃ ± c) while they share its reference point) is rescaled
+  // by e^{m − mz}, and rescale_[h] tells AccumulateAll to do the same to the output.
+  void MoveMax(int h, double mz, bool shared_reference, HeadPartial& p) {
+    const DD dd;
+    rescale_[h] = 1.0;
+    if (!(mz > p.m)) return;
+    const double r = rescale_[h] = std::exp(p.m - mz);
+    p.l *= r;
+    p.rho *= r;
+    for (Pending what : {kL, kRho, kPlus, kMinus})
+      hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
+    if (shared_reference) {
+      p.meter.z_plus_c.s *= r;
+      p.meter.z_minus_c.s *= r;
+      p.meter.z_plus_c.m = p.meter.z_minus_c.m = mz;
+    }
+    p.m = mz;
+    p.meter.z.s = p.l;
+  }
+
   void Update(int h, int n, HeadPartial& p) {
     const DD dd;
     cert::Lse& plus = p.meter.z_plus_c;
@@ -851,21 +874,7 @@ class FastAttention {
                                   hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, float_tile_ ? kFloatMaxC : kSharedReferenceMaxC)));
     if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
-    rescale_[h] = 1.0;
-    if (mz > p.m) {
-      const double r = rescale_[h] = std::exp(p.m - mz);
-      p.l *= r;
-      p.rho *= r;
-      for (Pending what : {kL, kRho, kPlus, kMinus})
-        hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
-      if (shared_reference) {
-        plus.s *= r;
-        minus.s *= r;
-        plus.m = minus.m = mz;
-      }
-      p.m = mz;
-      p.meter.z.s = p.l;
-    }
+    MoveMax(h, mz, shared_reference, p);
     const VD m = hn::Set(dd, p.m);
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
     VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
@@ -914,21 +923,7 @@ class FastAttention {
     p.meter.float_c_max = std::max(p.meter.float_c_max, c_max_[h]);
     p.v_max = std::max(p.v_max, tile_v_max_);
     p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
-    rescale_[h] = 1.0;
-    if (z_max_[h] > p.m) {
-      const double r = rescale_[h] = std::exp(p.m - z_max_[h]);
-      p.l *= r;
-      p.rho *= r;
-      for (Pending what : {kL, kRho, kPlus, kMinus})
-        hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
-      if (meter_) {
-        p.meter.z_plus_c.s *= r;
-        p.meter.z_minus_c.s *= r;
-        p.meter.z_plus_c.m = p.meter.z_minus_c.m = z_max_[h];
-      }
-      p.m = z_max_[h];
-      p.meter.z.s = p.l;
-    }
+    MoveMax(h, z_max_[h], meter_, p);
     const VD m = hn::Set(dd, p.m);
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
