@@ -79,7 +79,7 @@ using VF = hn::Vec<DF>;
 using DFH = hn::Rebind<float, DD>;  // as many floats as a vector has doubles
 constexpr std::size_t kN = hn::MaxLanes(DD());
 constexpr std::size_t kNF = hn::MaxLanes(DF());
-constexpr int kTile = 16;  // positions per tile (at most one page)
+constexpr int kTile = 64;  // positions per tile: one page, or several for float tiles (Run)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr int kChains = 4;  // independent FMA chains per head of a code dot (kGroup / kChains + 2 roundings)
 constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's key codes or value rows
@@ -321,7 +321,12 @@ class FastAttention {
         s2f_.assign(sf_.size(), 0.0f);
         poison_.assign(kTile + kNF, 0.0f);
         x_outf_.assign(kTile + kNF, 0.0f);
-        qgf_.assign(static_cast<std::size_t>(group_) * G_, 0.0f);
+        const std::size_t segments = kTile / kNF + 1;
+        qgf_.assign(segments * group_ * G_, 0.0f);
+        page_counter_.assign(segments, -1);
+        block_segment_.assign(segments, 0);
+        key_meta_buf_.resize(static_cast<std::size_t>(kTile) * G_);
+        key_outliers_buf_.resize(static_cast<std::size_t>(kTile) * m2_);
         q2f_.assign(q2_.begin(), q2_.end());
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
@@ -383,6 +388,8 @@ class FastAttention {
       shared_tile_ = t0 < page.shared_end;  // a tile's keys share one ξ, or each has its own
       if (shared_tile_) n = static_cast<int>(std::min<std::int64_t>(n, page.shared_end - t0));
       float_tile_ = float_keys_ && k_packed && shared_tile_;
+      segments_.assign(1, Segment{page, static_cast<std::size_t>(t0 - page.begin), 0, n});
+      if (float_tile_ && v_packed && v_kind_ == cache::FormatKind::dither_int8) n = ExtendTile(t0, end, n, page);
       LoadKeys(page, t0, n, k_packed);
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
@@ -414,6 +421,25 @@ class FastAttention {
 
  private:
   using KeyKind = cache::KeyBound::Kind;
+  using RawPage = cache::KvStore::Reader::RawPage;
+
+  // A float tile goes on into the following pages while it has filled whole lane blocks (so that no
+  // block straddles two pages) and they are packed on both sides and share their page's ξ: the
+  // per-tile work (softmax bookkeeping, the output's double accumulators) is then shared by up to
+  // kTile tokens. Each page is a segment; page ends up as the last one.
+  int ExtendTile(std::int64_t t0, std::int64_t end, int n, RawPage& page) {
+    while (n < kTile && n % static_cast<int>(kNF) == 0 && t0 + n < end) {
+      const std::int64_t at = t0 + n;
+      const RawPage next = r_.raw_page(at);
+      const std::int64_t stop =
+          std::min<std::int64_t>({next.end, end, t0 + kTile, next.k.packed_end, next.v.packed_end, next.shared_end});
+      if (stop <= at) break;
+      page = next;
+      segments_.push_back(Segment{page, static_cast<std::size_t>(at - page.begin), n, static_cast<int>(stop - at)});
+      n = static_cast<int>(stop - t0);
+    }
+    return n;
+  }
 
   // --- Keys: double rows k'_t, and what bounds their logit error, in token lanes.
 
@@ -445,8 +471,9 @@ class FastAttention {
     key_meta_ = page.k.meta + row0 * G_;
     key_outliers_ = page.k.outlier_values + row0 * m2_;
     if (float_tile_) {  // every shared-ξ tile of dither-int8 keys
-      if (page.page_counter != xi_page_) SharedDither(page.page_counter);
-      return KeyTileFloat(page, row0, n);
+      if (segments_.size() > 1) GatherKeyMeta();
+      for (std::size_t s = 0; s < segments_.size(); ++s) PageDither(s);
+      return KeyTileFloat(n);
     }
     DoubleKeyMeta(n);
     for (int i = 0; i < n; ++i)
@@ -455,6 +482,33 @@ class FastAttention {
         s2_[g * kTile + i] = scales_[i * G_ + g] * scales_[i * G_ + g];
       }
     for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+  }
+
+  // A tile of several pages: its key scales and outlier values copied into one run, [t][g] and [t][j],
+  // as a one-page tile finds them in its page.
+  void GatherKeyMeta() {
+    for (const Segment& seg : segments_) {
+      std::copy_n(seg.page.k.meta + seg.row0 * G_, seg.n * G_, &key_meta_buf_[seg.i0 * G_]);
+      if (m2_ > 0)
+        std::copy_n(seg.page.k.outlier_values + seg.row0 * m2_, seg.n * m2_, &key_outliers_buf_[seg.i0 * m2_]);
+    }
+    key_meta_ = key_meta_buf_.data();
+    key_outliers_ = key_outliers_buf_.data();
+  }
+
+  // Q_g of segment s's page into its slot of qgf_: kept from the last tile, or computed.
+  void PageDither(std::size_t s) {
+    const std::uint32_t counter = segments_[s].page.page_counter;
+    if (page_counter_[s] == counter) return;
+    const std::size_t slot = static_cast<std::size_t>(group_) * G_;
+    for (std::size_t s2 = s + 1; s2 < page_counter_.size(); ++s2)
+      if (page_counter_[s2] == counter) {
+        std::copy_n(&qgf_[s2 * slot], slot, &qgf_[s * slot]);
+        page_counter_[s] = counter;
+        return;
+      }
+    SharedDither(counter, &qgf_[s * slot]);
+    page_counter_[s] = counter;
   }
 
   // The tile's key scales and outlier values as double, [t][g] and [t][j] (contiguous in the page):
@@ -468,13 +522,14 @@ class FastAttention {
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
   // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in
   // x_outf_.
-  void KeyTileFloat(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
+  void KeyTileFloat(int n) {
     const DF df;
     const hn::Rebind<std::int32_t, DF> di32;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     // Scales and outlier values are token-major in the page: converted in one go, then gathered.
     F16ToFloat(key_meta_, n * G_, meta_f_.data());
     if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outliers_f_.data());
+    const Segment* seg = segments_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const auto at_g = hn::Min(hn::LoadU(di32, &times_g_[j0]), hn::Set(di32, (n - 1) * G_));
       const auto at_j = hn::Min(hn::LoadU(di32, &times_m_[j0]), hn::Set(di32, (n - 1) * m2_));
@@ -499,14 +554,19 @@ class FastAttention {
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
       // of kNF consecutive tokens. A block that would read past the page is copied first (lanes
       // past the tile repeat its last token).
-      CodeBlock& block = code_blocks_[static_cast<std::size_t>(j0) / kNF];
-      block.codes = page.k.codes + row0 + j0;
+      const std::size_t b = static_cast<std::size_t>(j0) / kNF;
+      while (j0 >= seg->i0 + seg->n) ++seg;  // a block lies in one segment (ExtendTile)
+      block_segment_[b] = static_cast<int>(seg - segments_.data());
+      const std::size_t row = seg->row0 + static_cast<std::size_t>(j0 - seg->i0);
+      const std::int8_t* page_codes = seg->page.k.codes;
+      CodeBlock& block = code_blocks_[b];
+      block.codes = page_codes + row;
       block.stride = P;
-      if (row0 + j0 + kNF > P) {
-        std::int8_t* tail = &tail_codes_[static_cast<std::size_t>(j0) / kNF * d_ * kNF];
+      if (row + kNF > P) {  // the tile's last block
+        std::int8_t* tail = &tail_codes_[b * d_ * kNF];
         const std::size_t last = static_cast<std::size_t>(n - 1 - j0);
         for (int c = 0; c < d_; ++c)
-          for (std::size_t l = 0; l < kNF; ++l) tail[c * kNF + l] = page.k.codes[c * P + row0 + j0 + std::min(l, last)];
+          for (std::size_t l = 0; l < kNF; ++l) tail[c * kNF + l] = page_codes[c * P + row + std::min(l, last)];
         block.codes = tail;
         block.stride = kNF;
       }
@@ -542,12 +602,11 @@ class FastAttention {
   }
 
   // Shared-page dither (float tiles only): ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per
-  // query head, once per page, in float with the query heads in lanes and kChains FMA chains (the
-  // same roundings as a code sum: the comment at the top).
-  void SharedDither(std::uint32_t counter) {
+  // query head ([h][g] into qg), once per page, in float with the query heads in lanes and kChains
+  // FMA chains (the same roundings as a code sum: the comment at the top).
+  void SharedDither(std::uint32_t counter, float* qg) {
     const DF df;
     DitherRow(stream_, counter, d_, xi_.data(), words_.data());
-    xi_page_ = counter;
     for (std::size_t h0 = 0; h0 < static_cast<std::size_t>(group_); h0 += kNF)
       for (int g = 0; g < G_; ++g) {
         VF acc[kChains];
@@ -558,7 +617,7 @@ class FastAttention {
         hn::StoreU(SumChains(acc), df, &qg_t_[g * heads_padded_ + h0]);
       }
     for (int h = 0; h < group_; ++h)
-      for (int g = 0; g < G_; ++g) qgf_[h * G_ + g] = qg_t_[g * heads_padded_ + h];
+      for (int g = 0; g < G_; ++g) qg[h * G_ + g] = qg_t_[g * heads_padded_ + h];
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
@@ -646,6 +705,7 @@ class FastAttention {
     VF z_max = hn::Set(df, -HUGE_VALF), c_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
+      const float* qg = &qgf_[(static_cast<std::size_t>(block_segment_[b]) * group_ + h) * G_];
       VF dot = hn::Zero(df);
       for (int j = 0; j < m2_; ++j)
         dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
@@ -654,7 +714,7 @@ class FastAttention {
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
-        dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qgf_[h * G_ + g])), dot);
+        dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qg[g])), dot);
         v2 = hn::MulAdd(hn::Set(df, q2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
         eta = hn::MulAdd(hn::Set(df, eta_gf_[h * G_ + g]), sg, eta);
       }
@@ -700,7 +760,7 @@ class FastAttention {
         rho_[i] = fp16_to_float(page.v.meta[row0 + i]);
       }
     } else {
-      DitherValues(page, row0, n);
+      DitherValues();
       return;
     }
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
@@ -711,7 +771,7 @@ class FastAttention {
   // C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24 and so exact in float in any order: the codes'
   // squares are summed in float lanes (one vector per token and group, reduced kNF tokens at a time)
   // instead of the rows' squares in double. ρ_t and ‖v̂_t‖ come out in token lanes.
-  void DitherValues(const cache::KvStore::Reader::RawPage& page, std::size_t row0, int n) {
+  void DitherValues() {
     const DD dd;
     const DF df;
     const hn::Rebind<std::int8_t, DF> di8;
@@ -725,19 +785,23 @@ class FastAttention {
     float* HWY_RESTRICT code_sq = code_sq_.data();
     float* HWY_RESTRICT code_sum = code_sum_.data();
     double* HWY_RESTRICT s_t = v_s_t_.data();
-    F16ToFloat(page.v.meta + row0 * G, n * G, scales);
-    const std::int8_t* codes = page.v.codes + row0 * d;
-    for (int i = 0; i < n; ++i, codes += d)
-      for (int g = 0; g < G; ++g) {
-        const VF s = hn::Set(df, scales[i * G + g]);
-        VF sq = hn::Zero(df);
-        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
-          const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
-          hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
-          sq = hn::MulAdd(code, code, sq);
+    int n = 0;
+    for (const Segment& seg : segments_) {
+      F16ToFloat(seg.page.v.meta + seg.row0 * G, seg.n * G, scales + seg.i0 * G);
+      const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
+      for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
+        for (int g = 0; g < G; ++g) {
+          const VF s = hn::Set(df, scales[i * G + g]);
+          VF sq = hn::Zero(df);
+          for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
+            const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
+            hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
+            sq = hn::MulAdd(code, code, sq);
+          }
+          hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
         }
-        hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
-      }
+      n = seg.i0 + seg.n;
+    }
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
     // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
     const auto last = hn::Set(di32_d, (n - 1) * G);
@@ -1142,7 +1206,8 @@ class FastAttention {
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
-  std::vector<float> qgf_, q2f_, eta_gf_;  // [h][G] Q_g, Σ q_c², η's coefficient of s_g
+  std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
+  std::vector<float> q2f_, eta_gf_;  // [h][G] Σ q_c², η's coefficient of s_g
   std::vector<float> eta_xf_;  // [h]
   std::vector<float> em1_plus_, em1_minus_;  // [h][t] e^{c_t} − 1 rounded up, e^{−c_t} − 1 rounded down
   std::vector<float> zf_, cf_;     // [h][t] z̃_t and c_t
@@ -1173,7 +1238,15 @@ class FastAttention {
   std::vector<float> kfloat_;       // one decoded scheme key
   std::vector<float> xi_;           // ξ of the token (per-slot) or of the page (shared)
   std::vector<std::uint32_t> words_;
-  std::int64_t xi_page_ = -1;       // the shared-page counter word xi_ and qgf_ belong to
+  struct Segment {  // the part of a tile that lies in one page
+    RawPage page;
+    std::size_t row0;  // the segment's first row in the page
+    int i0, n;         // its first token in the tile, its tokens
+  };
+  std::vector<Segment> segments_;  // the tile's pages, in order
+  std::vector<int> block_segment_;  // [b] the segment of lane block b (float tiles)
+  std::vector<std::int64_t> page_counter_;  // [segment] the shared-ξ counter word qgf_'s slot belongs to
+  std::vector<f16> key_meta_buf_, key_outliers_buf_;  // a tile of several pages: its scales and outlier values
   std::vector<double> w_band_;      // [b][t] witness
   std::vector<double> s_, s2_;      // [g][t] dither scale and its square
   std::vector<double> scales_;      // [t][g] the tile's key scales

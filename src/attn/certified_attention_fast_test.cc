@@ -198,6 +198,47 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
   EXPECT_EQ(violations, 0);
 }
 
+// A float tile runs on across pages (ExtendTile) while it fills whole lane blocks: ranges that start
+// and end inside pages, page sizes below, equal to and above a lane block, a promoted (exact) page
+// and a prompt that ends inside a page to cut the tiles, each range against the reference.
+TEST(CertifiedFast, TilesAcrossPagesMatchReference) {
+  const int d = 64, group = 3;
+  const std::int64_t n = 150;
+  int checked = 0;
+  for (const cache::DitherMode mode : {cache::DitherMode::shared_page, cache::DitherMode::shared_prompt})
+    for (int page : {4, 8, 16, 32}) {
+      Store s({cache::kDitherInt8, cache::kDitherInt8, mode}, d, n, page, 77 + page);
+      s.store.promote(0, 1, 64 / page + 1);
+      cache::KvStore::Reader r(s.store, 0, 1);
+      std::mt19937_64 rng(page);
+      std::normal_distribution<float> g(0.0f, 1.5f);
+      std::vector<float> q(static_cast<std::size_t>(group) * d);
+      for (float& x : q) x = g(rng);
+      const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n, 1e-4};
+      for (const auto& [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {5, 150}, {8, 121}, {13, 99}, {17, 18}, {40, 88}, {48, 130}}) {
+        std::vector<HeadPartial> ref(group), fast;
+        attend_range_reference(r, q.data(), group, d, b, e, ctx, ref);
+        for_each_target([&](std::int64_t) {
+          fast.assign(group, HeadPartial{});
+          attend_range_fast(r, q.data(), group, d, b, e, ctx, fast, true);
+          for (int h = 0; h < group; ++h) {
+            SCOPED_TRACE(testing::Message() << "page " << page << " range [" << b << ", " << e << ") head " << h);
+            std::vector<float> want(d), got(d);
+            const HeadResult rr = finish(ref[h], d, want.data()), rf = finish(fast[h], d, got.data());
+            double scale = 0.0;
+            for (int c = 0; c < d; ++c) scale = std::max(scale, std::fabs(double(want[c])));
+            for (int c = 0; c < d; ++c) ASSERT_LE(std::fabs(double(got[c]) - want[c]), 1e-5 * scale) << "channel " << c;
+            ASSERT_TRUE(close(rf.meter, rr.meter, 3e-3)) << rf.meter << " vs " << rr.meter;
+            ASSERT_GE(rf.meter, rr.meter * (1 - 1e-6));
+            ASSERT_EQ(fast[h].meter.n, ref[h].meter.n);
+            ++checked;
+          }
+        });
+      }
+    }
+  EXPECT_GT(checked, 0);
+}
+
 // NaN or Inf in the query or in a stored key gives meter 1 and raw +inf, never a finite meter.
 TEST(CertifiedFast, NonFiniteQueryOrKeyMeansNoGuarantee) {
   const int d = 64, group = 3;
