@@ -56,7 +56,8 @@
 // 1 + 2^-17, which exceeds the relative rounding of its ≤ 2G + 8 float operations, so c_t is at
 // least its exact value. The meter's sums need e^{±c_t}: they take w_t·(1 + (e^{c_t} − 1)) with
 // e^{c_t} − 1 rounded up and e^{−c_t} − 1 rounded down (Em1Bounds: a Taylor polynomial for c ≤ ½,
-// Highway's Expm1 above), relative to e^{±c} − 1, so a small c_t keeps its full precision. A larger
+// Highway's Expm1 above), relative to e^{±c} − 1, so a small c_t keeps its full precision, and the
+// terms w_t·(e^{±c_t} − 1) summed in one-signed float chains widened outwards (UpdateFloat). A larger
 // A and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or
 // outlier value makes the logit NaN, which reads as "no guarantee".
 //
@@ -82,7 +83,10 @@ constexpr std::size_t kNF = hn::MaxLanes(DF());
 constexpr int kTile = 64;  // positions per tile: one page, or several for float tiles (Run)
 constexpr int kGroup = quant::kDefaultGroup;
 constexpr int kChains = 4;  // independent FMA chains per head of a code dot (kGroup / kChains + 2 roundings)
-constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's key codes or value rows
+constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's value rows
+// Query heads that share one pass over a tile's key codes: their NH·kChains accumulators stay in
+// registers (32 vector registers from AVX-512 on, 16 below).
+constexpr int kCodeHeads = kNF >= 16 ? 7 : 4;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
@@ -187,12 +191,12 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 // E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
 // final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
 // (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
-HWY_INLINE void Em1Bounds(VF c, float* plus, float* minus) {
+HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
   const DF df;
   if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
     const VF out = hn::Set(df, 1.0f + 0x1p-19f);
-    hn::StoreU(hn::Mul(hn::Expm1(df, c), out), df, plus);
-    hn::StoreU(hn::Mul(hn::Expm1(df, hn::Neg(c)), out), df, minus);
+    plus = hn::Mul(hn::Expm1(df, c), out);
+    minus = hn::Mul(hn::Expm1(df, hn::Neg(c)), out);
     return;
   }
   const VF c2 = hn::Mul(c, c);
@@ -204,8 +208,8 @@ HWY_INLINE void Em1Bounds(VF c, float* plus, float* minus) {
   e = hn::MulAdd(e, c2, hn::Set(df, 1.0f));
   o = hn::MulAdd(o, c2, hn::Set(df, 0.5f));
   const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
-  hn::StoreU(hn::Mul(hn::Add(e, co), up), df, plus);
-  hn::StoreU(hn::Neg(hn::Mul(hn::Sub(e, co), up)), df, minus);
+  plus = hn::Mul(hn::Add(e, co), up);
+  minus = hn::Neg(hn::Mul(hn::Sub(e, co), up));
 }
 
 void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
@@ -215,7 +219,10 @@ void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
     const std::size_t k = std::min(kNF, n - i);
     std::fill_n(in, kNF, 0.0f);
     std::copy_n(c + i, k, in);
-    Em1Bounds(hn::Load(df, in), p, m);
+    VF plus_c, minus_c;
+    Em1Bounds(hn::Load(df, in), plus_c, minus_c);
+    hn::Store(plus_c, df, p);
+    hn::Store(minus_c, df, m);
     std::copy_n(p, k, plus + i);
     std::copy_n(m, k, minus + i);
   }
@@ -330,10 +337,8 @@ class FastAttention {
         q2f_.assign(q2_.begin(), q2_.end());
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
-        em1_plus_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
-        em1_minus_.assign(em1_plus_.size(), 0.0f);
-        zf_.assign(em1_plus_.size(), 0.0f);
-        cf_.assign(em1_plus_.size(), 0.0f);
+        zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
+        cf_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
         c_max_.assign(group_, 0.0);
         xf_.assign(kTile + kNF, 0.0f);
@@ -683,15 +688,16 @@ class FastAttention {
   }
 
   void AllCodeDots(int n) {
-    for (int h0 = 0; h0 < group_; h0 += kHeadBlock) {
-      switch (std::min(kHeadBlock, group_ - h0)) {
-        case 4: CodeDots<4>(h0, n); break;
-        case 3: CodeDots<3>(h0, n); break;
-        case 2: CodeDots<2>(h0, n); break;
-        default: CodeDots<1>(h0, n); break;
-      }
-    }
+    for (int h0 = 0; h0 < group_; h0 += kCodeHeads) HeadCodeDots(h0, std::min(kCodeHeads, group_ - h0), n);
   }
+
+  template <int NH = kCodeHeads>
+  void HeadCodeDots(int h0, int nh, int n) {
+    if constexpr (NH > 1)
+      if (nh < NH) return HeadCodeDots<NH - 1>(h0, nh, n);
+    CodeDots<NH>(h0, n);
+  }
+
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  c_t = (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17),
@@ -721,7 +727,6 @@ class FastAttention {
       const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
       VF c = hn::Zero(df);
       if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
-      if (meter_) Em1Bounds(c, &em1_plus_[h * kTile + j0], &em1_minus_[h * kTile + j0]);
       const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       finite = hn::And(finite, hn::Or(ok, hn::Not(valid)));
@@ -951,10 +956,7 @@ class FastAttention {
       l = hn::Add(l, w);
       rho = hn::MulAdd(w, rho_t, rho);
       v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
-      if (shared_reference && float_tile_) {
-        s_plus = hn::Add(s_plus, hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_plus_[h * kTile + j0])), w));
-        s_minus = hn::Add(s_minus, hn::Max(hn::Zero(dd), hn::MulAdd(w, hn::PromoteTo(dd, hn::LoadU(DFH(), &em1_minus_[h * kTile + j0])), w)));
-      } else if (shared_reference) {
+      if (shared_reference) {  // never a float tile: UpdateFloat takes those
         const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
         s_plus = hn::MulAdd(w, e_c, s_plus);
         s_minus = hn::Add(s_minus, hn::Div(w, e_c));
@@ -977,9 +979,19 @@ class FastAttention {
   // weights w_t = e^{z̃_t − m} in float from x_t = z̃_t − m rounded to float (|Δx_t| ≤ 2^-24(1 + 2^-28)|x_t|)
   // and Highway's Exp (≤ 1 ulp; 2^-20 is taken), so w'_t = w_t(1 + ε_t) with
   // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)|x_t|, or |w'_t − w_t| ≤ 2^-125 where e^{x_t} underflows; the same
-  // w'_t enters all three sums, and MeterStats::float_c_max accounts for it. The terms
-  // w'_t(e^{±c_t} − 1) are rounded outwards (×(1 + 2^-22) after two float roundings); the sums are
-  // in double, as in Update.
+  // w'_t enters all three sums, and MeterStats::float_c_max accounts for it.
+  //
+  // The meter's terms w'_t(e^{±c_t} − 1) (Em1Bounds, rounded outwards) are summed per float lane in
+  // FMA chains of k = ⌈n/kNF⌉ steps: every term of a chain has one sign, so the chain is within a
+  // factor (1 − 2^-24)^-k of its exact sum, plus 2^-150 a step where it is subnormal. The chains of
+  // one double lane (kNF/kN ≤ 2 of them) are added in double and widened outwards by
+  // F = 1 + (k + 1)·2^-23 and k·2^-149, which also covers those double roundings. Then
+  //   Σ w'_t e^{c_t}  ≤ L + P·F + k·2^-149,
+  //   Σ w'_t e^{−c_t} ≥ max(0, L·(1 − 2^-45) + M·F − k·2^-149),
+  // per double lane, L = Σ w'_t in double (≤ 128 additions of exact floats: within 2^-46 of its
+  // value, so the factor keeps the cancellation against M one-sided), P and M the chains' sums. The
+  // last subtraction rounds once, relative to its result; the sums across tiles are in double, as in
+  // Update.
   void UpdateFloat(int h, int n, HeadPartial& p) {
     const DD dd;
     const DF df;
@@ -992,32 +1004,43 @@ class FastAttention {
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
-    const VF out = hn::Set(df, 1.0f + 0x1p-22f);
     float* w = &w_[h * kTile];
-    float* wp = &em1_plus_[h * kTile];
-    float* wm = &em1_minus_[h * kTile];
+    const float* c = &cf_[h * kTile];
+    VF plus = hn::Zero(df), minus = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
-      const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
+      const VF wt = hn::IfThenElseZero(hn::FirstN(df, static_cast<std::size_t>(n - j0)), hn::Exp(df, hn::LoadU(df, x + j0)));
       hn::StoreU(wt, df, w + j0);
       if (!meter_) continue;
-      hn::StoreU(hn::IfThenElseZero(valid, hn::Mul(hn::Mul(wt, hn::LoadU(df, wp + j0)), out)), df, wp + j0);
-      hn::StoreU(hn::IfThenElseZero(valid, hn::Mul(hn::Mul(wt, hn::LoadU(df, wm + j0)), out)), df, wm + j0);
+      VF e_plus, e_minus;  // finite past the tile's end too: those lanes repeat its last token
+      Em1Bounds(hn::LoadU(df, c + j0), e_plus, e_minus);
+      plus = hn::MulAdd(wt, e_plus, plus);
+      minus = hn::MulAdd(wt, e_minus, minus);
     }
-    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
-    VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
+    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho)), l_tile = hn::Zero(dd);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const VD wd = hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0));
       l = hn::Add(l, wd);
+      l_tile = hn::Add(l_tile, wd);
       rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
-      if (!meter_) continue;
-      s_plus = hn::Add(s_plus, hn::Add(wd, hn::PromoteTo(dd, hn::LoadU(DFH(), wp + j0))));
-      s_minus = hn::Add(s_minus, hn::Max(hn::Zero(dd), hn::Add(wd, hn::PromoteTo(dd, hn::LoadU(DFH(), wm + j0)))));
     }
     hn::StoreU(l, dd, pending(h, kL));
     hn::StoreU(rho, dd, pending(h, kRho));
-    hn::StoreU(s_plus, dd, pending(h, kPlus));
-    hn::StoreU(s_minus, dd, pending(h, kMinus));
+    if (meter_) {
+      HWY_ALIGN float chains[2][kNF];
+      hn::Store(plus, df, chains[0]);
+      hn::Store(minus, df, chains[1]);
+      VD p_sum = hn::Zero(dd), m_sum = hn::Zero(dd);  // token t's chain is in double lane t mod kN
+      for (std::size_t i = 0; i < kNF; i += kN) {
+        p_sum = hn::Add(p_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
+        m_sum = hn::Add(m_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
+      }
+      const double k = static_cast<double>((n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF));
+      const VD widen = hn::Set(dd, 1.0 + (k + 1.0) * 0x1p-23), tiny = hn::Set(dd, k * 0x1p-149);
+      const VD up = hn::Add(hn::MulAdd(p_sum, widen, l_tile), tiny);
+      const VD down = hn::Max(hn::Zero(dd), hn::Sub(hn::MulAdd(l_tile, hn::Set(dd, 1.0 - 0x1p-45), hn::Mul(m_sum, widen)), tiny));
+      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kPlus)), up), dd, pending(h, kPlus));
+      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kMinus)), down), dd, pending(h, kMinus));
+    }
     p.meter.z.m = p.m;
     p.meter.n += n;
   }
@@ -1209,7 +1232,6 @@ class FastAttention {
   std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
   std::vector<float> q2f_, eta_gf_;  // [h][G] Σ q_c², η's coefficient of s_g
   std::vector<float> eta_xf_;  // [h]
-  std::vector<float> em1_plus_, em1_minus_;  // [h][t] e^{c_t} − 1 rounded up, e^{−c_t} − 1 rounded down
   std::vector<float> zf_, cf_;     // [h][t] z̃_t and c_t
   std::vector<double> z_max_, c_max_;  // [h] their maxima over the tile
   std::vector<float> xf_;          // [t] z̃_t − m
