@@ -307,7 +307,13 @@ class FastAttention {
         for (int h = 0; h < group_; ++h)
           for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = static_cast<float>(qbar_[h * dp_ + c]);
         qg_t_.assign(G_ * heads_padded_, 0.0f);
-        qbarf_.assign(qbar_.begin(), qbar_.end());
+        // Head blocks of CodeDots: block h0 holds nh = min(kCodeHeads, group − h0) heads, [c][nh].
+        qbarf_.assign(group_ * dp_, 0.0f);
+        for (int h0 = 0; h0 < group_; h0 += kCodeHeads) {
+          const int nh = std::min(kCodeHeads, group_ - h0);
+          for (int j = 0; j < nh; ++j)
+            for (int c = 0; c < d_; ++c) qbarf_[h0 * dp_ + c * nh + j] = static_cast<float>(qbar_[(h0 + j) * dp_ + c]);
+        }
         q_out_.resize(static_cast<std::size_t>(group_) * m2_);
         for (int h = 0; h < group_; ++h)
           for (int j = 0; j < m2_; ++j) q_out_[h * m2_ + j] = q_[h * d_ + outliers_[j]];
@@ -666,8 +672,7 @@ class FastAttention {
     const DF df;
     const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
-    const float* HWY_RESTRICT q = &qbarf_[h0 * dp_];
-    const std::size_t dp = dp_;
+    const float* HWY_RESTRICT q = &qbarf_[h0 * dp_];  // [c][NH]
     float* HWY_RESTRICT out = &code_dots_[h0 * G_ * kTile];
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const CodeBlock& block = code_blocks_[static_cast<std::size_t>(j0) / kNF];
@@ -680,7 +685,7 @@ class FastAttention {
         for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
           for (int k = 0; k < kChains; ++k) {
             const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + (c + k) * stride)));
-            for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, q[j * dp + c + k]), code, a[j][k]);
+            for (int j = 0; j < NH; ++j) a[j][k] = hn::MulAdd(hn::Set(df, q[(c + k) * NH + j]), code, a[j][k]);
           }
         for (int j = 0; j < NH; ++j) hn::StoreU(SumChains(a[j]), df, out + (j * G_ + g) * kTile + j0);
       }
@@ -707,7 +712,7 @@ class FastAttention {
     const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), v2_scale = hn::Set(df, static_cast<float>(v2_scale_));
     const VF kappa = hn::Set(df, static_cast<float>(kappa_)), eta0 = hn::Set(df, static_cast<float>(eta0_));
     const VF up = hn::Set(df, 1.0f + 0x1p-17f);
-    auto finite = hn::FirstN(df, kNF);
+    VF probe = hn::Zero(df);  // NaN in a lane where some z̃_t or z̃_t ± c_t is not finite
     VF z_max = hn::Set(df, -HUGE_VALF), c_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
@@ -727,15 +732,16 @@ class FastAttention {
       const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
       VF c = hn::Zero(df);
       if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
-      const auto ok = hn::And(hn::IsFinite(hn::Add(z, c)), hn::And(hn::IsFinite(z), hn::IsFinite(hn::Sub(z, c))));
+      // x·0 is 0 for finite x, NaN otherwise; (z̃ + c) + (z̃ − c) is finite only if both are (it may
+      // overflow where they do not: that tile merely takes ScalarTile).
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
-      finite = hn::And(finite, hn::Or(ok, hn::Not(valid)));
+      probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Mul(hn::Add(hn::Add(z, c), hn::Sub(z, c)), hn::Zero(df))));
       z_max = hn::Max(z_max, hn::IfThenElse(valid, z, z_max));
       c_max = hn::Max(c_max, hn::IfThenElseZero(valid, c));
       hn::StoreU(z, df, &zf_[h * kTile + j0]);
       hn::StoreU(c, df, &cf_[h * kTile + j0]);
     }
-    finite_[h] = hn::AllTrue(df, finite);
+    finite_[h] = hn::AllTrue(df, hn::IsFinite(probe));
     z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
     c_max_[h] = hn::GetLane(hn::MaxOfLanes(df, c_max));
   }
@@ -798,7 +804,8 @@ class FastAttention {
         for (int g = 0; g < G; ++g) {
           const VF s = hn::Set(df, scales[i * G + g]);
           VF sq = hn::Zero(df);
-          for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kNF)) {
+          for (std::size_t k = 0; k < kGroup / kNF + (kGroup % kNF != 0); ++k) {  // a fixed count: unrolled
+            const std::size_t c = g * kGroup + k * kNF;
             const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
             hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
             sq = hn::MulAdd(code, code, sq);
@@ -1213,7 +1220,7 @@ class FastAttention {
   bool float_tile_ = false;   // the tile takes the float path
 
   // Float keys only.
-  std::vector<float> qbarf_;       // [h][dp] q, the outlier channels zeroed
+  std::vector<float> qbarf_;       // q, the outlier channels zeroed: per head block of CodeDots [c][heads]
   std::vector<float> q_out_;       // [h][2m] q at the outlier channels
   struct CodeBlock {
     const std::int8_t* codes = nullptr;  // channel c's kNF codes at codes + c·stride
