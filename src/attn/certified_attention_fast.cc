@@ -401,10 +401,11 @@ class FastAttention {
       float_tile_ = float_keys_ && k_packed && shared_tile_;
       segments_.assign(1, Segment{page, static_cast<std::size_t>(t0 - page.begin), 0, n});
       if (float_tile_ && v_packed && v_kind_ == cache::FormatKind::dither_int8) n = ExtendTile(t0, end, n, page);
-      LoadKeys(page, t0, n, k_packed);
+      const RawPage& first = segments_[0].page;  // the tile's first page (page: its last)
+      LoadKeys(first, t0, n, k_packed);
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
-      LoadValues(page, t0, n, v_packed);
+      LoadValues(first, t0, n, v_packed);
       if (float_tile_) {
         tile_v_max_ = tile_rho_max_ = 0.0;
         for (int i = 0; i < n; ++i) {
