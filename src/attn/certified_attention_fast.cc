@@ -1059,23 +1059,25 @@ class FastAttention {
     const DD dd;
     int heads[kHeadBlock];
     int nh = 0;
+    const auto accumulate = [&] {
+      switch (nh) {
+        case 4: AccumulateHeads<4>(heads, n); break;
+        case 3: AccumulateHeads<3>(heads, n); break;
+        case 2: AccumulateHeads<2>(heads, n); break;
+        case 1: AccumulateHeads<1>(heads, n); break;
+        default: break;
+      }
+      nh = 0;
+    };
     for (int h = 0; h < group_; ++h) {
       if (scalar_[h]) continue;
       double* acc = &acc_[h * dp_];
       if (rescale_[h] != 1.0)
         for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
       heads[nh++] = h;
-      if (nh == kHeadBlock || h == group_ - 1) {
-        switch (nh) {
-          case 4: AccumulateHeads<4>(heads, n); break;
-          case 3: AccumulateHeads<3>(heads, n); break;
-          case 2: AccumulateHeads<2>(heads, n); break;
-          case 1: AccumulateHeads<1>(heads, n); break;
-          default: break;
-        }
-        nh = 0;
-      }
+      if (nh == kHeadBlock) accumulate();
     }
+    accumulate();  // the last block, also when the group's last head took ScalarTile
   }
 
   template <int NH>

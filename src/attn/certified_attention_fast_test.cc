@@ -280,6 +280,28 @@ TEST(CertifiedFast, NonFiniteQueryOrKeyMeansNoGuarantee) {
   }
 }
 
+// A query head that falls back to the token-by-token path (here: NaN in the last head) leaves
+// the other heads' outputs as the reference computes them, on every format and target.
+TEST(CertifiedFast, ScalarHeadLeavesTheOtherHeads) {
+  const int d = 64, group = 3;
+  const std::int64_t n = 100;
+  for (const Format& f : all_formats()) {
+    Store s(f, d, n, 16, 11);
+    cache::KvStore::Reader r(s.store, 0, 0);
+    std::vector<float> q(group * d, 0.1f), ref_out, out;
+    for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
+    q[(group - 1) * d + 3] = NAN;
+    attend(reference_kernel, r, q.data(), group, d, n, 1, ref_out);
+    for_each_target([&](std::int64_t) {
+      attend(attend_range_fast, r, q.data(), group, d, n, 1, out);
+      for (int h = 0; h + 1 < group; ++h)
+        for (int c = 0; c < d; ++c)
+          ASSERT_NEAR(out[h * d + c], ref_out[h * d + c], 1e-5 * (1.0 + std::fabs(ref_out[h * d + c])))
+              << f.name() << " head " << h << " channel " << c;
+    });
+  }
+}
+
 // The meter switch of the benchmarks changes nothing but the meter.
 TEST(CertifiedFast, MeterOffLeavesTheOutput) {
   const int d = 128, group = 7;
