@@ -694,16 +694,18 @@ class FastAttention {
   }
 
   void AllCodeDots(int n) {
-    for (int h0 = 0; h0 < group_; h0 += kCodeHeads) HeadCodeDots(h0, std::min(kCodeHeads, group_ - h0), n);
+    for (int h0 = 0; h0 < group_; h0 += kCodeHeads)
+      WithHeads<kCodeHeads>(std::min(kCodeHeads, group_ - h0), [&]<int NH>() { CodeDots<NH>(h0, n); });
   }
 
-  template <int NH = kCodeHeads>
-  void HeadCodeDots(int h0, int nh, int n) {
-    if constexpr (NH > 1)
-      if (nh < NH) return HeadCodeDots<NH - 1>(h0, nh, n);
-    CodeDots<NH>(h0, n);
+  // f.operator()<nh>() for 1 ≤ nh ≤ kMax: a head count known at compile time (the passes that
+  // share one load among several query heads keep NH accumulators each).
+  template <int kMax, class F>
+  static void WithHeads(int nh, F&& f) {
+    if constexpr (kMax > 1)
+      if (nh < kMax) return WithHeads<kMax - 1>(nh, f);
+    f.template operator()<kMax>();
   }
-
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  c_t = (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17),
@@ -797,7 +799,6 @@ class FastAttention {
     float* HWY_RESTRICT code_sq = code_sq_.data();
     float* HWY_RESTRICT code_sum = code_sum_.data();
     double* HWY_RESTRICT s_t = v_s_t_.data();
-    int n = 0;
     for (const Segment& seg : segments_) {
       F16ToFloat(seg.page.v.meta + seg.row0 * G, seg.n * G, scales + seg.i0 * G);
       const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
@@ -813,8 +814,8 @@ class FastAttention {
           }
           hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
         }
-      n = seg.i0 + seg.n;
     }
+    const int n = segments_.back().i0 + segments_.back().n;
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
     // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
     const auto last = hn::Set(di32_d, (n - 1) * G);
@@ -1060,13 +1061,7 @@ class FastAttention {
     int heads[kHeadBlock];
     int nh = 0;
     const auto accumulate = [&] {
-      switch (nh) {
-        case 4: AccumulateHeads<4>(heads, n); break;
-        case 3: AccumulateHeads<3>(heads, n); break;
-        case 2: AccumulateHeads<2>(heads, n); break;
-        case 1: AccumulateHeads<1>(heads, n); break;
-        default: break;
-      }
+      if (nh > 0) WithHeads<kHeadBlock>(nh, [&]<int NH>() { AccumulateHeads<NH>(heads, n); });
       nh = 0;
     };
     for (int h = 0; h < group_; ++h) {
