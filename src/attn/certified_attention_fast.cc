@@ -87,6 +87,14 @@ constexpr int kHeadBlock = 4;  // query heads that share one pass over a tile's 
 // Query heads that share one pass over a tile's key codes: their NH·kChains accumulators stay in
 // registers (32 vector registers from AVX-512 on, 16 below).
 constexpr int kCodeHeads = kNF >= 16 ? 7 : 4;
+// Query heads that share one pass over a tile's dither-int8 value codes, and the column blocks of a
+// pass for NH of them: NH·K accumulators and K converted codes in registers.
+constexpr bool kValueCodes = kNF >= 16;  // below, the K·kNF columns of a pass span less than a group
+constexpr int kValueHeads = kCodeHeads;
+constexpr std::size_t ValueColumns(int nh) {
+  if (kNF >= 16) return nh <= 4 ? 4 : 2;
+  return nh <= 2 ? 4 : 2;
+}
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
@@ -137,6 +145,29 @@ HWY_INLINE VD SquaredNorms(const T* rows, std::size_t stride, std::size_t dp) {
       acc[i] = hn::MulAdd(x, x, acc[i]);
     }
   return TransposeSum(acc);
+}
+
+// A vector of kNF float lanes whose sum is Σ_{c<kGroup} code_c², the squares of one group of int8
+// codes (an integer below 2^24: every partial sum is exact). Pairs of squares come from one
+// widening multiply-add of int16 lanes.
+HWY_INLINE VF CodeSquares(const std::int8_t* codes) {
+  const DF df;
+#if HWY_TARGET == HWY_SCALAR
+  VF sq = hn::Zero(df);
+  for (int c = 0; c < kGroup; ++c) sq = hn::MulAdd(hn::Set(df, codes[c]), hn::Set(df, codes[c]), sq);
+  return sq;
+#else
+  static_assert(kGroup % (2 * kNF) == 0);
+  const hn::Repartition<std::int32_t, DF> d32;
+  const hn::Repartition<std::int16_t, DF> d16;
+  const hn::Rebind<std::int8_t, decltype(d16)> d8;
+  auto sq = hn::Zero(d32), sq1 = hn::Zero(d32);  // sq1: where a target puts the odd products (not x86)
+  for (std::size_t k = 0; k < kGroup / (2 * kNF); ++k) {  // a fixed count: unrolled
+    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, codes + k * 2 * kNF));
+    sq = hn::ReorderWidenMulAccumulate(d32, x, x, sq, sq1);
+  }
+  return hn::ConvertTo(df, hn::Add(sq, sq1));
+#endif
 }
 
 // ξ_c = quant::dither_from_bits(word c mod 4 of Philox(counter, c/4, kv_head, layer)), c < d: the
@@ -360,6 +391,8 @@ class FastAttention {
     if (v_kind_ == cache::FormatKind::dither_int8) {
       v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
       v_s_t_.assign(v_scalesf_.size() + kN, 0.0);
+      v_s_tf_.assign(v_s_t_.size(), 0.0f);
+      ws_.assign(static_cast<std::size_t>(kValueHeads) * 4 * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
     }
@@ -762,6 +795,8 @@ class FastAttention {
   void LoadValues(const cache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed) {
     const DD dd;
     const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
+    value_codes_ = false;
+    rows_ready_ = true;
     if (!packed) {
       for (int i = 0; i < n; ++i) {
         F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
@@ -781,39 +816,34 @@ class FastAttention {
       hn::StoreU(hn::Sqrt(SquaredNorms(&vrows_[j0 * dp_], dp_, dp_)), dd, &vnorm_[j0]);
   }
 
-  // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with
-  // C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24 and so exact in float in any order: the codes'
-  // squares are summed in float lanes (one vector per token and group, reduced kNF tokens at a time)
-  // instead of the rows' squares in double. ρ_t and ‖v̂_t‖ come out in token lanes.
+  // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). The rows are not decoded here:
+  // AccumulateCodes takes Σ_t w_t v̂_t from the codes, and ValueRows decodes them only for a head that
+  // takes ScalarTile. ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24
+  // and so exact in float in any order: per token and group a vector whose lanes sum to C_{t,g}
+  // (CodeSquares), reduced kNF tokens at a time. ρ_t and ‖v̂_t‖ come out in token lanes.
   void DitherValues() {
     const DD dd;
     const DF df;
-    const hn::Rebind<std::int8_t, DF> di8;
-    const hn::Rebind<std::int32_t, DF> di32;
     const hn::Rebind<std::int32_t, DD> di32_d;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
     const int G = G_, d = d_;
-    const std::size_t dp = dp_;
     float* HWY_RESTRICT scales = v_scalesf_.data();
-    float* HWY_RESTRICT rows = vrows_.data();
     float* HWY_RESTRICT code_sq = code_sq_.data();
     float* HWY_RESTRICT code_sum = code_sum_.data();
     double* HWY_RESTRICT s_t = v_s_t_.data();
-    for (const Segment& seg : segments_) {
+    float* HWY_RESTRICT s_tf = v_s_tf_.data();
+    for (const Segment& seg : segments_)
       F16ToFloat(seg.page.v.meta + seg.row0 * G, seg.n * G, scales + seg.i0 * G);
-      const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
-      for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
-        for (int g = 0; g < G; ++g) {
-          const VF s = hn::Set(df, scales[i * G + g]);
-          VF sq = hn::Zero(df);
-          for (std::size_t k = 0; k < kGroup / kNF + (kGroup % kNF != 0); ++k) {  // a fixed count: unrolled
-            const std::size_t c = g * kGroup + k * kNF;
-            const VF code = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, codes + c)));
-            hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
-            sq = hn::MulAdd(code, code, sq);
-          }
-          hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
-        }
+    value_codes_ = kValueCodes;
+    rows_ready_ = false;
+    if constexpr (kValueCodes) {
+      for (const Segment& seg : segments_) {
+        const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
+        for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
+          for (int g = 0; g < G; ++g) hn::StoreU(CodeSquares(codes + g * kGroup), df, code_sq + (g * kTile + i) * kNF);
+      }
+    } else {
+      DecodeValueRows<true>();  // the float codes' squares come with the rows
     }
     const int n = segments_.back().i0 + segments_.back().n;
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
@@ -821,8 +851,11 @@ class FastAttention {
     const auto last = hn::Set(di32_d, (n - 1) * G);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto at = hn::Min(hn::LoadU(di32_d, &times_g_[j0]), last);
-      for (int g = 0; g < G; ++g)
-        hn::StoreU(hn::PromoteTo(dd, hn::GatherIndex(DFH(), scales, hn::Add(at, hn::Set(di32_d, g)))), dd, s_t + g * kTile + j0);
+      for (int g = 0; g < G; ++g) {
+        const auto s = hn::GatherIndex(DFH(), scales, hn::Add(at, hn::Set(di32_d, g)));
+        hn::StoreU(s, DFH(), s_tf + g * kTile + j0);
+        hn::StoreU(hn::PromoteTo(dd, s), dd, s_t + g * kTile + j0);
+      }
     }
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
@@ -843,6 +876,42 @@ class FastAttention {
       }
       hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
       hn::StoreU(hn::Sqrt(norm2), dd, &vnorm_[j0]);
+    }
+  }
+
+  // The tile's dither-int8 value rows v̂_t = s_{t,g}·code_t in vrows_, for ScalarTile (kValueCodes):
+  // decoded once, on the first head that needs them.
+  void ValueRows() {
+    if (!rows_ready_) DecodeValueRows<false>();
+  }
+
+  // vrows_ from the codes and v_scalesf_; with kSquares also code_sq_ (as CodeSquares, from the
+  // float codes).
+  template <bool kSquares>
+  void DecodeValueRows() {
+    rows_ready_ = true;
+    const DF df;
+    const hn::Rebind<std::int8_t, DF> d8;
+    const hn::Rebind<std::int32_t, DF> d32;
+    const int G = G_, d = d_;  // locals: the stores would otherwise make the compiler reload members
+    const std::size_t dp = dp_;
+    const float* HWY_RESTRICT scales = v_scalesf_.data();
+    float* HWY_RESTRICT rows = vrows_.data();
+    float* HWY_RESTRICT code_sq = code_sq_.data();
+    for (const Segment& seg : segments_) {
+      const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
+      for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
+        for (int g = 0; g < G; ++g) {
+          const VF s = hn::Set(df, scales[i * G + g]);
+          VF sq = hn::Zero(df);
+          for (std::size_t k = 0; k < kGroup / kNF; ++k) {  // a fixed count: unrolled
+            const std::size_t c = g * kGroup + k * kNF;
+            const VF code = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, codes + c)));
+            hn::StoreU(hn::Mul(code, s), df, rows + i * dp + c);
+            if constexpr (kSquares) sq = hn::MulAdd(code, code, sq);
+          }
+          if constexpr (kSquares) hn::StoreU(sq, df, code_sq + (g * kTile + i) * kNF);
+        }
     }
   }
 
@@ -1058,19 +1127,23 @@ class FastAttention {
   // kHeadBlock heads share one pass over the value rows.
   void AccumulateAll(int n) {
     const DD dd;
-    int heads[kHeadBlock];
+    int heads[std::max(kHeadBlock, kValueHeads)];
     int nh = 0;
     const auto accumulate = [&] {
-      if (nh > 0) WithHeads<kHeadBlock>(nh, [&]<int NH>() { AccumulateHeads<NH>(heads, n); });
+      if (nh > 0 && value_codes_)
+        WithHeads<kValueHeads>(nh, [&]<int NH>() { AccumulateCodeHeads<NH>(heads, n); });
+      else if (nh > 0)
+        WithHeads<kHeadBlock>(nh, [&]<int NH>() { AccumulateHeads<NH>(heads, n); });
       nh = 0;
     };
+    const int block = value_codes_ ? kValueHeads : kHeadBlock;
     for (int h = 0; h < group_; ++h) {
       if (scalar_[h]) continue;
       double* acc = &acc_[h * dp_];
       if (rescale_[h] != 1.0)
         for (std::size_t c = 0; c < dp_; c += kN) hn::StoreU(hn::Mul(hn::LoadU(dd, acc + c), hn::Set(dd, rescale_[h])), dd, acc + c);
       heads[nh++] = h;
-      if (nh == kHeadBlock) accumulate();
+      if (nh == block) accumulate();
     }
     accumulate();  // the last block, also when the group's last head took ScalarTile
   }
@@ -1085,7 +1158,6 @@ class FastAttention {
   // Columns [c, c + K·kNF) of NH heads: NH·K independent FMA chains over the tile's tokens.
   template <std::size_t K, int NH>
   HWY_INLINE void AccumulateColumns(const int* heads, int n, std::size_t c) {
-    const DD dd;
     const DF df;
     VF sum[NH][K];
     for (auto& s : sum)
@@ -1099,6 +1171,14 @@ class FastAttention {
         for (std::size_t k = 0; k < K; ++k) sum[j][k] = hn::MulAdd(w, r[k], sum[j][k]);
       }
     }
+    AddToAccumulators<K, NH>(heads, c, sum);
+  }
+
+  // The tile's float sums of columns [c, c + K·kNF) added to the NH heads' double accumulators.
+  template <std::size_t K, int NH>
+  HWY_INLINE void AddToAccumulators(const int* heads, std::size_t c, const VF (&sum)[NH][K]) {
+    const DD dd;
+    const DF df;
     for (int j = 0; j < NH; ++j) {
       double* acc = &acc_[heads[j] * dp_];
       HWY_ALIGN float o[K * kNF];
@@ -1108,10 +1188,52 @@ class FastAttention {
     }
   }
 
+  // dither-int8 values straight from their codes: Σ_t w_t v̂_{t,c} = Σ_t (w_t·s_{t,g})·code_{t,c}, the
+  // codes converted once for all NH heads and the products w_t·s_{t,g} formed in token lanes (one
+  // more float rounding per term than the float rows' path).
+  template <int NH>
+  void AccumulateCodeHeads(const int* heads, int n) {
+    constexpr std::size_t K = ValueColumns(NH);
+    std::size_t c = 0;
+    for (; c + K * kNF <= static_cast<std::size_t>(d_); c += K * kNF) AccumulateCodeColumns<K, NH>(heads, n, c);
+    for (; c < static_cast<std::size_t>(d_); c += kNF) AccumulateCodeColumns<1, NH>(heads, n, c);
+  }
+
+  // Columns [c, c + K·kNF) of NH heads; ws_[(j·K + k)·kTile + t] = w_t·s_{t,g} of head j and the
+  // group of column block k.
+  template <std::size_t K, int NH>
+  HWY_INLINE void AccumulateCodeColumns(const int* heads, int n, std::size_t c) {
+    const DF df;
+    const hn::Rebind<std::int8_t, DF> d8;
+    const hn::Rebind<std::int32_t, DF> d32;
+    float* HWY_RESTRICT ws = ws_.data();
+    for (int j = 0; j < NH; ++j)
+      for (std::size_t k = 0; k < K; ++k) {
+        const float* w = &w_[heads[j] * kTile];
+        const float* s = &v_s_tf_[(c + k * kNF) / kGroup * kTile];
+        for (int i0 = 0; i0 < n; i0 += static_cast<int>(kNF))
+          hn::StoreU(hn::Mul(hn::LoadU(df, w + i0), hn::LoadU(df, s + i0)), df, ws + (j * K + k) * kTile + i0);
+      }
+    VF sum[NH][K];
+    for (auto& s : sum)
+      for (VF& x : s) x = hn::Zero(df);
+    for (const Segment& seg : segments_) {
+      const std::int8_t* codes = seg.page.v.codes + seg.row0 * d_ + c;
+      for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d_) {
+        VF x[K];
+        for (std::size_t k = 0; k < K; ++k) x[k] = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, codes + k * kNF)));
+        for (int j = 0; j < NH; ++j)
+          for (std::size_t k = 0; k < K; ++k) sum[j][k] = hn::MulAdd(hn::Set(df, ws[(j * K + k) * kTile + i]), x[k], sum[j][k]);
+      }
+    }
+    AddToAccumulators<K, NH>(heads, c, sum);
+  }
+
   // The reference's token-by-token update (certified_attention.cc), for tiles with a non-finite
   // logit or bound and for partials already poisoned by one. c_t comes from the cert functions,
   // which skip bands and groups the query does not touch.
   void ScalarTile(int h, int n, HeadPartial& p) {
+    ValueRows();
     if (float_tile_) {
       DoubleKeyMeta(n);
       DoubleLogits(h, n);
@@ -1284,6 +1406,10 @@ class FastAttention {
   std::vector<float> vrows_;        // [t][dp] v̂_t
   std::vector<float> v_scalesf_;    // [t][g] the tile's value scales (dither-int8)
   std::vector<double> v_s_t_;       // [g][t] the same, token lanes
+  std::vector<float> v_s_tf_;       // [g][t] the same in float
+  std::vector<float> ws_;           // [head][column block][t] w_t·s_{t,g} (AccumulateCodeColumns)
+  bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
+  bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
