@@ -25,9 +25,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
+#include <utility>
 #include <iterator>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,14 +99,24 @@ std::int64_t cold_streams(int d, std::int64_t S) {
 // with keys that have a few massive RoPE-pair channels, as real models have. `streams` layers of
 // one KV head; stream l holds the same token rows as stream 0 rotated by 97·l positions (its own
 // bytes: the dither and the pages differ).
+// The last two stores are kept (BM_PairedRatio reads two formats at once); at most one is built
+// while two are held.
 cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t streams) {
-  static std::unique_ptr<cache::KvStore> store;
-  static std::string key;
+  static std::unique_ptr<cache::KvStore> stores[2];
+  static std::string keys[2];
   const std::string want = std::string(v.format) + "/" + std::to_string(static_cast<int>(v.dither)) + "/" +
                            std::to_string(d) + "/" + std::to_string(S) + "/" + std::to_string(streams);
-  if (key == want) return *store;
-  store.reset();
-  key.clear();
+  if (keys[0] == want) return *stores[0];
+  if (keys[1] == want) {
+    std::swap(stores[0], stores[1]);
+    std::swap(keys[0], keys[1]);
+    return *stores[0];
+  }
+  stores[1].reset();  // the older one goes
+  keys[1].clear();
+  std::swap(stores[0], stores[1]);
+  std::swap(keys[0], keys[1]);
+  std::unique_ptr<cache::KvStore>& store = stores[0];
   cache::CacheConfig c;
   c.layers = static_cast<int>(streams);
   c.kv_heads = 1;
@@ -124,8 +137,33 @@ cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t 
       const std::int64_t row = (p + 97 * l) % S;
       store->write(static_cast<int>(l), 0, p, &k[row * d], &val[row * d]);
     }
-  key = want;
+  keys[0] = want;
   return *store;
+}
+
+// One decode attention call of variant v on stream `next` of the store, which then moves on to the
+// next stream of the rotation.
+void decode_call(const Variant& v, cache::KvStore& store, std::int64_t streams, std::int64_t& next,
+                 const std::vector<float>& q, int group, int d, std::int64_t S, const BoundContext& ctx,
+                 std::vector<float>& out) {
+  cache::KvStore::Reader reader(store, static_cast<int>(next), 0);
+  next = next + 1 == streams ? 0 : next + 1;
+  if (v.path == Path::exact_group) {
+    std::vector<const f16*> keys(S), values(S);
+    for (std::int64_t t = 0; t < S; ++t) keys[t] = reader.exact_key_row(t), values[t] = reader.exact_value_row(t);
+    exact_attention_group(q.data(), group, keys.data(), values.data(), S, d, out.data());
+  } else if (v.path == Path::exact_scalar) {
+    for (int h = 0; h < group; ++h)
+      exact_attention(
+          &q[h * d], [&](std::int64_t t) { return reader.exact_key_row(t); },
+          [&](std::int64_t t) { return reader.exact_value_row(t); }, S, d, &out[h * d]);
+  } else {
+    std::vector<HeadPartial> partials(group);
+    attend_range_fast(reader, q.data(), group, d, 0, S, ctx, partials, v.meter);
+    for (int h = 0; h < group; ++h) finish(partials[h], d, &out[h * d]);
+  }
+  benchmark::DoNotOptimize(out.data());
+  benchmark::ClobberMemory();
 }
 
 // Args: variant, S, head dim, GQA group, cold (0: one stream, cache-resident; 1: a rotation of
@@ -142,30 +180,10 @@ void BM_DecodeAttention(benchmark::State& state) {
   for (float& x : q) x = g(rng);
   // δ_loc of SmolLM2-135M (30 layers, 9 query heads) at the default budget.
   const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), S, cert::delta_loc(1e-2, 30, 9, 256)};
-  std::vector<HeadPartial> partials;
   // The rotation goes on across runs and repetitions: a run starts where the last one stopped.
   static std::int64_t next = 0;
   next %= streams;
-  for (auto _ : state) {
-    cache::KvStore::Reader reader(store, static_cast<int>(next), 0);
-    next = next + 1 == streams ? 0 : next + 1;
-    if (v.path == Path::exact_group) {
-      std::vector<const f16*> keys(S), values(S);
-      for (std::int64_t t = 0; t < S; ++t) keys[t] = reader.exact_key_row(t), values[t] = reader.exact_value_row(t);
-      exact_attention_group(q.data(), group, keys.data(), values.data(), S, d, out.data());
-    } else if (v.path == Path::exact_scalar) {
-      for (int h = 0; h < group; ++h)
-        exact_attention(
-            &q[h * d], [&](std::int64_t t) { return reader.exact_key_row(t); },
-            [&](std::int64_t t) { return reader.exact_value_row(t); }, S, d, &out[h * d]);
-    } else {
-      partials.assign(group, HeadPartial{});
-      attend_range_fast(reader, q.data(), group, d, 0, S, ctx, partials, v.meter);
-      for (int h = 0; h < group; ++h) finish(partials[h], d, &out[h * d]);
-    }
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
+  for (auto _ : state) decode_call(v, store, streams, next, q, group, d, S, ctx, out);
   const double per_token = store.bytes_per_token_head(quant::KvSide::key) + store.bytes_per_token_head(quant::KvSide::value);
   state.counters["GB/s"] =
       benchmark::Counter(per_token * static_cast<double>(S) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -192,6 +210,80 @@ void attention_args(benchmark::internal::Benchmark* b) {
         for (std::int64_t group : {3, 7}) b->Args({v, 32768, d, group, 1});
 }
 BENCHMARK(BM_DecodeAttention)->Apply(attention_args)->Unit(benchmark::kMicrosecond);
+
+// The two targets as paired ratios: each iteration times one call of variant b and one of
+// variant a (thread CPU time each, the order alternating), on the same query and residency, and the
+// counters are the median and quartiles of the per-pair ratios b ÷ a. This guest's slowdowns come
+// and go over seconds and hit both calls of a pair alike, so the paired ratio resolves far smaller
+// differences than the ratio of two medians taken minutes apart. Args: a, b (variants), S, head
+// dim, GQA group, cold.
+double thread_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+void BM_PairedRatio(benchmark::State& state) {
+  const Variant& a = kVariants[state.range(0)];
+  const Variant& b = kVariants[state.range(1)];
+  const std::int64_t S = state.range(2);
+  const int d = static_cast<int>(state.range(3)), group = static_cast<int>(state.range(4));
+  const std::int64_t streams = state.range(5) ? cold_streams(d, S) : 1;
+  cache::KvStore& store_a = store_for(a, d, S, streams);
+  cache::KvStore& store_b = store_for(b, d, S, streams);  // store_a stays: two are kept
+  std::mt19937_64 rng(2);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<std::size_t>(group) * d), out(q.size());
+  for (float& x : q) x = g(rng);
+  const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), S, cert::delta_loc(1e-2, 30, 9, 256)};
+  std::int64_t next_a = 0, next_b = streams / 2;  // in cold mode the two read different streams
+  std::vector<double> ratios, time_a, time_b;
+  for (auto _ : state) {
+    double ta = 0.0, tb = 0.0;
+    const auto time = [&](const Variant& v, cache::KvStore& st, std::int64_t& next) {
+      const double t0 = thread_seconds();
+      decode_call(v, st, streams, next, q, group, d, S, ctx, out);
+      return thread_seconds() - t0;
+    };
+    if (ratios.size() % 2 == 0) {
+      ta = time(a, store_a, next_a);
+      tb = time(b, store_b, next_b);
+    } else {
+      tb = time(b, store_b, next_b);
+      ta = time(a, store_a, next_a);
+    }
+    ratios.push_back(tb / ta);
+    time_a.push_back(ta);
+    time_b.push_back(tb);
+  }
+  const auto quantile = [](std::vector<double> x, double p) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[static_cast<std::size_t>(p * static_cast<double>(x.size() - 1) + 0.5)];
+  };
+  state.counters["ratio"] = quantile(ratios, 0.5);
+  state.counters["ratio_q1"] = quantile(ratios, 0.25);
+  state.counters["ratio_q3"] = quantile(ratios, 0.75);
+  state.counters["a_us"] = 1e6 * quantile(time_a, 0.5);
+  state.counters["b_us"] = 1e6 * quantile(time_b, 0.5);
+  state.counters["pairs"] = static_cast<double>(ratios.size());
+  state.SetLabel(std::string(b.name) + " / " + a.name);
+}
+
+void paired_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"a", "b", "S", "d", "group", "cold"});
+  const auto index = [](std::string_view name) {
+    for (std::size_t v = 0; v < std::size(kVariants); ++v)
+      if (kVariants[v].name == name) return static_cast<std::int64_t>(v);
+    throw std::logic_error("no variant " + std::string(name));
+  };
+  // dither-int8/shared against fp16, and the shared dither's meter on against off.
+  for (const auto& [va, vb] : {std::pair{index("fp16"), index("dither-int8/shared")},
+                               std::pair{index("dither-int8/shared/meter-off"), index("dither-int8/shared")}})
+    for (std::int64_t cold : {0, 1})
+      for (std::int64_t d : {64, 128})
+        for (std::int64_t group : {3, 7}) b->Args({va, vb, 32768, d, group, cold});
+}
+BENCHMARK(BM_PairedRatio)->Apply(paired_args)->Unit(benchmark::kMicrosecond)->MinTime(3.0);
 
 // Measured bytes per token per KV head (K + V, from the KvStore allocations, the outlier mask
 // amortized over S = 32768) and the capacity at equal memory relative to fp16, for dither-int8

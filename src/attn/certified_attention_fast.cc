@@ -837,10 +837,22 @@ class FastAttention {
     value_codes_ = kValueCodes;
     rows_ready_ = false;
     if constexpr (kValueCodes) {
-      for (const Segment& seg : segments_) {
-        const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
-        for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
-          for (int g = 0; g < G; ++g) hn::StoreU(CodeSquares(codes + g * kGroup), df, code_sq + (g * kTile + i) * kNF);
+      // The group loop unrolled for head dimensions up to 128 (G ≤ 4).
+      const auto squares = [&]<int kG>() {
+        const int groups = kG > 0 ? kG : G;
+        for (const Segment& seg : segments_) {
+          const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
+          for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
+            for (int g = 0; g < groups; ++g)
+              hn::StoreU(CodeSquares(codes + g * kGroup), df, code_sq + (g * kTile + i) * kNF);
+        }
+      };
+      switch (G) {
+        case 1: squares.template operator()<1>(); break;
+        case 2: squares.template operator()<2>(); break;
+        case 3: squares.template operator()<3>(); break;
+        case 4: squares.template operator()<4>(); break;
+        default: squares.template operator()<0>();
       }
     } else {
       DecodeValueRows<true>();  // the float codes' squares come with the rows
