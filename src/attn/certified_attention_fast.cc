@@ -41,9 +41,10 @@
 // Shared-page dither-int8 keys take a float path (the certified cache's default, and the one whose
 // speed matters): the tile's codes are converted to float with the tokens in lanes, and per query
 // head and group the code sum C_g = Σ_{c∈g} q̄_c·code_{t,c} (q̄: q with the outlier channels
-// zeroed) runs in kChains FMA chains, and so does Q_g = Σ_{c∈g} q̄_c·ξ_c (once per page, query heads
-// in lanes); then z̃'_t = sm·(Σ_{outlier c} q_c x_{t,c} + Σ_g s_g·(C_g − Q_g)) in float. Codes, ξ,
-// scales, outlier values and q are exact in float. A term q_c·code_c or q_c·ξ_c passes through at
+// zeroed) runs in kChains FMA chains; Q_g = Σ_{c∈g} q̄_c·ξ_c (once per page, the channels in lanes)
+// takes at most as many roundings (kQgRoundings); then
+// z̃'_t = sm·(Σ_{outlier c} q_c x_{t,c} + Σ_g s_g·(C_g − Q_g)) in float. Codes, ξ, scales, outlier
+// values and q are exact in float. A term q_c·code_c or q_c·ξ_c passes through at
 // most kGroup/kChains (its chain) + 2 (the chains' sum) + 1 (C_g − Q_g) + 1 (·s_g, added to the
 // running sum) + (G − 1) (the later groups' additions) + 2 (sm rounded to float, and the product)
 // = kGroup/kChains + G + 5 roundings; an outlier term m2 + G + 2. With n the largest of these and
@@ -96,6 +97,13 @@ constexpr std::size_t ValueColumns(int nh) {
   return nh <= 2 ? 4 : 2;
 }
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Q_g of a page (SharedDither): kQChunks vectors of a group's channels in kQChains FMA chains, the
+// chains summed pairwise, then the lanes (log2 kNF); at most kQgRoundings roundings a term.
+constexpr int Log2(std::size_t x) { return x > 1 ? 1 + Log2(x / 2) : 0; }
+constexpr int kQChunks = static_cast<int>(kGroup / kNF);
+constexpr int kQChains = kQChunks + Log2(kNF) <= kGroup / kChains + 2 ? 1 : std::min(kChains, kQChunks);
+constexpr int kQgRoundings = (kQChunks + kQChains - 1) / kQChains + Log2(kQChains) + Log2(kNF);
+static_assert(kGroup % kNF == 0 && (kQChains & (kQChains - 1)) == 0 && kQgRoundings <= kGroup / kChains + 2);
 
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
 // adjacent lanes, which keep the vectors' order).
@@ -333,11 +341,7 @@ class FastAttention {
           qbar_[h * dp_ + c] = qc;
         }
       if (float_keys_) {
-        heads_padded_ = hwy::RoundUpTo(static_cast<std::size_t>(group_), kNF);
-        qbar_t_.assign(d_ * heads_padded_, 0.0f);
-        for (int h = 0; h < group_; ++h)
-          for (int c = 0; c < d_; ++c) qbar_t_[c * heads_padded_ + h] = static_cast<float>(qbar_[h * dp_ + c]);
-        qg_t_.assign(G_ * heads_padded_, 0.0f);
+        qbar_f_.assign(qbar_.begin(), qbar_.end());
         // Head blocks of CodeDots: block h0 holds nh = min(kCodeHeads, group − h0) heads, [c][nh].
         qbarf_.assign(group_ * dp_, 0.0f);
         for (int h0 = 0; h0 < group_; h0 += kCodeHeads) {
@@ -647,22 +651,40 @@ class FastAttention {
   }
 
   // Shared-page dither (float tiles only): ξ of the page and Q_g = Σ_{c∈g, non-outlier} q_c ξ_c per
-  // query head ([h][g] into qg), once per page, in float with the query heads in lanes and kChains
-  // FMA chains (the same roundings as a code sum: the comment at the top).
+  // query head ([h][g] into qg), once per page, in float: the group's channels in lanes, kQChains
+  // FMA chains summed pairwise, then kNF (head, group) pairs at a time across the lanes
+  // (TransposeSum). A term passes through at most kQgRoundings roundings, no more than a code sum's
+  // kGroup/kChains + 2 that η_t covers (the comment at the top).
   void SharedDither(std::uint32_t counter, float* qg) {
     const DF df;
     DitherRow(stream_, counter, d_, xi_.data(), words_.data());
-    for (std::size_t h0 = 0; h0 < static_cast<std::size_t>(group_); h0 += kNF)
+    const float* HWY_RESTRICT xi = xi_.data();
+    VF sums[kNF];
+    int k = 0, p0 = 0;  // sums[k] is (head, group) pair p0 + k, pairs [h][g]
+    const auto flush = [&] {
+      for (int i = k; i < static_cast<int>(kNF); ++i) sums[i] = hn::Zero(df);
+      HWY_ALIGN float out[kNF];
+      hn::Store(TransposeSum<DF>(sums), df, out);
+      std::copy_n(out, k, qg + p0);
+      p0 += k;
+      k = 0;
+    };
+    for (int h = 0; h < group_; ++h) {
+      const float* HWY_RESTRICT q = &qbar_f_[h * dp_];
       for (int g = 0; g < G_; ++g) {
-        VF acc[kChains];
+        VF acc[kQChains];
         for (VF& a : acc) a = hn::Zero(df);
-        for (int c = g * kGroup; c < (g + 1) * kGroup; c += kChains)
-          for (int k = 0; k < kChains; ++k)
-            acc[k] = hn::MulAdd(hn::LoadU(df, &qbar_t_[(c + k) * heads_padded_ + h0]), hn::Set(df, xi_[c + k]), acc[k]);
-        hn::StoreU(SumChains(acc), df, &qg_t_[g * heads_padded_ + h0]);
+        for (int j = 0; j < kQChunks; ++j) {
+          const std::size_t c = g * kGroup + j * kNF;
+          acc[j % kQChains] = hn::MulAdd(hn::LoadU(df, q + c), hn::LoadU(df, xi + c), acc[j % kQChains]);
+        }
+        for (int width = kQChains; width > 1; width /= 2)
+          for (int i = 0; i < width / 2; ++i) acc[i] = hn::Add(acc[2 * i], acc[2 * i + 1]);
+        sums[k++] = acc[0];
+        if (k == static_cast<int>(kNF)) flush();
       }
-    for (int h = 0; h < group_; ++h)
-      for (int g = 0; g < G_; ++g) qg[h * G_ + g] = qg_t_[g * heads_padded_ + h];
+    }
+    if (k > 0) flush();
   }
 
   // z̃_t and c_t of one query head for the tile's tokens.
@@ -816,11 +838,12 @@ class FastAttention {
       hn::StoreU(hn::Sqrt(SquaredNorms(&vrows_[j0 * dp_], dp_, dp_)), dd, &vnorm_[j0]);
   }
 
-  // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). The rows are not decoded here:
-  // AccumulateCodes takes Σ_t w_t v̂_t from the codes, and ValueRows decodes them only for a head that
-  // takes ScalarTile. ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24
-  // and so exact in float in any order: per token and group a vector whose lanes sum to C_{t,g}
-  // (CodeSquares), reduced kNF tokens at a time. ρ_t and ‖v̂_t‖ come out in token lanes.
+  // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). The rows are not decoded here on
+  // AVX-512 (kValueCodes): AccumulateCodeHeads takes Σ_t w_t v̂_t from the codes, and ValueRows
+  // decodes the rows only for a head that takes ScalarTile. ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with
+  // C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24 and so exact in float in any order: per token
+  // and group a vector whose lanes sum to C_{t,g} (CodeSquares), reduced kNF tokens at a time. ρ_t
+  // and ‖v̂_t‖ come out in token lanes.
   void DitherValues() {
     const DD dd;
     const DF df;
@@ -1383,9 +1406,7 @@ class FastAttention {
   std::vector<double> qn_;    // [h][B] ‖q_b‖ (Tier A)
   std::vector<double> q2_;    // [h][G] Σ_{c∈g, non-outlier} q_c² (Tier B)
   std::vector<double> qbar_;  // [h][dp] q with the outlier channels zeroed
-  std::size_t heads_padded_ = 0;
-  std::vector<float> qbar_t_;   // [c][heads_padded] the same, query heads in lanes (float tiles)
-  std::vector<float> qg_t_;     // [g][heads_padded] Q_g of the page
+  std::vector<float> qbar_f_;   // [h][dp] the same in float (float tiles)
   std::vector<int> outliers_;
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
