@@ -118,6 +118,42 @@ HWY_INLINE hn::Vec<D> TransposeSum(hn::Vec<D>* v) {
   return v[0];
 }
 
+// v: K vectors of K-interleaved floats (element e of their concatenation is channel e mod K of
+// token e / K); channel ch of the kNF tokens goes to out[ch·step]. K a power of two; even and odd
+// channels are split apart log2(K) times, all in registers.
+template <int K>
+HWY_INLINE void Deinterleave(VF* v, VF* out, int step) {
+  if constexpr (K == 1) {
+    out[0] = v[0];
+  } else {
+#if HWY_TARGET == HWY_SCALAR
+    for (int ch = 0; ch < K; ++ch) out[ch * step] = v[ch];  // one token: v is its channels
+#else
+    const DF df;
+    VF even[K / 2], odd[K / 2];
+    for (int i = 0; i < K / 2; ++i) {
+      even[i] = hn::ConcatEven(df, v[2 * i + 1], v[2 * i]);
+      odd[i] = hn::ConcatOdd(df, v[2 * i + 1], v[2 * i]);
+    }
+    Deinterleave<K / 2>(even, out, 2 * step);
+    Deinterleave<K / 2>(odd, out + step, 2 * step);
+#endif
+  }
+}
+
+// f.operator()<K>() for K = k a power of two up to 16; false (nothing called) for any other k.
+template <class F>
+HWY_INLINE bool WithPowerOfTwo(int k, F&& f) {
+  switch (k) {
+    case 1: f.template operator()<1>(); return true;
+    case 2: f.template operator()<2>(); return true;
+    case 4: f.template operator()<4>(); return true;
+    case 8: f.template operator()<8>(); return true;
+    case 16: f.template operator()<16>(); return true;
+    default: return false;
+  }
+}
+
 // The sum of kChains FMA chains, pairwise (log2(kChains) roundings).
 template <class V>
 HWY_INLINE V SumChains(const V* a) {
@@ -412,10 +448,7 @@ class FastAttention {
     finite_.assign(group_, 1);
     pending_.assign(static_cast<std::size_t>(group_) * kPendings * kN, 0.0);
     scalar_.assign(group_, 0);
-    for (int t = 0; t < kTile + static_cast<int>(kNF); ++t) {
-      times_g_.push_back(t * G_);
-      times_m_.push_back(t * m2_);
-    }
+    for (int t = 0; t < kTile + static_cast<int>(kNF); ++t) times_g_.push_back(t * G_);
   }
 
   void Run(std::int64_t begin, std::int64_t end, std::vector<HeadPartial>& partials) {
@@ -575,28 +608,45 @@ class FastAttention {
     const DF df;
     const hn::Rebind<std::int32_t, DF> di32;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
-    // Scales and outlier values are token-major in the page: converted in one go, then gathered.
-    F16ToFloat(key_meta_, n * G_, meta_f_.data());
-    if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outliers_f_.data());
+    // Scales and outlier values are token-major in the page: converted in one go, the last token
+    // repeated up to a whole lane block, then split into channels with the tokens in lanes.
+    float* HWY_RESTRICT meta = meta_f_.data();
+    float* HWY_RESTRICT outl = outliers_f_.data();
+    F16ToFloat(key_meta_, n * G_, meta);
+    if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outl);
+    const int padded = static_cast<int>(hwy::RoundUpTo(static_cast<std::size_t>(n), kNF));
+    for (int t = n; t < padded; ++t) {
+      std::copy_n(meta + (n - 1) * G_, G_, meta + t * G_);
+      std::copy_n(outl + (n - 1) * m2_, m2_, outl + t * m2_);
+    }
     const Segment* seg = segments_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const auto at_g = hn::Min(hn::LoadU(di32, &times_g_[j0]), hn::Set(di32, (n - 1) * G_));
-      const auto at_j = hn::Min(hn::LoadU(di32, &times_m_[j0]), hn::Set(di32, (n - 1) * m2_));
       float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
+      // Channel j of the block's tokens into xo + j·kNF (outliers) or sf_ (scales): split in
+      // registers where the channel count is a power of two, gathered otherwise.
+      const auto split = [&](const float* src, int channels, float* dst, std::size_t stride) {
+        const bool done = WithPowerOfTwo(channels, [&]<int K>() {
+          VF v[K], out[K];
+          for (int i = 0; i < K; ++i) v[i] = hn::LoadU(df, src + j0 * K + i * static_cast<int>(kNF));
+          Deinterleave<K>(v, out, 1);
+          for (int ch = 0; ch < K; ++ch) hn::StoreU(out[ch], df, dst + ch * stride);
+        });
+        if (!done)
+          for (int ch = 0; ch < channels; ++ch)
+            hn::StoreU(hn::GatherIndex(df, src, hn::Add(hn::Mul(hn::Iota(di32, j0), hn::Set(di32, channels)), hn::Set(di32, ch))),
+                       df, dst + ch * stride);
+      };
       VF x_out = hn::Zero(df);
-      for (int j = 0; j < m2_; ++j) {
-        const VF x = hn::GatherIndex(df, outliers_f_.data(), hn::Add(at_j, hn::Set(di32, j)));
-        hn::StoreU(x, df, xo + j * kNF);
-        x_out = hn::Add(x_out, hn::Abs(x));
-      }
+      if (m2_ > 0) split(outl, m2_, xo, kNF);
+      for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
       hn::StoreU(x_out, df, &x_outf_[j0]);
       // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
       // scale times a finite code sum would pass for a token of weight 0.
       auto bad = hn::Not(hn::IsFinite(x_out));
+      split(meta, G_, &sf_[j0], kTile);
       for (int g = 0; g < G_; ++g) {
-        const VF sg = hn::GatherIndex(df, meta_f_.data(), hn::Add(at_g, hn::Set(di32, g)));
+        const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
-        hn::StoreU(sg, df, &sf_[g * kTile + j0]);
         hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
@@ -1446,7 +1496,7 @@ class FastAttention {
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
-  std::vector<std::int32_t> times_g_, times_m_;  // [t] t·G, t·2m: where token t's row starts in [t][g], [t][j]
+  std::vector<std::int32_t> times_g_;  // [t] t·G: where token t's row starts in [t][g]
   double tile_v_max_ = 0.0, tile_rho_max_ = 0.0;  // max_t (‖v̂_t‖ + ρ^v_t), max_t ρ^v_t over the tile
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}

@@ -63,7 +63,8 @@ constexpr int kKvHeads = 2;
 // values of varied norms, as real models have.
 struct Store {
   cache::KvStore store;
-  Store(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) : store(config(f, d, n, page, seed)) {
+  Store(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) : Store(config(f, d, n, page, seed), d, n, seed) {}
+  Store(const cache::CacheConfig& c, int d, std::int64_t n, std::uint64_t seed) : store(c) {
     // shared-prompt: a prompt that ends inside a page, so that a page holds shared and own dither.
     store.set_prompt_length(n / 2 - 1);
     std::mt19937_64 rng(seed);
@@ -202,12 +203,18 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
 // and end inside pages, page sizes below, equal to and above a lane block, a promoted (exact) page
 // and a prompt that ends inside a page to cut the tiles, each range against the reference.
 TEST(CertifiedFast, TilesAcrossPagesMatchReference) {
-  const int d = 64, group = 3;
+  const int group = 3;
   const std::int64_t n = 150;
   int checked = 0;
+  // Head dims and outlier pairs m: the scales (d/32 a token) and outlier values (2m) are split
+  // into channels in registers for power-of-two counts up to 16 and gathered otherwise (d = 96,
+  // m = 3).
+  for (const auto& [d, m] : {std::pair{64, 4}, std::pair{96, 3}, std::pair{128, 8}, std::pair{64, 0}})
   for (const cache::DitherMode mode : {cache::DitherMode::shared_page, cache::DitherMode::shared_prompt})
     for (int page : {4, 8, 16, 32}) {
-      Store s({cache::kDitherInt8, cache::kDitherInt8, mode}, d, n, page, 77 + page);
+      cache::CacheConfig c = Store::config({cache::kDitherInt8, cache::kDitherInt8, mode}, d, n, page, 77 + page);
+      c.outlier_pairs = m;
+      Store s(c, d, n, 77 + page);
       s.store.promote(0, 1, 64 / page + 1);
       cache::KvStore::Reader r(s.store, 0, 1);
       std::mt19937_64 rng(page);
@@ -222,13 +229,18 @@ TEST(CertifiedFast, TilesAcrossPagesMatchReference) {
           fast.assign(group, HeadPartial{});
           attend_range_fast(r, q.data(), group, d, b, e, ctx, fast, true);
           for (int h = 0; h < group; ++h) {
-            SCOPED_TRACE(testing::Message() << "page " << page << " range [" << b << ", " << e << ") head " << h);
+            SCOPED_TRACE(testing::Message() << "d " << d << " m " << m << " page " << page << " range [" << b << ", " << e << ") head " << h);
             std::vector<float> want(d), got(d);
             const HeadResult rr = finish(ref[h], d, want.data()), rf = finish(fast[h], d, got.data());
             double scale = 0.0;
             for (int c = 0; c < d; ++c) scale = std::max(scale, std::fabs(double(want[c])));
             for (int c = 0; c < d; ++c) ASSERT_LE(std::fabs(double(got[c]) - want[c]), 1e-5 * scale) << "channel " << c;
-            ASSERT_TRUE(close(rf.meter, rr.meter, 3e-3)) << rf.meter << " vs " << rr.meter;
+            // The float path's allowance η_t grows with its rounding count, 2m + d/32 + 2 for an
+            // outlier term (certified_attention_fast.cc): looser for many outlier pairs, and an
+            // absolute 1e-5 where the meter itself is tiny (d 128, m 8: 4.46e-5 against 4.34e-5,
+            // the same before the scales and outlier values were split in registers).
+            const double tolerance = 3e-3 * std::max(1.0, (2.0 * m + d / 32 + 2) / 16.0);
+            ASSERT_LE(std::fabs(rf.meter - rr.meter), tolerance * rr.meter + 1e-5) << rf.meter << " vs " << rr.meter;
             ASSERT_GE(rf.meter, rr.meter * (1 - 1e-6));
             ASSERT_EQ(fast[h].meter.n, ref[h].meter.n);
             ++checked;
