@@ -16,7 +16,7 @@
 //           iteration is still cached when the rotation comes back to it.
 //
 //   cmake --build build --target witcert_bench &&
-//   build/witcert_bench --benchmark_filter='Attention|StreamRead' --benchmark_repetitions=5
+//   build/witcert_bench --benchmark_filter='Attention|PairedRatio|StreamRead' --benchmark_repetitions=5
 //     --benchmark_report_aggregates_only=true --benchmark_out=attention.json --benchmark_out_format=json &&
 //   build/witcert_bench --benchmark_filter=KvBytes --benchmark_out=kv_bytes.json --benchmark_out_format=json &&
 //   python3 tools/attention_bench_table.py attention.json kv_bytes.json

@@ -12,6 +12,7 @@ import sys
 NAME = re.compile(r"BM_DecodeAttention/variant:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)/cold:(\d+)")
 STREAM = re.compile(r"BM_StreamRead/bytes:(\d+)")
 KVBYTES = re.compile(r"BM_KvBytes/d:(\d+)/m:(\d+)")
+PAIRED = re.compile(r"BM_PairedRatio/a:(\d+)/b:(\d+)/S:(\d+)/d:(\d+)/group:(\d+)/cold:(\d+)")
 
 
 def main(paths):
@@ -22,8 +23,13 @@ def main(paths):
         m = KVBYTES.match(r["run_name"])
         if m:
             kv_bytes[tuple(map(int, m.groups()))] = r
-    cells, labels, counters, stream, rotation = {}, {}, {}, {}, {}
+    cells, labels, counters, stream, rotation, paired = {}, {}, {}, {}, {}, {}
     for r in medians:
+        m = PAIRED.match(r["run_name"])
+        if m:
+            a, b, S, d, g, cold = map(int, m.groups())
+            paired[(r.get("label", f"{b} / {a}"), cold, S, d, g)] = r
+            continue
         m = NAME.match(r["run_name"])
         if m:
             v, S, d, g, cold = map(int, m.groups())
@@ -87,6 +93,16 @@ def main(paths):
     print(rule + "---|" * len(ratios))
     for k in keys:
         print(row(k) + " | ".join(f(t(k, a) / t(k, b), ".3f") for _, a, b in ratios) + " |")
+
+    if paired:
+        print("\nPaired ratios (BM_PairedRatio: each iteration times one call of each variant, alternating which "
+              "goes first; the median over the iterations of the per-pair ratio, its quartiles in brackets; the "
+              "median of that over the repetitions):\n")
+        print("| ratio | cache | S | d | group | median | quartiles | pairs |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (label, cold, S, d, g), r in sorted(paired.items()):
+            print(f"| {label} | {residency[cold]} | {S} | {d} | {g} | {r['ratio']:.3f} | "
+                  f"{r['ratio_q1']:.3f}–{r['ratio_q3']:.3f} | {r['pairs']:.0f} |")
 
     print("\nAchieved GB/s of cache bytes read (K + V, from the KvStore allocations):\n")
     print(head + " | ".join(variants) + " |")
