@@ -79,6 +79,8 @@ using VD = hn::Vec<DD>;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 using DFH = hn::Rebind<float, DD>;  // as many floats as a vector has doubles
+using DI = hn::Repartition<std::int32_t, DF>;
+using VI = hn::Vec<DI>;
 constexpr std::size_t kN = hn::MaxLanes(DD());
 constexpr std::size_t kNF = hn::MaxLanes(DF());
 constexpr int kTile = 64;  // positions per tile: one page, or several for float tiles (Run)
@@ -191,26 +193,24 @@ HWY_INLINE VD SquaredNorms(const T* rows, std::size_t stride, std::size_t dp) {
   return TransposeSum(acc);
 }
 
-// A vector of kNF float lanes whose sum is Σ_{c<kGroup} code_c², the squares of one group of int8
-// codes (an integer below 2^24: every partial sum is exact). Pairs of squares come from one
-// widening multiply-add of int16 lanes.
-HWY_INLINE VF CodeSquares(const std::int8_t* codes) {
-  const DF df;
+// A vector of kNF int32 lanes whose sum is Σ_{c<kGroup} code_c², the squares of one group of int8
+// codes (below 2^24). Pairs of squares come from one widening multiply-add of int16 lanes.
+HWY_INLINE VI CodeSquares(const std::int8_t* codes) {
+  const DI di;
 #if HWY_TARGET == HWY_SCALAR
-  VF sq = hn::Zero(df);
-  for (int c = 0; c < kGroup; ++c) sq = hn::MulAdd(hn::Set(df, codes[c]), hn::Set(df, codes[c]), sq);
+  VI sq = hn::Zero(di);
+  for (int c = 0; c < kGroup; ++c) sq = hn::Add(sq, hn::Set(di, codes[c] * codes[c]));
   return sq;
 #else
   static_assert(kGroup % (2 * kNF) == 0);
-  const hn::Repartition<std::int32_t, DF> d32;
   const hn::Repartition<std::int16_t, DF> d16;
   const hn::Rebind<std::int8_t, decltype(d16)> d8;
-  auto sq = hn::Zero(d32), sq1 = hn::Zero(d32);  // sq1: where a target puts the odd products (not x86)
+  VI sq = hn::Zero(di), sq1 = hn::Zero(di);  // sq1: where a target puts the odd products (not x86)
   for (std::size_t k = 0; k < kGroup / (2 * kNF); ++k) {  // a fixed count: unrolled
     const auto x = hn::PromoteTo(d16, hn::LoadU(d8, codes + k * 2 * kNF));
-    sq = hn::ReorderWidenMulAccumulate(d32, x, x, sq, sq1);
+    sq = hn::ReorderWidenMulAccumulate(di, x, x, sq, sq1);
   }
-  return hn::ConvertTo(df, hn::Add(sq, sq1));
+  return hn::Add(sq, sq1);
 #endif
 }
 
@@ -434,6 +434,7 @@ class FastAttention {
       v_s_tf_.assign(v_s_t_.size(), 0.0f);
       ws_.assign(static_cast<std::size_t>(kValueHeads) * 4 * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
+      code_sq_i_.assign(code_sq_.size(), 0);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
     }
     mu_.assign(kTile, 0.0);
@@ -448,7 +449,6 @@ class FastAttention {
     finite_.assign(group_, 1);
     pending_.assign(static_cast<std::size_t>(group_) * kPendings * kN, 0.0);
     scalar_.assign(group_, 0);
-    for (int t = 0; t < kTile + static_cast<int>(kNF); ++t) times_g_.push_back(t * G_);
   }
 
   void Run(std::int64_t begin, std::int64_t end, std::vector<HeadPartial>& partials) {
@@ -600,13 +600,37 @@ class FastAttention {
     if (m2_ > 0) F16ToDouble(key_outliers_, n * m2_, outlier_values_.data());
   }
 
+  // Tokens [j0, j0 + kNF) of src ([t][channels], rows up to a whole lane block) with the tokens in
+  // lanes: channel ch into dst + ch·stride. Split in registers where the channel count is a power
+  // of two up to 16, gathered otherwise.
+  static void SplitChannels(const float* src, int channels, int j0, float* dst, std::size_t stride) {
+    const DF df;
+    const hn::Rebind<std::int32_t, DF> di32;
+    const bool done = WithPowerOfTwo(channels, [&]<int K>() {
+      VF v[K], out[K];
+      for (int i = 0; i < K; ++i) v[i] = hn::LoadU(df, src + j0 * K + i * static_cast<int>(kNF));
+      Deinterleave<K>(v, out, 1);
+      for (int ch = 0; ch < K; ++ch) hn::StoreU(out[ch], df, dst + ch * stride);
+    });
+    if (!done) {
+      const auto rows = hn::Mul(hn::Iota(di32, j0), hn::Set(di32, channels));
+      for (int ch = 0; ch < channels; ++ch)
+        hn::StoreU(hn::GatherIndex(df, src, hn::Add(rows, hn::Set(di32, ch))), df, dst + ch * stride);
+    }
+  }
+
+  // Rows n .. (n rounded up to a lane block) − 1 of src ([t][channels]) repeat row n − 1.
+  static void PadRows(float* src, int channels, int n) {
+    for (int t = n; t < static_cast<int>(hwy::RoundUpTo(static_cast<std::size_t>(n), kNF)); ++t)
+      std::copy_n(src + (n - 1) * channels, channels, src + t * channels);
+  }
+
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
   // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in
   // x_outf_.
   void KeyTileFloat(int n) {
     const DF df;
-    const hn::Rebind<std::int32_t, DF> di32;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     // Scales and outlier values are token-major in the page: converted in one go, the last token
     // repeated up to a whole lane block, then split into channels with the tokens in lanes.
@@ -614,36 +638,19 @@ class FastAttention {
     float* HWY_RESTRICT outl = outliers_f_.data();
     F16ToFloat(key_meta_, n * G_, meta);
     if (m2_ > 0) F16ToFloat(key_outliers_, n * m2_, outl);
-    const int padded = static_cast<int>(hwy::RoundUpTo(static_cast<std::size_t>(n), kNF));
-    for (int t = n; t < padded; ++t) {
-      std::copy_n(meta + (n - 1) * G_, G_, meta + t * G_);
-      std::copy_n(outl + (n - 1) * m2_, m2_, outl + t * m2_);
-    }
+    PadRows(meta, G_, n);
+    PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
-      // Channel j of the block's tokens into xo + j·kNF (outliers) or sf_ (scales): split in
-      // registers where the channel count is a power of two, gathered otherwise.
-      const auto split = [&](const float* src, int channels, float* dst, std::size_t stride) {
-        const bool done = WithPowerOfTwo(channels, [&]<int K>() {
-          VF v[K], out[K];
-          for (int i = 0; i < K; ++i) v[i] = hn::LoadU(df, src + j0 * K + i * static_cast<int>(kNF));
-          Deinterleave<K>(v, out, 1);
-          for (int ch = 0; ch < K; ++ch) hn::StoreU(out[ch], df, dst + ch * stride);
-        });
-        if (!done)
-          for (int ch = 0; ch < channels; ++ch)
-            hn::StoreU(hn::GatherIndex(df, src, hn::Add(hn::Mul(hn::Iota(di32, j0), hn::Set(di32, channels)), hn::Set(di32, ch))),
-                       df, dst + ch * stride);
-      };
       VF x_out = hn::Zero(df);
-      if (m2_ > 0) split(outl, m2_, xo, kNF);
+      if (m2_ > 0) SplitChannels(outl, m2_, j0, xo, kNF);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
       hn::StoreU(x_out, df, &x_outf_[j0]);
       // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
       // scale times a finite code sum would pass for a token of weight 0.
       auto bad = hn::Not(hn::IsFinite(x_out));
-      split(meta, G_, &sf_[j0], kTile);
+      SplitChannels(meta, G_, j0, &sf_[j0], kTile);
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
@@ -897,11 +904,11 @@ class FastAttention {
   void DitherValues() {
     const DD dd;
     const DF df;
-    const hn::Rebind<std::int32_t, DD> di32_d;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
     const int G = G_, d = d_;
     float* HWY_RESTRICT scales = v_scalesf_.data();
     float* HWY_RESTRICT code_sq = code_sq_.data();
+    std::int32_t* HWY_RESTRICT code_sq_i = code_sq_i_.data();
     float* HWY_RESTRICT code_sum = code_sum_.data();
     double* HWY_RESTRICT s_t = v_s_t_.data();
     float* HWY_RESTRICT s_tf = v_s_tf_.data();
@@ -917,7 +924,7 @@ class FastAttention {
           const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
           for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
             for (int g = 0; g < groups; ++g)
-              hn::StoreU(CodeSquares(codes + g * kGroup), df, code_sq + (g * kTile + i) * kNF);
+              hn::StoreU(CodeSquares(codes + g * kGroup), DI(), code_sq_i + (g * kTile + i) * kNF);
         }
       };
       switch (G) {
@@ -933,21 +940,25 @@ class FastAttention {
     const int n = segments_.back().i0 + segments_.back().n;
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
     // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
-    const auto last = hn::Set(di32_d, (n - 1) * G);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      const auto at = hn::Min(hn::LoadU(di32_d, &times_g_[j0]), last);
-      for (int g = 0; g < G; ++g) {
-        const auto s = hn::GatherIndex(DFH(), scales, hn::Add(at, hn::Set(di32_d, g)));
-        hn::StoreU(s, DFH(), s_tf + g * kTile + j0);
-        hn::StoreU(hn::PromoteTo(dd, s), dd, s_t + g * kTile + j0);
-      }
-    }
+    PadRows(scales, G, n);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) SplitChannels(scales, G, j0, s_tf + j0, kTile);
+    for (int g = 0; g < G; ++g)
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), dd, s_t + g * kTile + j0);
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-        VF sums[kNF];
-        for (std::size_t j = 0; j < kNF; ++j)
-          sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, code_sq + (g * kTile + j0 + j) * kNF) : hn::Zero(df);
-        hn::StoreU(TransposeSum<DF>(sums), df, code_sum + g * kTile + j0);
+        if constexpr (kValueCodes) {  // integer lanes: exact, converted once the lanes are summed
+          const DI di;
+          VI sums[kNF];
+          for (std::size_t j = 0; j < kNF; ++j)
+            sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(di, code_sq_i + (g * kTile + j0 + j) * kNF) : hn::Zero(di);
+          hn::StoreU(hn::ConvertTo(df, TransposeSum<DI>(sums)), df, code_sum + g * kTile + j0);
+        } else {
+          VF sums[kNF];
+          for (std::size_t j = 0; j < kNF; ++j)
+            sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, code_sq + (g * kTile + j0 + j) * kNF) : hn::Zero(df);
+          hn::StoreU(TransposeSum<DF>(sums), df, code_sum + g * kTile + j0);
+        }
       }
     // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
     const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
@@ -1493,10 +1504,10 @@ class FastAttention {
   std::vector<float> ws_;           // [head][column block][t] w_t·s_{t,g} (AccumulateCodeColumns)
   bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
   bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t
-  std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares
+  std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares (float rows)
+  std::vector<std::int32_t> code_sq_i_;  // the same, kValueCodes
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
-  std::vector<std::int32_t> times_g_;  // [t] t·G: where token t's row starts in [t][g]
   double tile_v_max_ = 0.0, tile_rho_max_ = 0.0;  // max_t (‖v̂_t‖ + ρ^v_t), max_t ρ^v_t over the tile
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
