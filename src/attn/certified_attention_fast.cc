@@ -266,6 +266,9 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 // E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
 // final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
 // (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
+// Em1BoundsSmall: the Taylor branch alone, for lanes all known to hold 0 ≤ c ≤ ½.
+HWY_INLINE void Em1BoundsSmall(VF c, VF& plus, VF& minus);
+
 HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
   const DF df;
   if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
@@ -274,6 +277,11 @@ HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
     minus = hn::Mul(hn::Expm1(df, hn::Neg(c)), out);
     return;
   }
+  Em1BoundsSmall(c, plus, minus);
+}
+
+HWY_INLINE void Em1BoundsSmall(VF c, VF& plus, VF& minus) {
+  const DF df;
   const VF c2 = hn::Mul(c, c);
   VF e = hn::Set(df, 1.0f / 5040.0f), o = hn::Set(df, 1.0f / 40320.0f);
   e = hn::MulAdd(e, c2, hn::Set(df, 1.0f / 120.0f));
@@ -284,7 +292,7 @@ HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
   o = hn::MulAdd(o, c2, hn::Set(df, 0.5f));
   const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
   plus = hn::Mul(hn::Add(e, co), up);
-  minus = hn::Neg(hn::Mul(hn::Sub(e, co), up));
+  minus = hn::Mul(hn::Sub(co, e), up);  // −(e − c·O)·c·(1 + 2^-18): the same roundings
 }
 
 void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
@@ -1181,12 +1189,20 @@ class FastAttention {
     float* w = &w_[h * kTile];
     const float* c = &cf_[h * kTile];
     VF plus = hn::Zero(df), minus = hn::Zero(df);
+    // Every valid c_t of the tile is at most c_max_[h] (LogitsFloat); lanes past the tile's end
+    // take c = 0 (their weight is 0, and e^{±0} − 1 = 0 keeps the chains finite).
+    const bool small = c_max_[h] <= 0.5;
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const VF wt = hn::IfThenElseZero(hn::FirstN(df, static_cast<std::size_t>(n - j0)), hn::Exp(df, hn::LoadU(df, x + j0)));
+      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
+      const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
       hn::StoreU(wt, df, w + j0);
       if (!meter_) continue;
-      VF e_plus, e_minus;  // finite past the tile's end too: those lanes repeat its last token
-      Em1Bounds(hn::LoadU(df, c + j0), e_plus, e_minus);
+      VF e_plus, e_minus;
+      const VF ct = hn::IfThenElseZero(valid, hn::LoadU(df, c + j0));
+      if (small)
+        Em1BoundsSmall(ct, e_plus, e_minus);
+      else
+        Em1Bounds(ct, e_plus, e_minus);
       plus = hn::MulAdd(wt, e_plus, plus);
       minus = hn::MulAdd(wt, e_minus, minus);
     }
