@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "base/test_scratch.h"
+
 namespace {
 
 struct Result {
@@ -20,10 +22,7 @@ struct Result {
   std::string out;
 };
 
-// ctest runs tests as parallel processes: every scratch file name carries the process id.
-std::string scratch(const std::string& name) {
-  return ::testing::TempDir() + "witcert_cli_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string scratch(const std::string& name) { return witcert::testing_util::scratch_path("cli_" + name); }
 
 Result run(const std::string& args, const std::string& stdin_text = "") {
   const std::string input = scratch("input.txt");

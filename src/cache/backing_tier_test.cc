@@ -1,20 +1,18 @@
 #include "cache/backing_tier.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <random>
 #include <vector>
 
+#include "base/test_scratch.h"
 #include "cache/kv_store.h"
 
 namespace witcert::cache {
 namespace {
 
-std::string scratch(const std::string& name) {
-  return ::testing::TempDir() + "witcert_tier_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string scratch(const std::string& name) { return testing_util::scratch_path("tier_" + name); }
 
 TEST(BackingTier, RamAndFileHoldWhatWasWritten) {
   for (const std::string& path : {std::string(), scratch("rows.bin")}) {

@@ -3,7 +3,6 @@
 #include "model/llama.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -13,6 +12,7 @@
 
 #include "attn/exact_cache.h"
 #include "base/fp16.h"
+#include "base/test_scratch.h"
 #include "model/generate.h"
 #include "model/gguf.h"
 #include "model/real_model_fixture.h"
@@ -197,7 +197,7 @@ class TinyModel : public ::testing::Test {
   void SetUp() override {
     // Per process: ctest runs tests in parallel, and rewriting a file another test has mapped
     // would crash it.
-    path_ = ::testing::TempDir() + "witcert_tiny_llama_" + std::to_string(::getpid()) + ".gguf";
+    path_ = testing_util::scratch_path("tiny_llama.gguf");
     write_tiny_model(c_, w_, path_);
     file_ = std::make_unique<GgufFile>(GgufFile::open(path_));
     model_ = std::make_unique<LlamaModel>(*file_);
