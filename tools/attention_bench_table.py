@@ -96,7 +96,7 @@ def main(paths):
 
     if paired:
         print("\nPaired ratios (BM_PairedRatio: each iteration times one call of each variant, alternating which "
-              "goes first; the median over the iterations of the per-pair ratio, its quartiles in brackets; the "
+              "goes first; the median over the iterations of the per-pair ratio and its quartiles; the "
               "median of that over the repetitions):\n")
         print("| ratio | cache | S | d | group | median | quartiles | pairs |")
         print("|---|---|---|---|---|---|---|---|")
