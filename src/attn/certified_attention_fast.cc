@@ -650,7 +650,8 @@ class FastAttention {
     PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      float* xo = &outliers_t_[static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF];
+      // data(), not [·]: with m = 0 the vector is empty.
+      float* xo = outliers_t_.data() + static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF;
       VF x_out = hn::Zero(df);
       if (m2_ > 0) SplitChannels(outl, m2_, j0, xo, kNF);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
@@ -706,7 +707,7 @@ class FastAttention {
         hn::StoreU(hn::Mul(x, s), dd, out + c);
       }
     }
-    const double* outlier_values = &outlier_values_[i * m2_];
+    const double* outlier_values = outlier_values_.data() + i * m2_;  // m = 0: empty
     double x_out = 0.0;
     for (int j = 0; j < m2_; ++j) {
       out[outliers_[j]] = outlier_values[j];

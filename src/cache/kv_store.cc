@@ -215,7 +215,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
     std::vector<std::int8_t> codes(d);
     quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
-                              std::span<f16>(key ? &side.outlier_values[at * n_out] : nullptr, n_out));
+                              std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
     for (int c = 0; c < d; ++c) side.codes[key ? key_code(at, c) : at * d + c] = codes[c];
     return;
   }
