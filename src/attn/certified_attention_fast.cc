@@ -440,7 +440,7 @@ class FastAttention {
       v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
       v_s_t_.assign(v_scalesf_.size() + kN, 0.0);
       v_s_tf_.assign(v_s_t_.size(), 0.0f);
-      ws_.assign(static_cast<std::size_t>(kValueHeads) * 4 * kTile, 0.0f);
+      ws_.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       code_sq_i_.assign(code_sq_.size(), 0);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
@@ -1312,20 +1312,22 @@ class FastAttention {
     for (; c < static_cast<std::size_t>(d_); c += kNF) AccumulateCodeColumns<1, NH>(heads, n, c);
   }
 
-  // Columns [c, c + K·kNF) of NH heads; ws_[(j·K + k)·kTile + t] = w_t·s_{t,g} of head j and the
-  // group of column block k.
+  // Columns [c, c + K·kNF) of NH heads, which span KG groups from c's; ws_[(j·KG + g)·kTile + t] =
+  // w_t·s_{t,g} of head j and the pass's group g (a pass of K > 1 blocks starts on a group).
   template <std::size_t K, int NH>
   HWY_INLINE void AccumulateCodeColumns(const int* heads, int n, std::size_t c) {
+    constexpr std::size_t KG = (K * kNF + kGroup - 1) / kGroup;
+    static_assert(!kValueCodes || K == 1 || K * kNF % kGroup == 0);  // never called without kValueCodes
     const DF df;
     const hn::Rebind<std::int8_t, DF> d8;
     const hn::Rebind<std::int32_t, DF> d32;
     float* HWY_RESTRICT ws = ws_.data();
     for (int j = 0; j < NH; ++j)
-      for (std::size_t k = 0; k < K; ++k) {
+      for (std::size_t g = 0; g < KG; ++g) {
         const float* w = &w_[heads[j] * kTile];
-        const float* s = &v_s_tf_[(c + k * kNF) / kGroup * kTile];
+        const float* s = &v_s_tf_[(c / kGroup + g) * kTile];
         for (int i0 = 0; i0 < n; i0 += static_cast<int>(kNF))
-          hn::StoreU(hn::Mul(hn::LoadU(df, w + i0), hn::LoadU(df, s + i0)), df, ws + (j * K + k) * kTile + i0);
+          hn::StoreU(hn::Mul(hn::LoadU(df, w + i0), hn::LoadU(df, s + i0)), df, ws + (j * KG + g) * kTile + i0);
       }
     VF sum[NH][K];
     for (auto& s : sum)
@@ -1336,7 +1338,8 @@ class FastAttention {
         VF x[K];
         for (std::size_t k = 0; k < K; ++k) x[k] = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, codes + k * kNF)));
         for (int j = 0; j < NH; ++j)
-          for (std::size_t k = 0; k < K; ++k) sum[j][k] = hn::MulAdd(hn::Set(df, ws[(j * K + k) * kTile + i]), x[k], sum[j][k]);
+          for (std::size_t k = 0; k < K; ++k)
+            sum[j][k] = hn::MulAdd(hn::Set(df, ws[(j * KG + k * kNF / kGroup) * kTile + i]), x[k], sum[j][k]);
       }
     }
     AddToAccumulators<K, NH>(heads, c, sum);
@@ -1518,7 +1521,7 @@ class FastAttention {
   std::vector<float> v_scalesf_;    // [t][g] the tile's value scales (dither-int8)
   std::vector<double> v_s_t_;       // [g][t] the same, token lanes
   std::vector<float> v_s_tf_;       // [g][t] the same in float
-  std::vector<float> ws_;           // [head][column block][t] w_t·s_{t,g} (AccumulateCodeColumns)
+  std::vector<float> ws_;           // [head][group of the pass][t] w_t·s_{t,g} (AccumulateCodeColumns)
   bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
   bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares (float rows)
