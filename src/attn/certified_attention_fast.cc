@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 
 #include "base/fp16.h"
@@ -53,12 +54,13 @@
 //                     ≤ γ_n·sm·(128·Σ_g s_g·‖q̄_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}|)
 // (|code| ≤ 127, |ξ| ≤ ½), γ_n = n·u/(1 − n·u) ≤ n·u·(1 + 2^-16). A float product that underflows
 // loses at most 2^-150, covered by sm·(d + 64)·2^-126. That is η_t of this path: about 1e-4 of the
-// sub-Gaussian radius at d = 64. c_t = (u_t + η_t) is then evaluated in float and multiplied by
-// 1 + 2^-17, which exceeds the relative rounding of its ≤ 2G + 8 float operations, so c_t is at
-// least its exact value. The meter's sums need e^{±c_t}: they take w_t·(1 + (e^{c_t} − 1)) with
-// e^{c_t} − 1 rounded up and e^{−c_t} − 1 rounded down (Em1Bounds: a Taylor polynomial for c ≤ ½,
-// Highway's Expm1 above), relative to e^{±c} − 1, so a small c_t keeps its full precision, and the
-// terms w_t·(e^{±c_t} − 1) summed in one-signed float chains widened outwards (UpdateFloat). A larger
+// sub-Gaussian radius at d = 64. c_t = (u_t + η_t)·(1 + 2^-17) is then evaluated in float with the
+// factors folded into its coefficients; 1 + 2^-17 exceeds the relative rounding of the coefficients
+// and of the ≤ G + 2 float operations a term passes through, so c_t is at least its exact value. The
+// meter's sums need e^{±c_t}: they take w_t·(1 + (e^{±c_t} − 1)), with Σ w_t·(e^{±c_t} − 1) from one-signed
+// float chains widened outwards (UpdateFloat): while c_t ≤ ½, ±Σ w_t c_t E + Σ w_t c_t² O from the
+// series e^{±c} − 1 = ±c·E(c²) + c²·O(c²) (Em1Series), otherwise per token from Em1Bounds (Highway's
+// Expm1), relative to e^{±c} − 1 either way, so a small c_t keeps its full precision. A larger
 // A and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or
 // outlier value makes the logit NaN, which reads as "no guarantee".
 //
@@ -280,19 +282,70 @@ HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
   Em1BoundsSmall(c, plus, minus);
 }
 
+template <int kTerms>
+HWY_INLINE void Em1Series(VF c2, VF& e, VF& o);
+
 HWY_INLINE void Em1BoundsSmall(VF c, VF& plus, VF& minus) {
   const DF df;
-  const VF c2 = hn::Mul(c, c);
-  VF e = hn::Set(df, 1.0f / 5040.0f), o = hn::Set(df, 1.0f / 40320.0f);
-  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f / 120.0f));
-  o = hn::MulAdd(o, c2, hn::Set(df, 1.0f / 720.0f));
-  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f / 6.0f));
-  o = hn::MulAdd(o, c2, hn::Set(df, 1.0f / 24.0f));
-  e = hn::MulAdd(e, c2, hn::Set(df, 1.0f));
-  o = hn::MulAdd(o, c2, hn::Set(df, 0.5f));
+  VF e, o;
+  Em1Series<4>(hn::Mul(c, c), e, o);
   const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
   plus = hn::Mul(hn::Add(e, co), up);
   minus = hn::Mul(hn::Sub(co, e), up);  // −(e − c·O)·c·(1 + 2^-18): the same roundings
+}
+
+// The series of the meter's sums (UpdateFloat): e^{±c} − 1 = ±c·E(c²) + c²·O(c²) with E and O as
+// above, each truncated to its first kTerms terms and evaluated by Horner in c² (every term positive).
+// A tile whose every c_t is at most kSeriesMaxC[kTerms] takes kTerms terms: the truncated tails,
+// below 1.01·c^{2k}/(2k+1)! of E ≥ 1 and 2.02·c^{2k}/(2k+2)! of O ≥ ½ (k = kTerms), are at most
+// 2.1e-6 (k = 2, c ≤ 1/8), 5e-8 (k = 3, c ≤ ¼) and 1.1e-8 (k = 4, c ≤ ½). With the at most 2k + 3
+// roundings of 2^-24 of a term (c², the coefficients, Horner, c·E or c²·O, and w·that) that stays below
+// kSeriesSlack = 2^-17 (7.6e-6) relative, which the sums take outwards.
+constexpr float kSeriesMaxC[5] = {0.0f, 0.0f, 0.125f, 0.25f, 0.5f};
+constexpr double kSeriesSlack = 0x1p-17;
+
+// The term count for a tile whose c_t are at most c_max; 0 above ½ (Em1Bounds instead).
+constexpr int SeriesTerms(double c_max) {
+  for (int terms = 2; terms <= 4; ++terms)
+    if (c_max <= kSeriesMaxC[terms]) return terms;
+  return 0;
+}
+
+template <int kTerms>
+HWY_INLINE void Em1Series(VF c2, VF& e, VF& o) {
+  static_assert(kTerms >= 2 && kTerms <= 4);
+  constexpr float kInverseFactorial[9] = {1.0f,          1.0f,           0.5f,
+                                          1.0f / 6.0f,   1.0f / 24.0f,   1.0f / 120.0f,
+                                          1.0f / 720.0f, 1.0f / 5040.0f, 1.0f / 40320.0f};
+  const DF df;
+  e = hn::Set(df, kInverseFactorial[2 * kTerms - 1]);
+  o = hn::Set(df, kInverseFactorial[2 * kTerms]);
+  for (int k = kTerms - 2; k >= 0; --k) {
+    e = hn::MulAdd(e, c2, hn::Set(df, kInverseFactorial[2 * k + 1]));
+    o = hn::MulAdd(o, c2, hn::Set(df, kInverseFactorial[2 * k + 2]));
+  }
+}
+
+int Em1SeriesFast(const float* c, float* e, float* o, std::size_t n) {
+  const int terms = SeriesTerms(n == 0 ? 0.0f : *std::max_element(c, c + n));
+  if (terms == 0) return 0;
+  const DF df;
+  HWY_ALIGN float in[kNF], ev[kNF], ov[kNF];
+  for (std::size_t i = 0; i < n; i += kNF) {
+    const std::size_t k = std::min(kNF, n - i);
+    std::fill_n(in, kNF, 0.0f);
+    std::copy_n(c + i, k, in);
+    const VF x = hn::Load(df, in), c2 = hn::Mul(x, x);
+    VF e_c, o_c;
+    if (terms == 2) Em1Series<2>(c2, e_c, o_c);
+    else if (terms == 3) Em1Series<3>(c2, e_c, o_c);
+    else Em1Series<4>(c2, e_c, o_c);
+    hn::Store(e_c, df, ev);
+    hn::Store(o_c, df, ov);
+    std::copy_n(ev, k, e + i);
+    std::copy_n(ov, k, o + i);
+  }
+  return terms;
 }
 
 void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
@@ -419,9 +472,16 @@ class FastAttention {
         block_segment_.assign(segments, 0);
         key_meta_buf_.resize(static_cast<std::size_t>(kTile) * G_);
         key_outliers_buf_.resize(static_cast<std::size_t>(kTile) * m2_);
-        q2f_.assign(q2_.begin(), q2_.end());
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
+        // LogitsFloat's coefficients: c_t = sqrt(Σ_g cq2_g s_g²) + Σ_g ceta_g s_g + ceta_x x_out + ceta0
+        // is (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17) up to the rounding of each coefficient to float and of
+        // the ≤ G + 2 float operations a term then passes through (relative 2^-24 each, G + 3 < 128).
+        constexpr double up = 1.0 + 0x1p-17;
+        for (double q2 : q2_) cq2f_.push_back(static_cast<float>(q2 * v2_scale_ * kappa_ * kappa_ * up * up));
+        for (double e : eta_g_) ceta_gf_.push_back(static_cast<float>(e * (eta_float / eta) * up));
+        for (double e : eta_x_) ceta_xf_.push_back(static_cast<float>(e * (eta_float / eta) * up));
+        ceta0f_ = static_cast<float>(eta0_ * up);
         zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         cf_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
@@ -442,7 +502,7 @@ class FastAttention {
       v_s_tf_.assign(v_s_t_.size(), 0.0f);
       ws_.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
-      code_sq_i_.assign(code_sq_.size(), 0);
+      value_rows_.assign(kTile, nullptr);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
     }
     mu_.assign(kTile, 0.0);
@@ -484,16 +544,18 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(first, t0, n, v_packed);
-      if (float_tile_) {
-        tile_v_max_ = tile_rho_max_ = 0.0;
-        for (int i = 0; i < n; ++i) {
-          tile_v_max_ = std::max(tile_v_max_, vnorm_[i] + rho_[i]);
-          tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
-        }
+      if (float_tile_ && meter_) {
+        tile_rho_max_ = 0.0;
+        for (int i = 0; i < n; ++i) tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
       }
+      bool any_scalar = false;
+      for (int h = 0; h < group_; ++h) {
+        scalar_[h] = !finite_[h] || !Clean(partials[h]);
+        any_scalar = any_scalar || scalar_[h];
+      }
+      if (any_scalar && meter_) ValueNorms();  // ScalarTile reads ‖v̂_t‖
       for (int h = 0; h < group_; ++h) {
         HeadPartial& p = partials[h];
-        scalar_[h] = !finite_[h] || !Clean(p);
         if (scalar_[h]) {
           Flush(h, p);
           ScalarTile(h, n, p);
@@ -502,6 +564,13 @@ class FastAttention {
         }
       }
       AccumulateAll(n);
+      if (meter_) {  // max_t (‖v̂_t‖ + ρ^v_t) of the heads that did not take ScalarTile
+        ValueNorms();
+        double v_max = 0.0;
+        for (int i = 0; i < n; ++i) v_max = std::max(v_max, vnorm_[i] + rho_[i]);
+        for (int h = 0; h < group_; ++h)
+          if (!scalar_[h]) partials[h].v_max = std::max(partials[h].v_max, v_max);
+      }
     }
     for (int h = 0; h < group_; ++h) {
       Flush(h, partials[h]);
@@ -755,7 +824,7 @@ class FastAttention {
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
-    if (float_tile_) return LogitsFloat(h, n);
+    if (float_tile_) return meter_ ? LogitsFloat<true>(h, n) : LogitsFloat<false>(h, n);
     const DD dd;
     const double* q = &qd_[h * dp_];
     auto finite = hn::FirstN(dd, kN);
@@ -831,12 +900,14 @@ class FastAttention {
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  c_t = (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17),
   // and e^{±c_t} − 1 rounded outwards for the meter's sums (see the comment at the top).
+  // The factors sm²/12, κ² (on ς²) and 1 + 2^-17 (on all of c_t) are folded into the float
+  // coefficients cq2f_, ceta*_ (the constructor), so c_t = sqrt(Σ_g cq2_g s_g²) + η_t here.
+  // Lanes past the tile's end get c_t = 0.
+  template <bool kMeter>
   void LogitsFloat(int h, int n) {
     const DF df;
-    const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), v2_scale = hn::Set(df, static_cast<float>(v2_scale_));
-    const VF kappa = hn::Set(df, static_cast<float>(kappa_)), eta0 = hn::Set(df, static_cast<float>(eta0_));
-    const VF up = hn::Set(df, 1.0f + 0x1p-17f);
-    VF probe = hn::Zero(df);  // NaN in a lane where some z̃_t or z̃_t ± c_t is not finite
+    const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), eta0 = hn::Set(df, ceta0f_);
+    VF probe = hn::Zero(df);  // ±inf or NaN in a lane where some z̃_t or z̃_t ± c_t is not finite
     VF z_max = hn::Set(df, -HUGE_VALF), c_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
@@ -844,30 +915,35 @@ class FastAttention {
       VF dot = hn::Zero(df);
       for (int j = 0; j < m2_; ++j)
         dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
-      const VF x_out = hn::LoadU(df, &x_outf_[j0]);
-      VF v2 = hn::Zero(df), eta = hn::MulAdd(hn::Set(df, eta_xf_[h]), x_out, eta0);
+      VF v2 = hn::Zero(df), eta = eta0;
+      if constexpr (kMeter) eta = hn::MulAdd(hn::Set(df, ceta_xf_[h]), hn::LoadU(df, &x_outf_[j0]), eta0);
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
         dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qg[g])), dot);
-        v2 = hn::MulAdd(hn::Set(df, q2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
-        eta = hn::MulAdd(hn::Set(df, eta_gf_[h * G_ + g]), sg, eta);
+        if constexpr (kMeter) {
+          v2 = hn::MulAdd(hn::Set(df, cq2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
+          eta = hn::MulAdd(hn::Set(df, ceta_gf_[h * G_ + g]), sg, eta);
+        }
       }
       const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
-      VF c = hn::Zero(df);
-      if (meter_) c = hn::Mul(hn::MulAdd(hn::Sqrt(hn::Mul(v2, v2_scale)), kappa, eta), up);
-      // x·0 is 0 for finite x, NaN otherwise; (z̃ + c) + (z̃ − c) is finite only if both are (it may
-      // overflow where they do not: that tile merely takes ScalarTile).
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
-      probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Mul(hn::Add(hn::Add(z, c), hn::Sub(z, c)), hn::Zero(df))));
       z_max = hn::Max(z_max, hn::IfThenElse(valid, z, z_max));
-      c_max = hn::Max(c_max, hn::IfThenElseZero(valid, c));
       hn::StoreU(z, df, &zf_[h * kTile + j0]);
-      hn::StoreU(c, df, &cf_[h * kTile + j0]);
+      if constexpr (kMeter) {
+        const VF c = hn::IfThenElseZero(valid, hn::Add(hn::Sqrt(v2), eta));
+        // |z̃ ± c| ≤ |z̃| + c, so a finite sum of the |z̃_t| + c_t means finite z̃_t ± c_t (a sum
+        // that overflows where they do not merely sends the tile to ScalarTile).
+        probe = hn::Add(probe, hn::Add(hn::IfThenElseZero(valid, hn::Abs(z)), c));
+        c_max = hn::Max(c_max, c);
+        hn::StoreU(c, df, &cf_[h * kTile + j0]);
+      } else {
+        probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Abs(z)));
+      }
     }
     finite_[h] = hn::AllTrue(df, hn::IsFinite(probe));
     z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
-    c_max_[h] = hn::GetLane(hn::MaxOfLanes(df, c_max));
+    c_max_[h] = kMeter ? hn::GetLane(hn::MaxOfLanes(df, c_max)) : 0.0;
   }
 
   // A float tile's z̃_t and c_t as double, for the paths that take them from z_ and c_.
@@ -885,6 +961,7 @@ class FastAttention {
     const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
     value_codes_ = false;
     rows_ready_ = true;
+    norms_pending_ = false;
     if (!packed) {
       for (int i = 0; i < n; ++i) {
         F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
@@ -900,6 +977,7 @@ class FastAttention {
       DitherValues();
       return;
     }
+    if (!meter_) return;
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::Sqrt(SquaredNorms(&vrows_[j0 * dp_], dp_, dp_)), dd, &vnorm_[j0]);
   }
@@ -912,74 +990,87 @@ class FastAttention {
   // and ‖v̂_t‖ come out in token lanes.
   void DitherValues() {
     const DD dd;
-    const DF df;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
     const int G = G_, d = d_;
     float* HWY_RESTRICT scales = v_scalesf_.data();
-    float* HWY_RESTRICT code_sq = code_sq_.data();
-    std::int32_t* HWY_RESTRICT code_sq_i = code_sq_i_.data();
-    float* HWY_RESTRICT code_sum = code_sum_.data();
     double* HWY_RESTRICT s_t = v_s_t_.data();
     float* HWY_RESTRICT s_tf = v_s_tf_.data();
     for (const Segment& seg : segments_)
       F16ToFloat(seg.page.v.meta + seg.row0 * G, seg.n * G, scales + seg.i0 * G);
     value_codes_ = kValueCodes;
     rows_ready_ = false;
-    if constexpr (kValueCodes) {
-      // The group loop unrolled for head dimensions up to 128 (G ≤ 4).
-      const auto squares = [&]<int kG>() {
-        const int groups = kG > 0 ? kG : G;
-        for (const Segment& seg : segments_) {
-          const std::int8_t* codes = seg.page.v.codes + seg.row0 * d;
-          for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d)
-            for (int g = 0; g < groups; ++g)
-              hn::StoreU(CodeSquares(codes + g * kGroup), DI(), code_sq_i + (g * kTile + i) * kNF);
-        }
-      };
-      switch (G) {
-        case 1: squares.template operator()<1>(); break;
-        case 2: squares.template operator()<2>(); break;
-        case 3: squares.template operator()<3>(); break;
-        case 4: squares.template operator()<4>(); break;
-        default: squares.template operator()<0>();
-      }
-    } else {
-      DecodeValueRows<true>();  // the float codes' squares come with the rows
-    }
     const int n = segments_.back().i0 + segments_.back().n;
     // The scales in token lanes; lanes past the tile's end repeat its last token (finite ρ_t and
     // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
     PadRows(scales, G, n);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) SplitChannels(scales, G, j0, s_tf + j0, kTile);
+    if (!meter_) {  // the V-side terms belong to the meter
+      if constexpr (!kValueCodes) DecodeValueRows<false>();
+      return;
+    }
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
         hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), dd, s_t + g * kTile + j0);
+    // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
+    const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      VD rho2 = hn::Zero(dd);
+      for (int g = 0; g < G; ++g) {
+        const VD h = hn::Mul(hn::LoadU(dd, s_t + g * kTile + j0), half);
+        rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
+      }
+      hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
+    }
+    norms_pending_ = true;
+    if constexpr (kValueCodes) {
+      for (const Segment& seg : segments_)
+        for (int i = seg.i0; i < seg.i0 + seg.n; ++i)
+          value_rows_[i] = seg.page.v.codes + (seg.row0 + static_cast<std::size_t>(i - seg.i0)) * d;
+    } else {
+      DecodeValueRows<true>();  // the float codes' squares come with the rows
+      ValueNorms();
+    }
+  }
+
+  // ‖v̂_t‖ of a dither-int8 value tile into vnorm_, once per tile: on AVX-512 after AccumulateAll
+  // (or before a head's ScalarTile), while the tile's codes are still in the L1 cache, with each
+  // kNF tokens' code squares summed across lanes in registers.
+  void ValueNorms() {
+    if (!norms_pending_) return;
+    norms_pending_ = false;
+    const DD dd;
+    const DF df;
+    const int G = G_;
+    const int n = segments_.back().i0 + segments_.back().n;
+    float* HWY_RESTRICT code_sum = code_sum_.data();
+    const double* HWY_RESTRICT s_t = v_s_t_.data();
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
         if constexpr (kValueCodes) {  // integer lanes: exact, converted once the lanes are summed
           const DI di;
           VI sums[kNF];
-          for (std::size_t j = 0; j < kNF; ++j)
-            sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(di, code_sq_i + (g * kTile + j0 + j) * kNF) : hn::Zero(di);
+          const std::int8_t* const* rows = &value_rows_[j0];
+          if (j0 + static_cast<int>(kNF) <= n) {
+            for (std::size_t j = 0; j < kNF; ++j) sums[j] = CodeSquares(rows[j] + g * kGroup);
+          } else {
+            for (std::size_t j = 0; j < kNF; ++j)
+              sums[j] = j0 + static_cast<int>(j) < n ? CodeSquares(rows[j] + g * kGroup) : hn::Zero(di);
+          }
           hn::StoreU(hn::ConvertTo(df, TransposeSum<DI>(sums)), df, code_sum + g * kTile + j0);
         } else {
+          const float* HWY_RESTRICT code_sq = code_sq_.data();
           VF sums[kNF];
           for (std::size_t j = 0; j < kNF; ++j)
             sums[j] = j0 + static_cast<int>(j) < n ? hn::LoadU(df, code_sq + (g * kTile + j0 + j) * kNF) : hn::Zero(df);
           hn::StoreU(TransposeSum<DF>(sums), df, code_sum + g * kTile + j0);
         }
       }
-    // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
-    const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      VD rho2 = hn::Zero(dd), norm2 = hn::Zero(dd);
+      VD norm2 = hn::Zero(dd);
       for (int g = 0; g < G; ++g) {
         const VD s = hn::LoadU(dd, s_t + g * kTile + j0);
-        const VD h = hn::Mul(s, half);
-        rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
         norm2 = hn::MulAdd(hn::Mul(s, s), hn::PromoteTo(dd, hn::LoadU(DFH(), code_sum + g * kTile + j0)), norm2);
       }
-      hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
       hn::StoreU(hn::Sqrt(norm2), dd, &vnorm_[j0]);
     }
   }
@@ -1068,7 +1159,7 @@ class FastAttention {
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
-  enum Pending { kL, kRho, kPlus, kMinus, kVMax, kCMax, kPendings };
+  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kPendings };
   double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
 
   void Flush(int h, HeadPartial& p) {
@@ -1083,7 +1174,6 @@ class FastAttention {
     p.meter.z.s = p.l;
     p.meter.z_plus_c.s += take(kPlus, false);
     p.meter.z_minus_c.s += take(kMinus, false);
-    p.v_max = std::max(p.v_max, take(kVMax, true));
     p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
   }
 
@@ -1130,15 +1220,13 @@ class FastAttention {
     const VD m = hn::Set(dd, p.m);
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
     VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
-    VD v_max = hn::LoadU(dd, pending(h, kVMax));
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
       const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
-      const VD rho_t = hn::LoadU(dd, &rho_[j0]);
       hn::StoreU(hn::DemoteTo(DFH(), w), DFH(), &w_[h * kTile + j0]);
       l = hn::Add(l, w);
-      rho = hn::MulAdd(w, rho_t, rho);
-      v_max = hn::Max(v_max, hn::IfThenElseZero(valid, hn::Add(hn::LoadU(dd, &vnorm_[j0]), rho_t)));
+      if (!meter_) continue;  // the V-side terms belong to the meter
+      rho = hn::MulAdd(w, hn::LoadU(dd, &rho_[j0]), rho);
       if (shared_reference) {  // never a float tile: UpdateFloat takes those
         const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
         s_plus = hn::MulAdd(w, e_c, s_plus);
@@ -1149,7 +1237,6 @@ class FastAttention {
     hn::StoreU(rho, dd, pending(h, kRho));
     hn::StoreU(s_plus, dd, pending(h, kPlus));
     hn::StoreU(s_minus, dd, pending(h, kMinus));
-    hn::StoreU(v_max, dd, pending(h, kVMax));
     p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
     p.meter.n += n;
     if (meter_ && !shared_reference) {
@@ -1164,71 +1251,104 @@ class FastAttention {
   // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)|x_t|, or |w'_t − w_t| ≤ 2^-125 where e^{x_t} underflows; the same
   // w'_t enters all three sums, and MeterStats::float_c_max accounts for it.
   //
-  // The meter's terms w'_t(e^{±c_t} − 1) (Em1Bounds, rounded outwards) are summed per float lane in
-  // FMA chains of k = ⌈n/kNF⌉ steps: every term of a chain has one sign, so the chain is within a
-  // factor (1 − 2^-24)^-k of its exact sum, plus 2^-150 a step where it is subnormal. The chains of
-  // one double lane (kNF/kN ≤ 2 of them) are added in double and widened outwards by
-  // F = 1 + (k + 1)·2^-23 and k·2^-149, which also covers those double roundings. Then
-  //   Σ w'_t e^{c_t}  ≤ L + P·F + k·2^-149,
-  //   Σ w'_t e^{−c_t} ≥ max(0, L·(1 − 2^-45) + M·F − k·2^-149),
-  // per double lane, L = Σ w'_t in double (≤ 128 additions of exact floats: within 2^-46 of its
-  // value, so the factor keeps the cancellation against M one-sided), P and M the chains' sums. The
-  // last subtraction rounds once, relative to its result; the sums across tiles are in double, as in
-  // Update.
+  // The meter's sums need Σ w'_t(e^{±c_t} − 1). While every c_t of the tile is at most ½ (the usual
+  // case), from the series (Em1Series, kTerms terms as c_max allows): two sums of positive terms,
+  //   X = Σ w'_t·(c_t·E_t),  Y = Σ w'_t·(c_t²·O_t),  Σ w'_t(e^{±c_t} − 1) = ±X + Y (exactly, in the full series),
+  // with each term within kSeriesSlack of its exact value (truncation and the term's own roundings);
+  // so Σ w'_t(e^{c_t} − 1) ≤ (X + Y)·(1 + slack) and Σ w'_t(e^{−c_t} − 1) ≥ Y·(1 − slack) − X·(1 + slack).
+  // Otherwise (kTerms = 0 here means the meter is off) per token e^{c_t} − 1 rounded up and
+  // e^{−c_t} − 1 rounded down (Em1Bounds), X = Σ w'_t(e^{c_t} − 1)↑ and Y = Σ w'_t(e^{−c_t} − 1)↓,
+  // one-signed too. Either pair is summed per float lane in FMA chains of k = ⌈n/kNF⌉ steps: every term
+  // of a chain has one sign, so the chain is within a factor (1 − 2^-24)^-k of its exact sum, plus at
+  // most 2^-150 a rounding that underflows (c², c²·O and the chain's FMA: below 2^-147 a step for a
+  // double lane's kNF/kN ≤ 2 chains). The chains of one double lane are added in double and widened
+  // by F = 1 + (k + 1)·2^-23 and k·2^-146, which also covers those double roundings. Then
+  //   Σ w'_t e^{c_t}  ≤ L + P·F + k·2^-146,
+  //   Σ w'_t e^{−c_t} ≥ max(0, L·(1 − 2^-45) + M − k·2^-146),
+  // per double lane, with P = (X + Y)·(1 + slack) and M = Y·(1 − slack)/F − X·(1 + slack)·F from the
+  // series (X > 3Y there, so M's rounding is far inside the slack), or P = X and M = Y·F from the
+  // bounds; L = Σ w'_t in double (≤ 128 additions of exact floats: within 2^-46 of its value, so the
+  // factor keeps the cancellation against M one-sided). The last subtraction rounds once, relative
+  // to its result; the sums across tiles are in double, as in Update.
+  void UpdateFloat(int h, int n, HeadPartial& p) {
+    if (!meter_) return UpdateFloat<0>(h, n, p);
+    switch (SeriesTerms(c_max_[h])) {
+      case 2: return UpdateFloat<2>(h, n, p);
+      case 3: return UpdateFloat<3>(h, n, p);
+      case 4: return UpdateFloat<4>(h, n, p);
+      default: return UpdateFloat<-1>(h, n, p);  // Em1Bounds
+    }
+  }
+
+  template <int kTerms>
   void UpdateFloat(int h, int n, HeadPartial& p) {
     const DD dd;
     const DF df;
-    p.meter.c_max = std::max(p.meter.c_max, c_max_[h]);
-    p.meter.float_c_max = std::max(p.meter.float_c_max, c_max_[h]);
-    p.v_max = std::max(p.v_max, tile_v_max_);
-    p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
-    MoveMax(h, z_max_[h], meter_, p);
+    constexpr bool kMeter = kTerms != 0;
+    if constexpr (kMeter) {
+      p.meter.c_max = std::max(p.meter.c_max, c_max_[h]);
+      p.meter.float_c_max = std::max(p.meter.float_c_max, c_max_[h]);
+      p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
+    }
+    MoveMax(h, z_max_[h], kMeter, p);
     const VD m = hn::Set(dd, p.m);
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
     float* w = &w_[h * kTile];
-    const float* c = &cf_[h * kTile];
-    VF plus = hn::Zero(df), minus = hn::Zero(df);
-    // Every valid c_t of the tile is at most c_max_[h] (LogitsFloat); lanes past the tile's end
-    // take c = 0 (their weight is 0, and e^{±0} − 1 = 0 keeps the chains finite).
-    const bool small = c_max_[h] <= 0.5;
+    const float* c = &cf_[h * kTile];  // 0 in the lanes past the tile's end (LogitsFloat)
+    VF sum_x = hn::Zero(df), sum_y = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
       hn::StoreU(wt, df, w + j0);
-      if (!meter_) continue;
-      VF e_plus, e_minus;
-      const VF ct = hn::IfThenElseZero(valid, hn::LoadU(df, c + j0));
-      if (small)
-        Em1BoundsSmall(ct, e_plus, e_minus);
-      else
-        Em1Bounds(ct, e_plus, e_minus);
-      plus = hn::MulAdd(wt, e_plus, plus);
-      minus = hn::MulAdd(wt, e_minus, minus);
+      if constexpr (kTerms > 0) {
+        // c·E and c²·O before the weight: a product w·c alone would go subnormal with a small weight,
+        // which costs the processor a microcode assist; inside the FMA it does not.
+        const VF ct = hn::LoadU(df, c + j0), c2 = hn::Mul(ct, ct);
+        VF e, o;
+        Em1Series<kTerms>(c2, e, o);
+        sum_x = hn::MulAdd(wt, hn::Mul(ct, e), sum_x);
+        sum_y = hn::MulAdd(wt, hn::Mul(c2, o), sum_y);
+      } else if constexpr (kTerms < 0) {
+        VF e_plus, e_minus;
+        Em1Bounds(hn::LoadU(df, c + j0), e_plus, e_minus);
+        sum_x = hn::MulAdd(wt, e_plus, sum_x);
+        sum_y = hn::MulAdd(wt, e_minus, sum_y);
+      }
     }
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho)), l_tile = hn::Zero(dd);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const VD wd = hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0));
       l = hn::Add(l, wd);
       l_tile = hn::Add(l_tile, wd);
-      rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
+      if constexpr (kMeter) rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
     }
     hn::StoreU(l, dd, pending(h, kL));
     hn::StoreU(rho, dd, pending(h, kRho));
-    if (meter_) {
+    if constexpr (kMeter) {
       HWY_ALIGN float chains[2][kNF];
-      hn::Store(plus, df, chains[0]);
-      hn::Store(minus, df, chains[1]);
-      VD p_sum = hn::Zero(dd), m_sum = hn::Zero(dd);  // token t's chain is in double lane t mod kN
+      hn::Store(sum_x, df, chains[0]);
+      hn::Store(sum_y, df, chains[1]);
+      VD x_sum = hn::Zero(dd), y_sum = hn::Zero(dd);  // token t's chain is in double lane t mod kN
       for (std::size_t i = 0; i < kNF; i += kN) {
-        p_sum = hn::Add(p_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
-        m_sum = hn::Add(m_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
+        x_sum = hn::Add(x_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
+        y_sum = hn::Add(y_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
       }
       const double k = static_cast<double>((n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF));
-      const VD widen = hn::Set(dd, 1.0 + (k + 1.0) * 0x1p-23), tiny = hn::Set(dd, k * 0x1p-149);
-      const VD up = hn::Add(hn::MulAdd(p_sum, widen, l_tile), tiny);
-      const VD down = hn::Max(hn::Zero(dd), hn::Sub(hn::MulAdd(l_tile, hn::Set(dd, 1.0 - 0x1p-45), hn::Mul(m_sum, widen)), tiny));
+      const double widen = 1.0 + (k + 1.0) * 0x1p-23;
+      const VD tiny = hn::Set(dd, k * 0x1p-146);
+      VD plus, minus;  // P·F and M
+      if constexpr (kTerms > 0) {
+        const VD x_up = hn::Mul(x_sum, hn::Set(dd, (1.0 + kSeriesSlack) * widen));
+        plus = hn::MulAdd(y_sum, hn::Set(dd, (1.0 + kSeriesSlack) * widen), x_up);
+        minus = hn::MulSub(y_sum, hn::Set(dd, (1.0 - kSeriesSlack) / widen), x_up);
+      } else {
+        plus = hn::Mul(x_sum, hn::Set(dd, widen));
+        minus = hn::Mul(y_sum, hn::Set(dd, widen));
+      }
+      const VD up = hn::Add(hn::Add(l_tile, plus), tiny);
+      const VD down = hn::Max(hn::Zero(dd), hn::Sub(hn::MulAdd(l_tile, hn::Set(dd, 1.0 - 0x1p-45), minus), tiny));
       hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kPlus)), up), dd, pending(h, kPlus));
       hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kMinus)), down), dd, pending(h, kMinus));
     }
@@ -1391,6 +1511,7 @@ class FastAttention {
       const double w = std::exp(z - p.m);
       for (int c2 = 0; c2 < d_; ++c2) acc[c2] += w * vrows_[i * dp_ + c2];
       p.l += w;
+      if (!meter_) continue;
       p.rho += w * rho_[i];
       p.v_max = std::max(p.v_max, vnorm_[i] + rho_[i]);
     }
@@ -1473,8 +1594,10 @@ class FastAttention {
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
   std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
   std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
-  std::vector<float> q2f_, eta_gf_;  // [h][G] Σ q_c², η's coefficient of s_g
+  std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g
   std::vector<float> eta_xf_;  // [h]
+  std::vector<float> cq2f_, ceta_gf_, ceta_xf_;  // LogitsFloat's: (sm²/12)·κ²·Σ q_c², η's, times 1 + 2^-17
+  float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_;     // [h][t] z̃_t and c_t
   std::vector<double> z_max_, c_max_;  // [h] their maxima over the tile
   std::vector<float> xf_;          // [t] z̃_t − m
@@ -1525,10 +1648,11 @@ class FastAttention {
   bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
   bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares (float rows)
-  std::vector<std::int32_t> code_sq_i_;  // the same, kValueCodes
+  std::vector<const std::int8_t*> value_rows_;  // [t] the tile's value codes, kValueCodes
+  bool norms_pending_ = false;  // vnorm_ of a dither-int8 value tile not computed yet (ValueNorms)
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
-  double tile_v_max_ = 0.0, tile_rho_max_ = 0.0;  // max_t (‖v̂_t‖ + ρ^v_t), max_t ρ^v_t over the tile
+  double tile_rho_max_ = 0.0;  // max_t ρ^v_t over the tile
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
   std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
@@ -1554,6 +1678,7 @@ namespace witcert::attn {
 HWY_EXPORT(AttendRangeFast);
 HWY_EXPORT(DitherValuesFast);
 HWY_EXPORT(Em1BoundsFast);
+HWY_EXPORT(Em1SeriesFast);
 
 void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
                        std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
@@ -1566,6 +1691,11 @@ void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter
 
 void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus) {
   HWY_DYNAMIC_DISPATCH(Em1BoundsFast)(c.data(), plus.data(), minus.data(), std::min({c.size(), plus.size(), minus.size()}));
+}
+
+int em1_series_fast(std::span<const float> c, std::span<float> e, std::span<float> o) {
+  if (e.size() < c.size() || o.size() < c.size()) throw std::invalid_argument("em1_series_fast: e and o must hold c.size() values");
+  return HWY_DYNAMIC_DISPATCH(Em1SeriesFast)(c.data(), e.data(), o.data(), c.size());
 }
 
 }  // namespace witcert::attn

@@ -41,4 +41,11 @@ void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter
 // the current target decide together.
 void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus);
 
+// The truncated series E(c²) and O(c²) with e^{±c} − 1 = ±c·E + c²·O, as the float path evaluates
+// them for a tile whose c_t are c (its term count chosen from max c, as the kernel chooses it).
+// Returns the term count, or 0, leaving e and o alone, where max c > ½ (the kernel then takes
+// em1_bounds_fast's). Exposed for its known-answer test; throws std::invalid_argument if e or o
+// is shorter than c.
+int em1_series_fast(std::span<const float> c, std::span<float> e, std::span<float> o);
+
 }  // namespace witcert::attn

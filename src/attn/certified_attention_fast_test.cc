@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -293,7 +294,8 @@ TEST(CertifiedFast, NonFiniteQueryOrKeyMeansNoGuarantee) {
 }
 
 // A query head that falls back to the token-by-token path (here: NaN in the last head) leaves
-// the other heads' outputs as the reference computes them, on every format and target.
+// the other heads' outputs and value-side terms as the reference computes them, on every format
+// and target (the fast path takes max_t(‖v̂_t‖ + ρ_t) of a tile once its other heads are done).
 TEST(CertifiedFast, ScalarHeadLeavesTheOtherHeads) {
   const int d = 64, group = 3;
   const std::int64_t n = 100;
@@ -303,28 +305,38 @@ TEST(CertifiedFast, ScalarHeadLeavesTheOtherHeads) {
     std::vector<float> q(group * d, 0.1f), ref_out, out;
     for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
     q[(group - 1) * d + 3] = NAN;
-    attend(reference_kernel, r, q.data(), group, d, n, 1, ref_out);
+    const std::vector<HeadResult> ref = attend(reference_kernel, r, q.data(), group, d, n, 1, ref_out);
     for_each_target([&](std::int64_t) {
-      attend(attend_range_fast, r, q.data(), group, d, n, 1, out);
-      for (int h = 0; h + 1 < group; ++h)
+      const std::vector<HeadResult> fast = attend(attend_range_fast, r, q.data(), group, d, n, 1, out);
+      for (int h = 0; h + 1 < group; ++h) {
         for (int c = 0; c < d; ++c)
           ASSERT_NEAR(out[h * d + c], ref_out[h * d + c], 1e-5 * (1.0 + std::fabs(ref_out[h * d + c])))
               << f.name() << " head " << h << " channel " << c;
+        ASSERT_TRUE(close(fast[h].v_meter, ref[h].v_meter, 1e-4)) << f.name() << " head " << h << ": "
+                                                                  << fast[h].v_meter << " vs " << ref[h].v_meter;
+        ASSERT_GE(fast[h].v_meter, ref[h].v_meter * (1 - 1e-9)) << f.name() << " head " << h;
+      }
     });
   }
 }
 
-// The meter switch of the benchmarks changes nothing but the meter.
+// The meter switch of the benchmarks changes nothing but the meter (which it leaves out whole,
+// the value side included), on every target and on the float path of shared-ξ keys.
 TEST(CertifiedFast, MeterOffLeavesTheOutput) {
-  const int d = 128, group = 7;
-  for (const char* fmt : {"rtn-int8", cache::kDitherInt8}) {
-    Store s({fmt, fmt}, d, 100, 16, 3);
-    cache::KvStore::Reader r(s.store, 0, 0);
-    std::vector<float> q(group * d, 0.1f), on, off;
-    attend(attend_range_fast, r, q.data(), group, d, 100, 2, on);
-    attend(attend_range_fast, r, q.data(), group, d, 100, 2, off, false);
-    EXPECT_EQ(on, off) << fmt;
-  }
+  for (const Format& f : {Format{"rtn-int8", "rtn-int8"}, Format{cache::kDitherInt8, cache::kDitherInt8},
+                          Format{cache::kDitherInt8, cache::kDitherInt8, cache::DitherMode::shared_page}})
+    for (const auto& [d, group] : {std::pair{64, 3}, std::pair{128, 7}}) {
+      Store s(f, d, 200, 16, 3);
+      cache::KvStore::Reader r(s.store, 0, 0);
+      std::vector<float> q(group * d), on, off;
+      for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
+      for_each_target([&](std::int64_t) {
+        const std::vector<HeadResult> metered = attend(attend_range_fast, r, q.data(), group, d, 200, 2, on);
+        attend(attend_range_fast, r, q.data(), group, d, 200, 2, off, false);
+        EXPECT_EQ(on, off) << f.name() << " d " << d;
+        for (const HeadResult& res : metered) EXPECT_GT(res.v_meter, 0.0) << f.name() << " d " << d;
+      });
+    }
 }
 
 // The vectorized Philox against quant::dither_values (itself checked against Random123's
@@ -362,6 +374,42 @@ TEST(CertifiedFast, Em1BoundsAreOneSidedAndTight) {
       ASSERT_GE(minus[i], m * (1 + 0x1p-16L)) << "c " << c[i];
     }
   });
+}
+
+// The series the meter's sums take while c_t ≤ ½ (UpdateFloat): for tiles whose largest c_t is
+// anywhere in (0, ½] (the kernel picks the term count from it), on every 8191st float up to that
+// largest c, c·E + c²·O and c²·O − c·E bound e^{±c} − 1 from the right sides once taken outwards
+// by kSeriesSlack = 2^-17 (less the 2 roundings of w·(c·E) and w·(c²·O) the kernel adds), and are
+// within 2^-16 of them. Above ½ the series is not used.
+TEST(CertifiedFast, Em1SeriesBoundsTheExponential) {
+  for_each_target([&](std::int64_t) {
+    int counts[5] = {};
+    for (float c_max : {1e-30f, 1e-3f, 0.1f, 0.125f, 0.126f, 0.2f, 0.25f, 0.2501f, 0.4f, 0.5f}) {
+      std::vector<float> c;
+      for (std::uint32_t bits = 0; std::bit_cast<float>(bits) < c_max; bits += 8191) c.push_back(std::bit_cast<float>(bits));
+      c.push_back(c_max);
+      std::vector<float> e(c.size()), o(c.size());
+      const int terms = em1_series_fast(c, e, o);
+      ASSERT_TRUE(terms >= 2 && terms <= 4) << c_max;
+      ++counts[terms];
+      const long double out = 1 + 0x1p-17L - 2 * 0x1p-24L, in = 1 - 0x1p-17L + 2 * 0x1p-24L;
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        const long double x = c[i], c2 = c[i] * c[i];  // c² rounded as the kernel does
+        const long double p = std::expm1(x), m = std::expm1(-x);
+        const long double odd = x * e[i], even = c2 * o[i];
+        ASSERT_GE((odd + even) * out, p) << "c_max " << c_max << " terms " << terms << " c " << c[i];
+        ASSERT_LE(even * in - odd * out, m) << "c_max " << c_max << " terms " << terms << " c " << c[i];
+        ASSERT_LE(odd + even, p * (1 + 0x1p-16L) + 1e-44L) << "c_max " << c_max << " c " << c[i];
+        ASSERT_GE(even - odd, m * (1 + 0x1p-16L) - 1e-44L) << "c_max " << c_max << " c " << c[i];
+      }
+    }
+    EXPECT_GT(counts[2] * counts[3] * counts[4], 0);  // every term count was exercised
+    std::vector<float> c{0.1f, 0.50001f}, e(2, -1.0f), o(2, -1.0f);
+    EXPECT_EQ(em1_series_fast(c, e, o), 0);
+    EXPECT_EQ(e[0], -1.0f);
+  });
+  std::vector<float> c(2, 0.1f), e(1), o(2);
+  EXPECT_THROW(em1_series_fast(c, e, o), std::invalid_argument);
 }
 
 // The kernel evaluates u_t as sqrt(ς_t²)·κ with κ = subgaussian_radius(1, ·): the same function
