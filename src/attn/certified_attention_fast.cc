@@ -544,10 +544,7 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(first, t0, n, v_packed);
-      if (float_tile_ && meter_) {
-        tile_rho_max_ = 0.0;
-        for (int i = 0; i < n; ++i) tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
-      }
+      if (float_tile_ && meter_) tile_rho_max_ = TileMax(rho_.data(), nullptr, n);
       bool any_scalar = false;
       for (int h = 0; h < group_; ++h) {
         scalar_[h] = !finite_[h] || !Clean(partials[h]);
@@ -565,9 +562,11 @@ class FastAttention {
       }
       AccumulateAll(n);
       if (meter_) {  // max_t (‖v̂_t‖ + ρ^v_t) of the heads that did not take ScalarTile
-        ValueNorms();
-        double v_max = 0.0;
-        for (int i = 0; i < n; ++i) v_max = std::max(v_max, vnorm_[i] + rho_[i]);
+        double v_max = stored_v_max_;
+        if (!(v_max >= 0.0)) {
+          ValueNorms();
+          v_max = TileMax(vnorm_.data(), rho_.data(), n);
+        }
         for (int h = 0; h < group_; ++h)
           if (!scalar_[h]) partials[h].v_max = std::max(partials[h].v_max, v_max);
       }
@@ -962,6 +961,7 @@ class FastAttention {
     value_codes_ = false;
     rows_ready_ = true;
     norms_pending_ = false;
+    stored_v_max_ = -1.0;
     if (!packed) {
       for (int i = 0; i < n; ++i) {
         F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
@@ -991,9 +991,8 @@ class FastAttention {
   void DitherValues() {
     const DD dd;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
-    const int G = G_, d = d_;
+    const int G = G_;
     float* HWY_RESTRICT scales = v_scalesf_.data();
-    double* HWY_RESTRICT s_t = v_s_t_.data();
     float* HWY_RESTRICT s_tf = v_s_tf_.data();
     for (const Segment& seg : segments_)
       F16ToFloat(seg.page.v.meta + seg.row0 * G, seg.n * G, scales + seg.i0 * G);
@@ -1008,33 +1007,39 @@ class FastAttention {
       if constexpr (!kValueCodes) DecodeValueRows<false>();
       return;
     }
-    for (int g = 0; g < G; ++g)
-      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), dd, s_t + g * kTile + j0);
     // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
     const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD rho2 = hn::Zero(dd);
       for (int g = 0; g < G; ++g) {
-        const VD h = hn::Mul(hn::LoadU(dd, s_t + g * kTile + j0), half);
+        const VD h = hn::Mul(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), half);
         rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
       }
       hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
     }
     norms_pending_ = true;
-    if constexpr (kValueCodes) {
-      for (const Segment& seg : segments_)
-        for (int i = seg.i0; i < seg.i0 + seg.n; ++i)
-          value_rows_[i] = seg.page.v.codes + (seg.row0 + static_cast<std::size_t>(i - seg.i0)) * d;
-    } else {
+    // A tile that holds every packed token of its pages takes max_t (‖v̂_t‖ + ρ_t) from the pages
+    // (KvStore keeps it at write time, as value_norm_bound computes it, rounded up); others, and
+    // ScalarTile, compute ‖v̂_t‖ (ValueNorms).
+    double stored = 0.0;
+    for (const Segment& seg : segments_) {
+      const RawPage& pg = seg.page;
+      const bool whole = seg.row0 == 0 && pg.begin + seg.n == pg.v.packed_end && pg.v.norm_max != nullptr &&
+                         std::isfinite(*pg.v.norm_max);
+      stored = whole ? std::max(stored, static_cast<double>(*pg.v.norm_max)) : -1.0;
+      if (!whole) break;
+    }
+    stored_v_max_ = stored;
+    if constexpr (!kValueCodes) {
       DecodeValueRows<true>();  // the float codes' squares come with the rows
       ValueNorms();
     }
   }
 
-  // ‖v̂_t‖ of a dither-int8 value tile into vnorm_, once per tile: on AVX-512 after AccumulateAll
-  // (or before a head's ScalarTile), while the tile's codes are still in the L1 cache, with each
-  // kNF tokens' code squares summed across lanes in registers.
+  // ‖v̂_t‖ of a dither-int8 value tile into vnorm_, once per tile and only where needed (a tile
+  // that does not hold whole pages, or a head's ScalarTile): on AVX-512 after AccumulateAll, while
+  // the tile's codes are still in the L1 cache, with each kNF tokens' code squares summed across
+  // lanes in registers.
   void ValueNorms() {
     if (!norms_pending_) return;
     norms_pending_ = false;
@@ -1043,7 +1048,16 @@ class FastAttention {
     const int G = G_;
     const int n = segments_.back().i0 + segments_.back().n;
     float* HWY_RESTRICT code_sum = code_sum_.data();
-    const double* HWY_RESTRICT s_t = v_s_t_.data();
+    double* HWY_RESTRICT s_t = v_s_t_.data();
+    const float* HWY_RESTRICT s_tf = v_s_tf_.data();
+    for (int g = 0; g < G; ++g)
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), dd, s_t + g * kTile + j0);
+    if constexpr (kValueCodes) {
+      for (const Segment& seg : segments_)
+        for (int i = seg.i0; i < seg.i0 + seg.n; ++i)
+          value_rows_[i] = seg.page.v.codes + (seg.row0 + static_cast<std::size_t>(i - seg.i0)) * d_;
+    }
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
         if constexpr (kValueCodes) {  // integer lanes: exact, converted once the lanes are summed
@@ -1120,6 +1134,19 @@ class FastAttention {
     const auto ok = [](double m) { return !std::isnan(m) && m != kInf; };
     return ok(p.m) && p.meter.z.m == p.m && p.meter.z.s == p.l && ok(p.meter.z_plus_c.m) &&
            ok(p.meter.z_minus_c.m) && !std::isnan(p.meter.c_max);
+  }
+
+  // max(0, max_{t<n}(a_t + b_t)) (b may be null), a NaN term left out as std::max leaves it.
+  static double TileMax(const double* a, const double* b, int n) {
+    const DD dd;
+    VD mx = hn::Zero(dd);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      VD x = hn::LoadU(dd, a + j0);
+      if (b != nullptr) x = hn::Add(x, hn::LoadU(dd, b + j0));
+      const auto keep = hn::And(hn::FirstN(dd, static_cast<std::size_t>(n - j0)), hn::Not(hn::IsNaN(x)));
+      mx = hn::Max(mx, hn::IfThenElseZero(keep, x));
+    }
+    return hn::GetLane(hn::MaxOfLanes(dd, mx));
   }
 
   // Max over the tile's valid lanes of x_t (x: the tile's z̃ shifted by sign·c).
@@ -1650,6 +1677,7 @@ class FastAttention {
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares (float rows)
   std::vector<const std::int8_t*> value_rows_;  // [t] the tile's value codes, kValueCodes
   bool norms_pending_ = false;  // vnorm_ of a dither-int8 value tile not computed yet (ValueNorms)
+  double stored_v_max_ = -1.0;  // max_t (‖v̂_t‖ + ρ_t) of the tile from its pages; < 0: none
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   double tile_rho_max_ = 0.0;  // max_t ρ^v_t over the tile

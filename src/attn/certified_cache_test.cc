@@ -294,7 +294,8 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(quant::KvSide::key), 128.0);
   // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the mask amortized.
   EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.0, 0.1);
-  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.0);
+  // Values: codes (64) + two fp16 scales (4) + the page's float max_t(‖v̂_t‖ + ρ_t) over 16 tokens.
+  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.25);
   std::printf("[certified-cache] bytes/token/head at d=64: fp16 K %.2f, dither-int8 K %.2f V %.2f\n",
               fp16.store().bytes_per_token_head(quant::KvSide::key),
               dither.store().bytes_per_token_head(quant::KvSide::key),

@@ -13,10 +13,27 @@ constexpr int kDitherGroup = quant::kDefaultGroup;
 
 std::invalid_argument config_error(const std::string& what) { return std::invalid_argument("KV cache: " + what); }
 
+// The least float ≥ x.
+float float_round_up(double x) {
+  const float f = static_cast<float>(x);
+  return f < x ? std::nextafter(f, HUGE_VALF) : f;
+}
+
 }  // namespace
 
 std::size_t KvStore::Side::bytes() const {
-  return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16);
+  return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16) +
+         norm_max.size() * sizeof(float);
+}
+
+double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups) {
+  double norm2 = 0.0, rho2 = 0.0;
+  for (int g = 0; g < groups; ++g) {
+    const double s = fp16_to_double(scales[g]), half = s * (0.5 + 0x1p-17);
+    norm2 += s * s * code_squares[g];
+    rho2 += kDitherGroup * half * half;
+  }
+  return std::sqrt(norm2) + std::sqrt(rho2) * cert::kRoundUpMargin;
 }
 
 KvStore::KvStore(const CacheConfig& cfg)
@@ -55,6 +72,7 @@ void KvStore::init_side(Side& side, const std::string& format, quant::KvSide whi
     side.meta_per_token = d / kDitherGroup;
     side.meta.assign(streams * slots() * side.meta_per_token, 0);
     if (key) side.outlier_values.assign(streams * slots() * 2 * cfg_.outlier_pairs, 0);
+    if (!key) side.norm_max.assign(streams * pool_.pages(), 0.0f);
     return;
   }
   side.kind = FormatKind::scheme;
@@ -217,6 +235,13 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
                               std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
     for (int c = 0; c < d; ++c) side.codes[key ? key_code(at, c) : at * d + c] = codes[c];
+    if (!key) {  // the page's max_t (‖v̂_t‖ + ρ_t), restarted by its first token
+      std::vector<std::int32_t> squares(side.meta_per_token, 0);
+      for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
+      const float bound = float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
+      float& page_max = side.norm_max[st * pool_.pages() + static_cast<std::size_t>(slot / cfg_.page_size)];
+      page_max = pos % cfg_.page_size == 0 ? bound : std::max(page_max, bound);
+    }
     return;
   }
   std::uint8_t* packed = &side.packed[at * side.block_bytes];
@@ -324,6 +349,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
     if (sd.kind == FormatKind::dither_int8) v.codes = &sd.codes[first * d];
     if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg_.outlier_pairs];
+    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.table_.page_of(pos))];
     return v;
   };
   r.k = view(s_.k_, quant::KvSide::key, s_.exact_->key_row(first));

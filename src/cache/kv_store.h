@@ -11,7 +11,9 @@
 //                    also keep m fixed outlier RoPE pairs per (layer, KV head) in fp16, excluded
 //                    from the amax. The key dither is regenerated from Philox at read time from
 //                    the slot (or the page, DitherMode::shared_page). Values are rounded without
-//                    dither: their bound ρ_t ≤ ‖s/2‖ is deterministic.
+//                    dither: their bound ρ_t ≤ ‖s/2‖ is deterministic. Each page of values also
+//                    keeps max_t (‖v̂_t‖ + ρ_t) over its tokens, a float rounded up, for the
+//                    value-side term (4 bytes a page: 0.25 a token at page size 16).
 // Tokens whose group-scheme block has not filled, and dither-int8 keys written before the
 // outlier pairs are fixed (the first calibration_tokens positions), are served from the exact
 // tier with a zero bound.
@@ -66,6 +68,11 @@ struct CacheConfig {
 };
 
 enum class FormatKind { exact, scheme, dither_int8 };
+
+// ‖v̂‖ + ρ of a dither-int8 value from its group scales s_g and code squares C_g = Σ_{c∈g} code_c²
+// (G of each): sqrt(Σ_g s_g²·C_g) + sqrt(Σ_g 32·(s_g·(½ + 2^-17))²)·kRoundUpMargin, in double, the
+// ρ of Reader::value. The fast kernel computes the same expression.
+double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups);
 
 // How the meter bounds one stored key.
 struct KeyBound {
@@ -130,6 +137,9 @@ class KvStore {
       const f16* meta = nullptr;     // [slot][·]: B witness bands (keys), ρ_t (values) or d/32 dither scales
       const std::int8_t* codes = nullptr;       // dither-int8 keys: [head_dim][page_size]; values: [slot][head_dim]
       const f16* outlier_values = nullptr;      // dither-int8 keys: [slot][2m], in channel order
+      // dither-int8 values: max_t (‖v̂_t‖ + ρ_t) over [begin, packed_end), as value_norm_bound
+      // computes it, rounded up to float.
+      const float* norm_max = nullptr;
     };
     struct RawPage {
       std::int64_t begin = 0, end = 0;  // the positions of the page
@@ -197,6 +207,7 @@ class KvStore {
     // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
     std::vector<std::int8_t> codes;
     std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
+    std::vector<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
     std::size_t bytes() const;
   };
 
