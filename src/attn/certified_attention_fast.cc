@@ -500,6 +500,8 @@ class FastAttention {
       v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
       v_s_t_.assign(v_scalesf_.size() + kN, 0.0);
       v_s_tf_.assign(v_s_t_.size(), 0.0f);
+      v_rho_f_.assign(kTile + kNF, 0.0f);
+      rho_factor_ = RhoFactor();
       ws_.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       value_rows_.assign(kTile, nullptr);
@@ -731,7 +733,7 @@ class FastAttention {
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
-        hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
+        if (meter_) hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -1007,16 +1009,22 @@ class FastAttention {
       if constexpr (!kValueCodes) DecodeValueRows<false>();
       return;
     }
-    // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader.
-    const VD half = hn::Set(dd, 0.5 + 0x1p-17), group = hn::Set(dd, kGroup);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      VD rho2 = hn::Zero(dd);
+    // |v̂ − v| ≤ s/2 per channel plus the float rounding of the decode, as in the Reader:
+    // ρ_t = sqrt(Σ_g s_g²)·sqrt(32)·(½ + 2^-17), in float with RhoFactor rounded up, which also
+    // covers the float roundings (Σ_g s_g², the square root, the product).
+    const DF df;
+    const VF rho_factor = hn::Set(df, rho_factor_);  // RhoFactor()
+    float* HWY_RESTRICT rho_f = v_rho_f_.data();
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      VF s2 = hn::Zero(df);
       for (int g = 0; g < G; ++g) {
-        const VD h = hn::Mul(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), half);
-        rho2 = hn::MulAdd(hn::Mul(group, h), h, rho2);
+        const VF s = hn::LoadU(df, s_tf + g * kTile + j0);
+        s2 = hn::MulAdd(s, s, s2);
       }
-      hn::StoreU(hn::Mul(hn::Sqrt(rho2), hn::Set(dd, cert::kRoundUpMargin)), dd, &rho_[j0]);
+      hn::StoreU(hn::Mul(hn::Sqrt(s2), rho_factor), df, rho_f + j0);
     }
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+      hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), rho_f + j0)), dd, &rho_[j0]);
     norms_pending_ = true;
     // A tile that holds every packed token of its pages takes max_t (‖v̂_t‖ + ρ_t) from the pages
     // (KvStore keeps it at write time, as value_norm_bound computes it, rounded up); others, and
@@ -1034,6 +1042,14 @@ class FastAttention {
       DecodeValueRows<true>();  // the float codes' squares come with the rows
       ValueNorms();
     }
+  }
+
+  // sqrt(32)·(½ + 2^-17)·(1 + (G + 4)·2^-24) rounded up to float: kv_store's ρ_t per unit of
+  // sqrt(Σ_g s_g²), with room for DitherValues' float roundings (G/2 + 2 relative at most).
+  float RhoFactor() const {
+    const double x = std::sqrt(static_cast<double>(kGroup)) * (0.5 + 0x1p-17) * (1.0 + (G_ + 4) * 0x1p-24);
+    const float f = static_cast<float>(x);
+    return f < x ? std::nextafter(f, HUGE_VALF) : f;
   }
 
   // ‖v̂_t‖ of a dither-int8 value tile into vnorm_, once per tile and only where needed (a tile
@@ -1671,6 +1687,8 @@ class FastAttention {
   std::vector<float> v_scalesf_;    // [t][g] the tile's value scales (dither-int8)
   std::vector<double> v_s_t_;       // [g][t] the same, token lanes
   std::vector<float> v_s_tf_;       // [g][t] the same in float
+  std::vector<float> v_rho_f_;      // [t] ρ_t in float (DitherValues)
+  float rho_factor_ = 0.0f;
   std::vector<float> ws_;           // [head][group of the pass][t] w_t·s_{t,g} (AccumulateCodeColumns)
   bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
   bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t

@@ -40,8 +40,8 @@ struct Format {
   }
 };
 
-// Every registry scheme and dither-int8 in both modes on both sides, and each of them on one
-// side with fp16 on the other.
+// Every registry scheme and dither-int8 in both modes on both sides, each of them on one side
+// with fp16 on the other, and shared-ξ dither-int8 keys with q4_0 values.
 std::vector<Format> all_formats() {
   std::vector<Format> f;
   std::vector<std::pair<std::string, cache::DitherMode>> names;
@@ -55,6 +55,8 @@ std::vector<Format> all_formats() {
     f.push_back({name, "fp16", mode});
     if (mode == cache::DitherMode::per_slot) f.push_back({"fp16", name, mode});
   }
+  // Shared-ξ keys (the float path) with a black-box value scheme: ρ_t from the scheme's witness.
+  f.push_back({cache::kDitherInt8, "q4_0", cache::DitherMode::shared_page});
   return f;
 }
 
