@@ -326,42 +326,38 @@ HWY_INLINE void Em1Series(VF c2, VF& e, VF& o) {
   }
 }
 
-int Em1SeriesFast(const float* c, float* e, float* o, std::size_t n) {
-  const int terms = SeriesTerms(n == 0 ? 0.0f : *std::max_element(c, c + n));
-  if (terms == 0) return 0;
+// f(x, a, b) on the floats of c kNF at a time (a short last vector padded with zeros); the lanes
+// of a and b that belong to c go to out_a and out_b. For the known-answer tests' entry points.
+template <class F>
+void MapToPair(const float* c, std::size_t n, float* out_a, float* out_b, F&& f) {
   const DF df;
-  HWY_ALIGN float in[kNF], ev[kNF], ov[kNF];
+  HWY_ALIGN float in[kNF], a[kNF], b[kNF];
   for (std::size_t i = 0; i < n; i += kNF) {
     const std::size_t k = std::min(kNF, n - i);
     std::fill_n(in, kNF, 0.0f);
     std::copy_n(c + i, k, in);
-    const VF x = hn::Load(df, in), c2 = hn::Mul(x, x);
-    VF e_c, o_c;
-    if (terms == 2) Em1Series<2>(c2, e_c, o_c);
-    else if (terms == 3) Em1Series<3>(c2, e_c, o_c);
-    else Em1Series<4>(c2, e_c, o_c);
-    hn::Store(e_c, df, ev);
-    hn::Store(o_c, df, ov);
-    std::copy_n(ev, k, e + i);
-    std::copy_n(ov, k, o + i);
+    VF va, vb;
+    f(hn::Load(df, in), va, vb);
+    hn::Store(va, df, a);
+    hn::Store(vb, df, b);
+    std::copy_n(a, k, out_a + i);
+    std::copy_n(b, k, out_b + i);
   }
+}
+
+int Em1SeriesFast(const float* c, float* e, float* o, std::size_t n) {
+  const int terms = SeriesTerms(n == 0 ? 0.0f : *std::max_element(c, c + n));
+  MapToPair(c, terms == 0 ? 0 : n, e, o, [terms](VF x, VF& e_x, VF& o_x) {
+    const VF c2 = hn::Mul(x, x);
+    if (terms == 2) Em1Series<2>(c2, e_x, o_x);
+    else if (terms == 3) Em1Series<3>(c2, e_x, o_x);
+    else Em1Series<4>(c2, e_x, o_x);
+  });
   return terms;
 }
 
 void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
-  const DF df;
-  HWY_ALIGN float in[kNF], p[kNF], m[kNF];
-  for (std::size_t i = 0; i < n; i += kNF) {
-    const std::size_t k = std::min(kNF, n - i);
-    std::fill_n(in, kNF, 0.0f);
-    std::copy_n(c + i, k, in);
-    VF plus_c, minus_c;
-    Em1Bounds(hn::Load(df, in), plus_c, minus_c);
-    hn::Store(plus_c, df, p);
-    hn::Store(minus_c, df, m);
-    std::copy_n(p, k, plus + i);
-    std::copy_n(m, k, minus + i);
-  }
+  MapToPair(c, n, plus, minus, [](VF x, VF& p, VF& m) { Em1Bounds(x, p, m); });
 }
 
 void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
