@@ -25,8 +25,9 @@
 namespace witcert::attn {
 
 // Accumulates tokens [begin, end) of one (layer, KV head) into one partial per query head, as
-// attend_range_reference does. meter = false skips c_t and LSE(z̃ ± c), leaving the partials'
-// meter incomplete: it exists only to measure what the meter costs (bench/attention_bench.cc).
+// attend_range_reference does. meter = false skips the whole meter (c_t, LSE(z̃ ± c), and the
+// value side: ρ_t, ‖v̂_t‖, Σ p̃_t ρ_t and max_t(‖v̂_t‖ + ρ_t)), leaving the partials' meter and
+// value terms incomplete: it exists only to measure what the meter costs (bench/attention_bench.cc).
 void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                        std::int64_t begin, std::int64_t end, const BoundContext& ctx,
                        std::vector<HeadPartial>& partials, bool meter = true);
