@@ -982,10 +982,11 @@ class FastAttention {
 
   // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). The rows are not decoded here on
   // AVX-512 (kValueCodes): AccumulateCodeHeads takes Σ_t w_t v̂_t from the codes, and ValueRows
-  // decodes the rows only for a head that takes ScalarTile. ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with
-  // C_{t,g} = Σ_{c∈g} code_c², an integer below 2^24 and so exact in float in any order: per token
-  // and group a vector whose lanes sum to C_{t,g} (CodeSquares), reduced kNF tokens at a time. ρ_t
-  // and ‖v̂_t‖ come out in token lanes.
+  // decodes the rows only for a head that takes ScalarTile. With the meter on, ρ_t here in token
+  // lanes, and max_t(‖v̂_t‖ + ρ_t) from the pages when the tile holds them whole; otherwise ‖v̂_t‖
+  // later (ValueNorms): ‖v̂_t‖² = Σ_g s_g²·C_{t,g} with C_{t,g} = Σ_{c∈g} code_c², an integer below
+  // 2^24 and so exact in float in any order: per token and group a vector whose lanes sum to
+  // C_{t,g} (CodeSquares), reduced kNF tokens at a time.
   void DitherValues() {
     const DD dd;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
