@@ -260,42 +260,9 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 #endif
 }
 
-// e^{c} − 1 rounded up into plus and e^{−c} − 1 rounded down into minus, for kNF lanes of c ≥ 0.
-// While every c ≤ ½ (the usual case), from the Taylor series: e^{±c} − 1 = ±c·(E(c²) ± c·O(c²)) with
-// E = Σ_{k even ≤ 6} c^k/(k+1)!, O = Σ_{k odd ≤ 7} c^{k−1}/(k+1)!. The truncated tail is below
-// c^8/9! ≤ 2^-26 of E ± c·O (which is ≥ 0.78); for −c it alternates with decreasing terms. E and O
-// by Horner in c², all terms positive: ≤ 8 roundings each plus the coefficients' own, relative;
-// E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
-// final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
-// (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
-// Em1BoundsSmall: the Taylor branch alone, for lanes all known to hold 0 ≤ c ≤ ½.
-HWY_INLINE void Em1BoundsSmall(VF c, VF& plus, VF& minus);
-
-HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
-  const DF df;
-  if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
-    const VF out = hn::Set(df, 1.0f + 0x1p-19f);
-    plus = hn::Mul(hn::Expm1(df, c), out);
-    minus = hn::Mul(hn::Expm1(df, hn::Neg(c)), out);
-    return;
-  }
-  Em1BoundsSmall(c, plus, minus);
-}
-
-template <int kTerms>
-HWY_INLINE void Em1Series(VF c2, VF& e, VF& o);
-
-HWY_INLINE void Em1BoundsSmall(VF c, VF& plus, VF& minus) {
-  const DF df;
-  VF e, o;
-  Em1Series<4>(hn::Mul(c, c), e, o);
-  const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
-  plus = hn::Mul(hn::Add(e, co), up);
-  minus = hn::Mul(hn::Sub(co, e), up);  // −(e − c·O)·c·(1 + 2^-18): the same roundings
-}
-
-// The series of the meter's sums (UpdateFloat): e^{±c} − 1 = ±c·E(c²) + c²·O(c²) with E and O as
-// above, each truncated to its first kTerms terms and evaluated by Horner in c² (every term positive).
+// The series of the meter's sums (UpdateFloat): e^{±c} − 1 = ±c·E(c²) + c²·O(c²) with
+// E = Σ_{k even} c^k/(k+1)!, O = Σ_{k odd} c^{k−1}/(k+1)!, each truncated to its first kTerms terms
+// and evaluated by Horner in c² (every term positive).
 // A tile whose every c_t is at most kSeriesMaxC[kTerms] takes kTerms terms: the truncated tails,
 // below 1.01·c^{2k}/(2k+1)! of E ≥ 1 and 2.02·c^{2k}/(2k+2)! of O ≥ ½ (k = kTerms), are at most
 // 2.1e-6 (k = 2, c ≤ 1/8), 5e-8 (k = 3, c ≤ ¼) and 1.1e-8 (k = 4, c ≤ ½). With the at most 2k + 3
@@ -311,6 +278,18 @@ constexpr int SeriesTerms(double c_max) {
   return 0;
 }
 
+// f.operator()<k>() for the term count k = SeriesTerms(c_max) (2, 3 or 4); false (nothing called)
+// above ½.
+template <class F>
+HWY_INLINE bool WithSeriesTerms(double c_max, F&& f) {
+  switch (SeriesTerms(c_max)) {
+    case 2: f.template operator()<2>(); return true;
+    case 3: f.template operator()<3>(); return true;
+    case 4: f.template operator()<4>(); return true;
+    default: return false;
+  }
+}
+
 template <int kTerms>
 HWY_INLINE void Em1Series(VF c2, VF& e, VF& o) {
   static_assert(kTerms >= 2 && kTerms <= 4);
@@ -324,6 +303,29 @@ HWY_INLINE void Em1Series(VF c2, VF& e, VF& o) {
     e = hn::MulAdd(e, c2, hn::Set(df, kInverseFactorial[2 * k + 1]));
     o = hn::MulAdd(o, c2, hn::Set(df, kInverseFactorial[2 * k + 2]));
   }
+}
+
+// e^{c} − 1 rounded up into plus and e^{−c} − 1 rounded down into minus, for kNF lanes of c ≥ 0.
+// While every c ≤ ½ (the usual case), from the series: e^{±c} − 1 = ±c·(E(c²) ± c·O(c²)) with E and
+// O of Em1Series, 4 terms each (k ≤ 6 and k ≤ 7). The truncated tail is below
+// c^8/9! ≤ 2^-26 of E ± c·O (which is ≥ 0.78); for −c it alternates with decreasing terms. E and O
+// by Horner in c², all terms positive: ≤ 8 roundings each plus the coefficients' own, relative;
+// E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
+// final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
+// (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
+HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
+  const DF df;
+  if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
+    const VF out = hn::Set(df, 1.0f + 0x1p-19f);
+    plus = hn::Mul(hn::Expm1(df, c), out);
+    minus = hn::Mul(hn::Expm1(df, hn::Neg(c)), out);
+    return;
+  }
+  VF e, o;
+  Em1Series<4>(hn::Mul(c, c), e, o);
+  const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
+  plus = hn::Mul(hn::Add(e, co), up);
+  minus = hn::Mul(hn::Sub(co, e), up);  // −(e − c·O)·c·(1 + 2^-18): the same roundings
 }
 
 // f(x, a, b) on the floats of c kNF at a time (a short last vector padded with zeros); the lanes
@@ -346,14 +348,11 @@ void MapToPair(const float* c, std::size_t n, float* out_a, float* out_b, F&& f)
 }
 
 int Em1SeriesFast(const float* c, float* e, float* o, std::size_t n) {
-  const int terms = SeriesTerms(n == 0 ? 0.0f : *std::max_element(c, c + n));
-  MapToPair(c, terms == 0 ? 0 : n, e, o, [terms](VF x, VF& e_x, VF& o_x) {
-    const VF c2 = hn::Mul(x, x);
-    if (terms == 2) Em1Series<2>(c2, e_x, o_x);
-    else if (terms == 3) Em1Series<3>(c2, e_x, o_x);
-    else Em1Series<4>(c2, e_x, o_x);
+  const double c_max = n == 0 ? 0.0f : *std::max_element(c, c + n);
+  WithSeriesTerms(c_max, [&]<int kTerms>() {
+    MapToPair(c, n, e, o, [](VF x, VF& e_x, VF& o_x) { Em1Series<kTerms>(hn::Mul(x, x), e_x, o_x); });
   });
-  return terms;
+  return SeriesTerms(c_max);
 }
 
 void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
@@ -494,13 +493,11 @@ class FastAttention {
     vrows_.assign(kTile * dp_, 0.0f);
     if (v_kind_ == cache::FormatKind::dither_int8) {
       v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
-      v_s_t_.assign(v_scalesf_.size() + kN, 0.0);
-      v_s_tf_.assign(v_s_t_.size(), 0.0f);
+      v_s_tf_.assign(v_scalesf_.size() + kN, 0.0f);
       v_rho_f_.assign(kTile + kNF, 0.0f);
       rho_factor_ = RhoFactor();
       ws_.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
-      value_rows_.assign(kTile, nullptr);
       code_sum_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
     }
     mu_.assign(kTile, 0.0);
@@ -542,7 +539,7 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(first, t0, n, v_packed);
-      if (float_tile_ && meter_) tile_rho_max_ = TileMax(rho_.data(), nullptr, n);
+      if (float_tile_ && meter_) tile_rho_max_ = MaxOfSums(rho_.data(), nullptr, n);
       bool any_scalar = false;
       for (int h = 0; h < group_; ++h) {
         scalar_[h] = !finite_[h] || !Clean(partials[h]);
@@ -563,7 +560,7 @@ class FastAttention {
         double v_max = stored_v_max_;
         if (!(v_max >= 0.0)) {
           ValueNorms();
-          v_max = TileMax(vnorm_.data(), rho_.data(), n);
+          v_max = MaxOfSums(vnorm_.data(), rho_.data(), n);
         }
         for (int h = 0; h < group_; ++h)
           if (!scalar_[h]) partials[h].v_max = std::max(partials[h].v_max, v_max);
@@ -1035,18 +1032,13 @@ class FastAttention {
       if (!whole) break;
     }
     stored_v_max_ = stored;
-    if constexpr (!kValueCodes) {
-      DecodeValueRows<true>();  // the float codes' squares come with the rows
-      ValueNorms();
-    }
+    if constexpr (!kValueCodes) DecodeValueRows<true>();  // the float codes' squares come with the rows
   }
 
   // sqrt(32)·(½ + 2^-17)·(1 + (G + 4)·2^-24) rounded up to float: kv_store's ρ_t per unit of
   // sqrt(Σ_g s_g²), with room for DitherValues' float roundings (G/2 + 2 relative at most).
   float RhoFactor() const {
-    const double x = std::sqrt(static_cast<double>(kGroup)) * (0.5 + 0x1p-17) * (1.0 + (G_ + 4) * 0x1p-24);
-    const float f = static_cast<float>(x);
-    return f < x ? std::nextafter(f, HUGE_VALF) : f;
+    return cert::float_round_up(std::sqrt(static_cast<double>(kGroup)) * (0.5 + 0x1p-17) * (1.0 + (G_ + 4) * 0x1p-24));
   }
 
   // ‖v̂_t‖ of a dither-int8 value tile into vnorm_, once per tile and only where needed (a tile
@@ -1061,27 +1053,21 @@ class FastAttention {
     const int G = G_;
     const int n = segments_.back().i0 + segments_.back().n;
     float* HWY_RESTRICT code_sum = code_sum_.data();
-    double* HWY_RESTRICT s_t = v_s_t_.data();
     const float* HWY_RESTRICT s_tf = v_s_tf_.data();
-    for (int g = 0; g < G; ++g)
-      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-        hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0)), dd, s_t + g * kTile + j0);
-    if constexpr (kValueCodes) {
-      for (const Segment& seg : segments_)
-        for (int i = seg.i0; i < seg.i0 + seg.n; ++i)
-          value_rows_[i] = seg.page.v.codes + (seg.row0 + static_cast<std::size_t>(i - seg.i0)) * d_;
-    }
     for (int g = 0; g < G; ++g)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
         if constexpr (kValueCodes) {  // integer lanes: exact, converted once the lanes are summed
           const DI di;
           VI sums[kNF];
-          const std::int8_t* const* rows = &value_rows_[j0];
+          // A lane block lies in one segment (ExtendTile): its tokens' codes are rows d apart.
+          const Segment* seg = segments_.data();
+          while (j0 >= seg->i0 + seg->n) ++seg;
+          const std::int8_t* codes = seg->page.v.codes + (seg->row0 + static_cast<std::size_t>(j0 - seg->i0)) * d_ + g * kGroup;
           if (j0 + static_cast<int>(kNF) <= n) {
-            for (std::size_t j = 0; j < kNF; ++j) sums[j] = CodeSquares(rows[j] + g * kGroup);
+            for (std::size_t j = 0; j < kNF; ++j) sums[j] = CodeSquares(codes + j * d_);
           } else {
             for (std::size_t j = 0; j < kNF; ++j)
-              sums[j] = j0 + static_cast<int>(j) < n ? CodeSquares(rows[j] + g * kGroup) : hn::Zero(di);
+              sums[j] = j0 + static_cast<int>(j) < n ? CodeSquares(codes + j * d_) : hn::Zero(di);
           }
           hn::StoreU(hn::ConvertTo(df, TransposeSum<DI>(sums)), df, code_sum + g * kTile + j0);
         } else {
@@ -1095,7 +1081,7 @@ class FastAttention {
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       VD norm2 = hn::Zero(dd);
       for (int g = 0; g < G; ++g) {
-        const VD s = hn::LoadU(dd, s_t + g * kTile + j0);
+        const VD s = hn::PromoteTo(dd, hn::LoadU(DFH(), s_tf + g * kTile + j0));
         norm2 = hn::MulAdd(hn::Mul(s, s), hn::PromoteTo(dd, hn::LoadU(DFH(), code_sum + g * kTile + j0)), norm2);
       }
       hn::StoreU(hn::Sqrt(norm2), dd, &vnorm_[j0]);
@@ -1150,7 +1136,7 @@ class FastAttention {
   }
 
   // max(0, max_{t<n}(a_t + b_t)) (b may be null), a NaN term left out as std::max leaves it.
-  static double TileMax(const double* a, const double* b, int n) {
+  static double MaxOfSums(const double* a, const double* b, int n) {
     const DD dd;
     VD mx = hn::Zero(dd);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
@@ -1312,12 +1298,8 @@ class FastAttention {
   // to its result; the sums across tiles are in double, as in Update.
   void UpdateFloat(int h, int n, HeadPartial& p) {
     if (!meter_) return UpdateFloat<0>(h, n, p);
-    switch (SeriesTerms(c_max_[h])) {
-      case 2: return UpdateFloat<2>(h, n, p);
-      case 3: return UpdateFloat<3>(h, n, p);
-      case 4: return UpdateFloat<4>(h, n, p);
-      default: return UpdateFloat<-1>(h, n, p);  // Em1Bounds
-    }
+    if (!WithSeriesTerms(c_max_[h], [&]<int kTerms>() { UpdateFloat<kTerms>(h, n, p); }))
+      UpdateFloat<-1>(h, n, p);  // Em1Bounds
   }
 
   template <int kTerms>
@@ -1365,8 +1347,8 @@ class FastAttention {
       if constexpr (kMeter) rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
     }
     hn::StoreU(l, dd, pending(h, kL));
-    hn::StoreU(rho, dd, pending(h, kRho));
     if constexpr (kMeter) {
+      hn::StoreU(rho, dd, pending(h, kRho));
       HWY_ALIGN float chains[2][kNF];
       hn::Store(sum_x, df, chains[0]);
       hn::Store(sum_y, df, chains[1]);
@@ -1682,15 +1664,13 @@ class FastAttention {
   std::vector<double> band_row_;    // one token's witness
   std::vector<float> vrows_;        // [t][dp] v̂_t
   std::vector<float> v_scalesf_;    // [t][g] the tile's value scales (dither-int8)
-  std::vector<double> v_s_t_;       // [g][t] the same, token lanes
-  std::vector<float> v_s_tf_;       // [g][t] the same in float
+  std::vector<float> v_s_tf_;       // [g][t] the same, token lanes
   std::vector<float> v_rho_f_;      // [t] ρ_t in float (DitherValues)
   float rho_factor_ = 0.0f;
   std::vector<float> ws_;           // [head][group of the pass][t] w_t·s_{t,g} (AccumulateCodeColumns)
   bool value_codes_ = false;        // the tile's values are dither-int8 codes: AccumulateCodeHeads
   bool rows_ready_ = true;          // vrows_ holds the tile's v̂_t
   std::vector<float> code_sq_;      // [g][t][kNF] lane sums of the value codes' squares (float rows)
-  std::vector<const std::int8_t*> value_rows_;  // [t] the tile's value codes, kValueCodes
   bool norms_pending_ = false;  // vnorm_ of a dither-int8 value tile not computed yet (ValueNorms)
   double stored_v_max_ = -1.0;  // max_t (‖v̂_t‖ + ρ_t) of the tile from its pages; < 0: none
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²

@@ -109,9 +109,10 @@ void reference_kernel(cache::KvStore::Reader& r, const float* q, int group, int 
   attend_range_reference(r, q, group, d, b, e, ctx, p);
 }
 
-// Split-KV over page-aligned ranges merged under LSE weights, as CertifiedKvCache does.
-std::vector<HeadResult> attend(RangeKernel kernel, cache::KvStore::Reader& r, const float* q, int group, int d,
-                               std::int64_t n_ctx, int splits, std::vector<float>& out, bool meter = true) {
+// Split-KV over page-aligned ranges of [0, n_ctx) merged under LSE weights, as CertifiedKvCache
+// does: the merged partials.
+std::vector<HeadPartial> attend_partials(RangeKernel kernel, cache::KvStore::Reader& r, const float* q, int group,
+                                         int d, std::int64_t n_ctx, int splits, bool meter = true) {
   const BoundContext ctx{1.0 / std::sqrt(static_cast<double>(d)), n_ctx,
                          cert::delta_loc(1e-2, 1, group * kKvHeads, cert::kDefaultDecodeBudget)};
   const std::int64_t page = r.config().page_size, pages = (n_ctx + page - 1) / page;
@@ -123,6 +124,13 @@ std::vector<HeadResult> attend(RangeKernel kernel, cache::KvStore::Reader& r, co
     kernel(r, q, group, d, b, e, ctx, part, meter);
     for (int h = 0; h < group; ++h) merged[h].merge(part[h]);
   }
+  return merged;
+}
+
+// attend_partials finished: the output in out, the meters returned.
+std::vector<HeadResult> attend(RangeKernel kernel, cache::KvStore::Reader& r, const float* q, int group, int d,
+                               std::int64_t n_ctx, int splits, std::vector<float>& out, bool meter = true) {
+  const std::vector<HeadPartial> merged = attend_partials(kernel, r, q, group, d, n_ctx, splits, meter);
   out.assign(static_cast<std::size_t>(group) * d, 0.0f);
   std::vector<HeadResult> res(group);
   for (int h = 0; h < group; ++h) res[h] = finish(merged[h], d, &out[h * d]);
@@ -350,22 +358,9 @@ TEST(CertifiedFast, StoredValueNormsMatchTheReference) {
         cache::KvStore::Reader r(store, 0, 0);
         for (const std::int64_t e : {1, 13, 14, 16, 17, 45, 46, 64, 100, 128})
           for (const int splits : {1, 2, 8}) {
-            const auto v_max = [&](RangeKernel kernel) {
-              const BoundContext ctx{0.125, e, 1e-6};
-              const std::int64_t pages = (e + page - 1) / page;
-              std::vector<HeadPartial> merged(group), part;
-              for (int s = 0; s < splits; ++s) {
-                const std::int64_t b = std::min(e, pages * s / splits * page), end = std::min(e, pages * (s + 1) / splits * page);
-                if (b >= end) continue;
-                part.assign(group, HeadPartial{});
-                kernel(r, q.data(), group, d, b, end, ctx, part, true);
-                for (int h = 0; h < group; ++h) merged[h].merge(part[h]);
-              }
-              return merged;
-            };
-            const std::vector<HeadPartial> ref = v_max(reference_kernel);
+            const std::vector<HeadPartial> ref = attend_partials(reference_kernel, r, q.data(), group, d, e, splits);
             for_each_target([&](std::int64_t) {
-              const std::vector<HeadPartial> fast = v_max(attend_range_fast);
+              const std::vector<HeadPartial> fast = attend_partials(attend_range_fast, r, q.data(), group, d, e, splits);
               for (int h = 0; h < group; ++h) {
                 ASSERT_GE(fast[h].v_max, ref[h].v_max * (1 - 1e-12)) << "page " << page << " e " << e << " splits " << splits;
                 ASSERT_LE(fast[h].v_max, ref[h].v_max * (1 + 0x1p-22)) << "page " << page << " e " << e << " splits " << splits

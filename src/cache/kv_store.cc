@@ -13,10 +13,15 @@ constexpr int kDitherGroup = quant::kDefaultGroup;
 
 std::invalid_argument config_error(const std::string& what) { return std::invalid_argument("KV cache: " + what); }
 
-// The least float ≥ x.
-float float_round_up(double x) {
-  const float f = static_cast<float>(x);
-  return f < x ? std::nextafter(f, HUGE_VALF) : f;
+// ρ of a dither-int8 value from its group scales: |x̂ − x| ≤ s/2 per channel, plus the float
+// rounding of the decode (≤ 127.5·2^-24·s).
+double dither_value_rho(const f16* scales, int groups) {
+  double sum = 0.0;
+  for (int g = 0; g < groups; ++g) {
+    const double half = fp16_to_double(scales[g]) * (0.5 + 0x1p-17);
+    sum += kDitherGroup * half * half;
+  }
+  return std::sqrt(sum) * cert::kRoundUpMargin;
 }
 
 }  // namespace
@@ -27,13 +32,12 @@ std::size_t KvStore::Side::bytes() const {
 }
 
 double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups) {
-  double norm2 = 0.0, rho2 = 0.0;
+  double norm2 = 0.0;
   for (int g = 0; g < groups; ++g) {
-    const double s = fp16_to_double(scales[g]), half = s * (0.5 + 0x1p-17);
+    const double s = fp16_to_double(scales[g]);
     norm2 += s * s * code_squares[g];
-    rho2 += kDitherGroup * half * half;
   }
-  return std::sqrt(norm2) + std::sqrt(rho2) * cert::kRoundUpMargin;
+  return std::sqrt(norm2) + dither_value_rho(scales, groups);
 }
 
 KvStore::KvStore(const CacheConfig& cfg)
@@ -238,7 +242,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
     if (!key) {  // the page's max_t (‖v̂_t‖ + ρ_t), restarted by its first token
       std::vector<std::int32_t> squares(side.meta_per_token, 0);
       for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
-      const float bound = float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
+      const float bound = cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
       float& page_max = side.norm_max[st * pool_.pages() + static_cast<std::size_t>(slot / cfg_.page_size)];
       page_max = pos % cfg_.page_size == 0 ? bound : std::max(page_max, bound);
     }
@@ -436,13 +440,7 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
                             std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
                             no_outliers_, {}, kDitherGroup,
                             std::span<float>(v_hat, d));
-  // |x̂ − x| ≤ s/2 per channel, plus the float rounding of the decode (≤ 127.5·2^-24·s).
-  double sum = 0.0;
-  for (int g = 0; g < sd.meta_per_token; ++g) {
-    const double half = fp16_to_double(sd.meta[at * sd.meta_per_token + g]) * (0.5 + 0x1p-17);
-    sum += kDitherGroup * half * half;
-  }
-  rho = std::sqrt(sum) * cert::kRoundUpMargin;
+  rho = dither_value_rho(&sd.meta[at * sd.meta_per_token], sd.meta_per_token);
 }
 
 }  // namespace witcert::cache

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "cert/round_up.h"
 #include "cert/unsound_form_for_tests.h"
 
 namespace witcert::cert {
@@ -21,6 +22,21 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 void expect_upper(double got, double exact) {
   EXPECT_GE(got, exact);
   EXPECT_LE(got, exact * (1.0 + 1e-11) + 1e-15);
+}
+
+// float_round_up: the least float ≥ x, by hand on exact floats, values between two floats, the
+// edges of the float range, and NaN.
+TEST(RoundUp, FloatRoundUpIsTheLeastFloatNotBelow) {
+  EXPECT_EQ(float_round_up(1.0), 1.0f);
+  EXPECT_EQ(float_round_up(0.0), 0.0f);
+  EXPECT_EQ(float_round_up(1.0 + 0x1p-30), 1.0f + 0x1p-23f);  // rounds to nearest 1, taken up
+  EXPECT_EQ(float_round_up(1.0 + 0x1p-23 + 0x1p-40), 1.0f + 0x1p-22f);
+  EXPECT_EQ(float_round_up(-1.0 - 0x1p-30), -1.0f);  // towards +inf
+  EXPECT_EQ(float_round_up(0.2), 0.2f);  // 0.2f is above 0.2
+  EXPECT_EQ(float_round_up(0.7), std::nextafter(0.7f, 1.0f));  // 0.7f is below 0.7
+  EXPECT_EQ(float_round_up(0x1p-160), std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(float_round_up(3.5e38), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(float_round_up(std::nan(""))));
 }
 
 TEST(Meter, CounterexampleGuard) {

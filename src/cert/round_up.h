@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cmath>
+
 namespace witcert::cert {
 
 // The relative margin by which computed norms, sums and radii are raised so that double
@@ -7,5 +9,11 @@ namespace witcert::cert {
 // never leave a computed bound below the exact one. It changes no reported digit that matters:
 // 2^-40 ≈ 9e-13.
 inline constexpr double kRoundUpMargin = 1.0 + 0x1p-40;
+
+// The least float ≥ x (+inf above the float range; NaN stays NaN).
+inline float float_round_up(double x) {
+  const float f = static_cast<float>(x);
+  return f < x ? std::nextafter(f, HUGE_VALF) : f;
+}
 
 }  // namespace witcert::cert
