@@ -84,7 +84,10 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
     for (int h = 0; h < group; ++h) {
       const double z = ctx.sm * dot(q + h * d, k.data(), d);
       HeadPartial& p = partials[h];
-      p.meter.add(z, bounds.c(h, bound));
+      if (bound.shared_dither)
+        p.meter.add_moment(z, bounds.c(h, bound));
+      else
+        p.meter.add(z, bounds.c(h, bound));
       if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
         p.m = std::isnan(z) ? NAN : std::max(p.m, z);
         continue;

@@ -54,16 +54,18 @@
 //                     ≤ γ_n·sm·(128·Σ_g s_g·‖q̄_g‖₁ + max_{outlier c}|q_c|·Σ_{outlier c}|x_{t,c}|)
 // (|code| ≤ 127, |ξ| ≤ ½), γ_n = n·u/(1 − n·u) ≤ n·u·(1 + 2^-16). A float product that underflows
 // loses at most 2^-150, covered by sm·(d + 64)·2^-126. That is η_t of this path: about 1e-4 of the
-// sub-Gaussian radius at d = 64. c_t = (u_t + η_t)·(1 + 2^-17) is then evaluated in float with the
-// factors folded into its coefficients; 1 + 2^-17 exceeds the relative rounding of the coefficients
-// and of the ≤ G + 2 float operations a term passes through, so c_t is at least its exact value. The
-// meter's sums need e^{±c_t}: they take w_t·(1 + (e^{±c_t} − 1)), with Σ w_t·(e^{±c_t} − 1) from one-signed
-// float chains widened outwards (UpdateFloat): while c_t ≤ ½, ±Σ w_t c_t E + Σ w_t c_t² O from the
-// series e^{±c} − 1 = ±c·E(c²) + c²·O(c²) (Em1Series), otherwise per token from Em1Bounds (Highway's
-// Expm1), relative to e^{±c} − 1 either way, so a small c_t keeps its full precision. A larger
-// A and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or
-// outlier value makes the logit NaN, which reads as "no guarantee".
-//
+// sub-Gaussian radius at d = 64. With (1 + 2^-17) on both, c_t ≤ a_t + η_t where
+// a_t² = Σ_g cq2_g·s_{g,t}² evaluated in float, the factors sm²κ²/12·(1 + 2^-17)² folded into the
+// float coefficients cq2_g: 1 + 2^-17 exceeds the relative rounding of the coefficients and of the
+// ≤ G + 2 float operations a_t passes through (its square root included), so a_t ≥ u_t. The meter
+// takes these tokens through their moments (cert::MeterStats::add_moment): per token and query head
+// only a_t, a_t² and two multiply-adds, Σ w_t a_t and Σ w_t a_t² in one-signed float chains widened
+// upwards (UpdateFloat); η_t is replaced by its tile maximum η' (from the tile's largest scale per
+// group and largest Σ|x_out|: its coefficients are positive), and c_t ≤ a_t + η' gives
+// Σ w_t c_t ≤ Σ w_t a_t + η'·Σ w_t and Σ w_t c_t² ≤ Σ w_t a_t² + 2η'·Σ w_t a_t + η'²·Σ w_t. A larger A
+// and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or outlier
+// value makes the logit NaN, which reads as "no guarantee".
+
 // The three LSEs accumulate in double. In the double path every term e^{x_t − m} carries ≤ 1 ulp
 // (Highway's Exp), and the running sum takes ≤ 1 rounding per addition and ≤ 3 per rescale, at most
 // one rescale per tile: per term no more roundings than the reference's token-by-token
@@ -263,102 +265,6 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 // The series of the meter's sums (UpdateFloat): e^{±c} − 1 = ±c·E(c²) + c²·O(c²) with
 // E = Σ_{k even} c^k/(k+1)!, O = Σ_{k odd} c^{k−1}/(k+1)!, each truncated to its first kTerms terms
 // and evaluated by Horner in c² (every term positive).
-// A tile whose every c_t is at most kSeriesMaxC[kTerms] takes kTerms terms: the truncated tails,
-// below 1.01·c^{2k}/(2k+1)! of E ≥ 1 and 2.02·c^{2k}/(2k+2)! of O ≥ ½ (k = kTerms), are at most
-// 2.1e-6 (k = 2, c ≤ 1/8), 5e-8 (k = 3, c ≤ ¼) and 1.1e-8 (k = 4, c ≤ ½). With the at most 2k + 3
-// roundings of 2^-24 of a term (c², the coefficients, Horner, c·E or c²·O, and w·that) that stays below
-// kSeriesSlack = 2^-17 (7.6e-6) relative, which the sums take outwards.
-constexpr float kSeriesMaxC[5] = {0.0f, 0.0f, 0.125f, 0.25f, 0.5f};
-constexpr double kSeriesSlack = 0x1p-17;
-
-// The term count for a tile whose c_t are at most c_max; 0 above ½ (Em1Bounds instead).
-constexpr int SeriesTerms(double c_max) {
-  for (int terms = 2; terms <= 4; ++terms)
-    if (c_max <= kSeriesMaxC[terms]) return terms;
-  return 0;
-}
-
-// f.operator()<k>() for the term count k = SeriesTerms(c_max) (2, 3 or 4); false (nothing called)
-// above ½.
-template <class F>
-HWY_INLINE bool WithSeriesTerms(double c_max, F&& f) {
-  switch (SeriesTerms(c_max)) {
-    case 2: f.template operator()<2>(); return true;
-    case 3: f.template operator()<3>(); return true;
-    case 4: f.template operator()<4>(); return true;
-    default: return false;
-  }
-}
-
-template <int kTerms>
-HWY_INLINE void Em1Series(VF c2, VF& e, VF& o) {
-  static_assert(kTerms >= 2 && kTerms <= 4);
-  constexpr float kInverseFactorial[9] = {1.0f,          1.0f,           0.5f,
-                                          1.0f / 6.0f,   1.0f / 24.0f,   1.0f / 120.0f,
-                                          1.0f / 720.0f, 1.0f / 5040.0f, 1.0f / 40320.0f};
-  const DF df;
-  e = hn::Set(df, kInverseFactorial[2 * kTerms - 1]);
-  o = hn::Set(df, kInverseFactorial[2 * kTerms]);
-  for (int k = kTerms - 2; k >= 0; --k) {
-    e = hn::MulAdd(e, c2, hn::Set(df, kInverseFactorial[2 * k + 1]));
-    o = hn::MulAdd(o, c2, hn::Set(df, kInverseFactorial[2 * k + 2]));
-  }
-}
-
-// e^{c} − 1 rounded up into plus and e^{−c} − 1 rounded down into minus, for kNF lanes of c ≥ 0.
-// While every c ≤ ½ (the usual case), from the series: e^{±c} − 1 = ±c·(E(c²) ± c·O(c²)) with E and
-// O of Em1Series, 4 terms each (k ≤ 6 and k ≤ 7). The truncated tail is below
-// c^8/9! ≤ 2^-26 of E ± c·O (which is ≥ 0.78); for −c it alternates with decreasing terms. E and O
-// by Horner in c², all terms positive: ≤ 8 roundings each plus the coefficients' own, relative;
-// E − c·O loses at most (E + c·O)/(E − c·O) ≤ 1.65 of that to cancellation; then ±, ·c and the
-// final factor, 3 more. About 18 roundings of 2^-24 in all, with the tail: the factor 1 + 2^-18
-// (64 of them) covers it. Otherwise Highway's Expm1 (≤ 4 ulp) times 1 + 2^-19.
-HWY_INLINE void Em1Bounds(VF c, VF& plus, VF& minus) {
-  const DF df;
-  if (!hn::AllTrue(df, hn::Le(c, hn::Set(df, 0.5f)))) {
-    const VF out = hn::Set(df, 1.0f + 0x1p-19f);
-    plus = hn::Mul(hn::Expm1(df, c), out);
-    minus = hn::Mul(hn::Expm1(df, hn::Neg(c)), out);
-    return;
-  }
-  VF e, o;
-  Em1Series<4>(hn::Mul(c, c), e, o);
-  const VF co = hn::Mul(c, o), up = hn::Mul(c, hn::Set(df, 1.0f + 0x1p-18f));
-  plus = hn::Mul(hn::Add(e, co), up);
-  minus = hn::Mul(hn::Sub(co, e), up);  // −(e − c·O)·c·(1 + 2^-18): the same roundings
-}
-
-// f(x, a, b) on the floats of c kNF at a time (a short last vector padded with zeros); the lanes
-// of a and b that belong to c go to out_a and out_b. For the known-answer tests' entry points.
-template <class F>
-void MapToPair(const float* c, std::size_t n, float* out_a, float* out_b, F&& f) {
-  const DF df;
-  HWY_ALIGN float in[kNF], a[kNF], b[kNF];
-  for (std::size_t i = 0; i < n; i += kNF) {
-    const std::size_t k = std::min(kNF, n - i);
-    std::fill_n(in, kNF, 0.0f);
-    std::copy_n(c + i, k, in);
-    VF va, vb;
-    f(hn::Load(df, in), va, vb);
-    hn::Store(va, df, a);
-    hn::Store(vb, df, b);
-    std::copy_n(a, k, out_a + i);
-    std::copy_n(b, k, out_b + i);
-  }
-}
-
-int Em1SeriesFast(const float* c, float* e, float* o, std::size_t n) {
-  const double c_max = n == 0 ? 0.0f : *std::max_element(c, c + n);
-  WithSeriesTerms(c_max, [&]<int kTerms>() {
-    MapToPair(c, n, e, o, [](VF x, VF& e_x, VF& o_x) { Em1Series<kTerms>(hn::Mul(x, x), e_x, o_x); });
-  });
-  return SeriesTerms(c_max);
-}
-
-void Em1BoundsFast(const float* c, float* plus, float* minus, std::size_t n) {
-  MapToPair(c, n, plus, minus, [](VF x, VF& p, VF& m) { Em1Bounds(x, p, m); });
-}
-
 void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
   std::vector<std::uint32_t> words(static_cast<std::size_t>(d) + 4 * hn::MaxLanes(hn::ScalableTag<std::uint32_t>()));
   std::vector<float> out(words.size());
@@ -460,7 +366,8 @@ class FastAttention {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
         s2f_.assign(sf_.size(), 0.0f);
         poison_.assign(kTile + kNF, 0.0f);
-        x_outf_.assign(kTile + kNF, 0.0f);
+        s_max_lanes_.assign(static_cast<std::size_t>(G_) * kNF, 0.0f);
+        s_max_.assign(G_, 0.0);
         const std::size_t segments = kTile / kNF + 1;
         qgf_.assign(segments * group_ * G_, 0.0f);
         page_counter_.assign(segments, -1);
@@ -469,9 +376,10 @@ class FastAttention {
         key_outliers_buf_.resize(static_cast<std::size_t>(kTile) * m2_);
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
-        // LogitsFloat's coefficients: c_t = sqrt(Σ_g cq2_g s_g²) + Σ_g ceta_g s_g + ceta_x x_out + ceta0
-        // is (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17) up to the rounding of each coefficient to float and of
-        // the ≤ G + 2 float operations a term then passes through (relative 2^-24 each, G + 3 < 128).
+        // c_t ≤ a_t + η' with a_t = sqrt(Σ_g cq2_g s_g²) (LogitsFloat) and
+        // η' = ceta0 + ceta_x·max_t x_out + Σ_g ceta_g·max_t s_g (TileEta): (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17)
+        // up to the rounding of each coefficient to float and of the ≤ G + 2 float operations of a_t
+        // (relative 2^-24 each, G + 3 < 128).
         constexpr double up = 1.0 + 0x1p-17;
         for (double q2 : q2_) cq2f_.push_back(static_cast<float>(q2 * v2_scale_ * kappa_ * kappa_ * up * up));
         for (double e : eta_g_) ceta_gf_.push_back(static_cast<float>(e * (eta_float / eta) * up));
@@ -479,6 +387,7 @@ class FastAttention {
         ceta0f_ = static_cast<float>(eta0_ * up);
         zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         cf_.assign(zf_.size(), 0.0f);
+        c2f_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
         c_max_.assign(group_, 0.0);
         xf_.assign(kTile + kNF, 0.0f);
@@ -698,8 +607,10 @@ class FastAttention {
 
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
-  // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise, Σ_j |x_{t,j}| in
-  // x_outf_.
+  // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise; with the meter on,
+  // the squared scales (s2f_) and, for TileEta, the tile's largest scale per group (s_max_) and
+  // largest Σ_j |x_{t,j}| (x_out_max_). Lanes past the tile repeat its last token, so they move no
+  // maximum.
   void KeyTileFloat(int n) {
     const DF df;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
@@ -712,13 +623,16 @@ class FastAttention {
     PadRows(meta, G_, n);
     PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
+    float* HWY_RESTRICT s_max = s_max_lanes_.data();
+    std::fill(s_max_lanes_.begin(), s_max_lanes_.end(), 0.0f);
+    VF x_out_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       // data(), not [·]: with m = 0 the vector is empty.
       float* xo = outliers_t_.data() + static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF;
       VF x_out = hn::Zero(df);
       if (m2_ > 0) SplitChannels(outl, m2_, j0, xo, kNF);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
-      hn::StoreU(x_out, df, &x_outf_[j0]);
+      x_out_max = hn::Max(x_out_max, x_out);
       // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
       // scale times a finite code sum would pass for a token of weight 0.
       auto bad = hn::Not(hn::IsFinite(x_out));
@@ -726,7 +640,9 @@ class FastAttention {
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
-        if (meter_) hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
+        if (!meter_) continue;
+        hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
+        hn::StoreU(hn::Max(hn::LoadU(df, s_max + g * kNF), sg), df, s_max + g * kNF);
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -749,6 +665,9 @@ class FastAttention {
         block.stride = kNF;
       }
     }
+    if (!meter_) return;
+    x_out_max_ = hn::GetLane(hn::MaxOfLanes(df, x_out_max));
+    for (int g = 0; g < G_; ++g) s_max_[g] = hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s_max + g * kNF)));
   }
 
   // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
@@ -892,60 +811,56 @@ class FastAttention {
   }
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
-  //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  c_t = (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17),
-  // and e^{±c_t} − 1 rounded outwards for the meter's sums (see the comment at the top).
-  // The factors sm²/12, κ² (on ς²) and 1 + 2^-17 (on all of c_t) are folded into the float
-  // coefficients cq2f_, ceta*_ (the constructor), so c_t = sqrt(Σ_g cq2_g s_g²) + η_t here.
-  // Lanes past the tile's end get c_t = 0.
+  //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  a_t² = Σ_g cq2_g s_{g,t}² (v2_t),  a_t = sqrt(v2_t),
+  // a_t = sqrt(ς_t²)·κ·(1 + 2^-17) up to float rounding (the comment at the top): the factors sm²/12,
+  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t comes per tile (TileEta).
+  // Lanes past the tile's end repeat its last token (PadRows), so they do not move max_t a_t, and
+  // their weight is 0.
   template <bool kMeter>
   void LogitsFloat(int h, int n) {
     const DF df;
-    const VF sm = hn::Set(df, static_cast<float>(ctx_.sm)), eta0 = hn::Set(df, ceta0f_);
-    VF probe = hn::Zero(df);  // ±inf or NaN in a lane where some z̃_t or z̃_t ± c_t is not finite
-    VF z_max = hn::Set(df, -HUGE_VALF), c_max = hn::Zero(df);
+    const VF sm = hn::Set(df, static_cast<float>(ctx_.sm));
+    VF probe = hn::Zero(df);  // ±inf or NaN in a lane where some z̃_t is not finite
+    VF z_max = hn::Set(df, -HUGE_VALF), a_max = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
       const float* qg = &qgf_[(static_cast<std::size_t>(block_segment_[b]) * group_ + h) * G_];
       VF dot = hn::Zero(df);
       for (int j = 0; j < m2_; ++j)
         dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
-      VF v2 = hn::Zero(df), eta = eta0;
-      if constexpr (kMeter) eta = hn::MulAdd(hn::Set(df, ceta_xf_[h]), hn::LoadU(df, &x_outf_[j0]), eta0);
+      VF v2 = hn::Zero(df);
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
         dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qg[g])), dot);
-        if constexpr (kMeter) {
-          v2 = hn::MulAdd(hn::Set(df, cq2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
-          eta = hn::MulAdd(hn::Set(df, ceta_gf_[h * G_ + g]), sg, eta);
-        }
+        if constexpr (kMeter) v2 = hn::MulAdd(hn::Set(df, cq2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
       }
       const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       z_max = hn::Max(z_max, hn::IfThenElse(valid, z, z_max));
       hn::StoreU(z, df, &zf_[h * kTile + j0]);
+      probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Abs(z)));
       if constexpr (kMeter) {
-        const VF c = hn::IfThenElseZero(valid, hn::Add(hn::Sqrt(v2), eta));
-        // |z̃ ± c| ≤ |z̃| + c, so a finite sum of the |z̃_t| + c_t means finite z̃_t ± c_t (a sum
-        // that overflows where they do not merely sends the tile to ScalarTile).
-        probe = hn::Add(probe, hn::Add(hn::IfThenElseZero(valid, hn::Abs(z)), c));
-        c_max = hn::Max(c_max, c);
-        hn::StoreU(c, df, &cf_[h * kTile + j0]);
-      } else {
-        probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Abs(z)));
+        const VF a = hn::Sqrt(v2);
+        a_max = hn::Max(a_max, a);
+        hn::StoreU(a, df, &cf_[h * kTile + j0]);
+        hn::StoreU(v2, df, &c2f_[h * kTile + j0]);
       }
     }
     finite_[h] = hn::AllTrue(df, hn::IsFinite(probe));
     z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
-    c_max_[h] = kMeter ? hn::GetLane(hn::MaxOfLanes(df, c_max)) : 0.0;
+    c_max_[h] = kMeter ? hn::GetLane(hn::MaxOfLanes(df, a_max)) : 0.0;
   }
 
-  // A float tile's z̃_t and c_t as double, for the paths that take them from z_ and c_.
+  // A float tile's z̃_t as double, and c_t ≤ a_t + η' (rounded up), for Update's double weights and
+  // ScalarTile; c_t = 0 in the lanes past the tile's end.
   void DoubleLogits(int h, int n) {
+    const double eta = meter_ ? TileEta(h) : 0.0;
     for (int i = 0; i < n; ++i) {
       z_[h * kTile + i] = zf_[h * kTile + i];
-      c_[h * kTile + i] = cf_[h * kTile + i];
+      c_[h * kTile + i] = (cf_[h * kTile + i] + eta) * (1.0 + 0x1p-50);
     }
+    std::fill(&c_[h * kTile + n], &c_[h * kTile] + hwy::RoundUpTo(static_cast<std::size_t>(n), kN), 0.0);
   }
 
   // --- Values: float rows, ρ_t and ‖v̂_t‖ in token lanes.
@@ -1181,11 +1096,14 @@ class FastAttention {
   // division per token instead of two exponentials. Below this c_t, Σ_t e^{z̃_t − m + c_t} cannot
   // overflow for any realistic token count.
   static constexpr double kSharedReferenceMaxC = 600.0;
-  static constexpr double kFloatMaxC = 80.0;  // e^{±c} − 1 in float (float keys): e^80 < 2^116
+  // A float tile's weights carry the allowance ε̄·(e^f − 1) on A (cert::float_weight_error, ε̄ about
+  // 1e-6, f the tile's largest c_t): up to f = 4 below 1e-4 of A − 1's scale. Tiles with larger c_t
+  // take double weights (Update), still as moment tokens.
+  static constexpr double kFloatWeightMaxC = 4.0;
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
-  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kPendings };
+  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kPendings };
   double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
 
   void Flush(int h, HeadPartial& p) {
@@ -1201,6 +1119,9 @@ class FastAttention {
     p.meter.z_plus_c.s += take(kPlus, false);
     p.meter.z_minus_c.s += take(kMinus, false);
     p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
+    p.meter.mom_w += take(kMomW, false);
+    p.meter.mom_c1 += take(kMom1, false);
+    p.meter.mom_c2 += take(kMom2, false);
   }
 
   // A tile whose max logit mz exceeds the head's running max: every sum kept relative to it (the
@@ -1213,8 +1134,11 @@ class FastAttention {
     const double r = rescale_[h] = std::exp(p.m - mz);
     p.l *= r;
     p.rho *= r;
-    for (Pending what : {kL, kRho, kPlus, kMinus})
+    for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2})
       hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
+    p.meter.mom_w *= r;  // the moment sums are kept at LSE(z̃)'s reference point
+    p.meter.mom_c1 *= r;
+    p.meter.mom_c2 *= r;
     if (shared_reference) {
       p.meter.z_plus_c.s *= r;
       p.meter.z_minus_c.s *= r;
@@ -1228,8 +1152,10 @@ class FastAttention {
     const DD dd;
     cert::Lse& plus = p.meter.z_plus_c;
     cert::Lse& minus = p.meter.z_minus_c;
+    const bool moments = float_tile_ && meter_;  // the float tiles' tokens are moment tokens
     if (float_tile_) {
-      if (!meter_ || (plus.m == p.m && minus.m == p.m && c_max_[h] < kFloatMaxC)) return UpdateFloat(h, n, p);
+      if (!meter_) return UpdateFloat<false>(h, n, p);
+      if (c_max_[h] + TileEta(h) <= kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);
       DoubleLogits(h, n);
     }
     VD c_max = hn::Zero(dd);
@@ -1238,14 +1164,17 @@ class FastAttention {
         c_max = hn::Max(c_max, hn::IfThenElseZero(hn::FirstN(dd, static_cast<std::size_t>(n - j0)),
                                                   hn::LoadU(dd, &c_[h * kTile + j0])));
     hn::StoreU(hn::Max(c_max, hn::LoadU(dd, pending(h, kCMax))), dd, pending(h, kCMax));
-    const bool shared_reference = meter_ && plus.m == p.m && minus.m == p.m &&
-                                  hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, float_tile_ ? kFloatMaxC : kSharedReferenceMaxC)));
+    const bool same_reference = plus.m == p.m && minus.m == p.m;
+    const bool shared_reference =
+        meter_ && same_reference && (moments || hn::AllTrue(dd, hn::Lt(c_max, hn::Set(dd, kSharedReferenceMaxC))));
     if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     MoveMax(h, mz, shared_reference, p);
     const VD m = hn::Set(dd, p.m);
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
     VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
+    VD mom_w = hn::LoadU(dd, pending(h, kMomW)), mom_1 = hn::LoadU(dd, pending(h, kMom1)),
+       mom_2 = hn::LoadU(dd, pending(h, kMom2));
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       const auto valid = hn::FirstN(dd, static_cast<std::size_t>(n - j0));
       const VD w = hn::IfThenElseZero(valid, hn::Exp(dd, hn::Sub(hn::LoadU(dd, &z_[h * kTile + j0]), m)));
@@ -1253,7 +1182,12 @@ class FastAttention {
       l = hn::Add(l, w);
       if (!meter_) continue;  // the V-side terms belong to the meter
       rho = hn::MulAdd(w, hn::LoadU(dd, &rho_[j0]), rho);
-      if (shared_reference) {  // never a float tile: UpdateFloat takes those
+      if (moments) {
+        const VD c = hn::LoadU(dd, &c_[h * kTile + j0]), wc = hn::Mul(w, c);
+        mom_w = hn::Add(mom_w, w);
+        mom_1 = hn::Add(mom_1, wc);
+        mom_2 = hn::MulAdd(wc, c, mom_2);
+      } else if (shared_reference) {
         const VD e_c = hn::Exp(dd, hn::LoadU(dd, &c_[h * kTile + j0]));
         s_plus = hn::MulAdd(w, e_c, s_plus);
         s_minus = hn::Add(s_minus, hn::Div(w, e_c));
@@ -1263,80 +1197,64 @@ class FastAttention {
     hn::StoreU(rho, dd, pending(h, kRho));
     hn::StoreU(s_plus, dd, pending(h, kPlus));
     hn::StoreU(s_minus, dd, pending(h, kMinus));
+    hn::StoreU(mom_w, dd, pending(h, kMomW));
+    hn::StoreU(mom_1, dd, pending(h, kMom1));
+    hn::StoreU(mom_2, dd, pending(h, kMom2));
     p.meter.z.m = p.m;  // the same exponentials: LSE(z̃) is (m, l)
     p.meter.n += n;
-    if (meter_ && !shared_reference) {
+    if (meter_ && !shared_reference && !moments) {
       LseTile(plus, h, n, 1.0);
       LseTile(minus, h, n, -1.0);
     }
   }
 
-  // A float tile whose LSE(z̃ ± c) keep LSE(z̃)'s reference point m (or with the meter off): the
-  // weights w_t = e^{z̃_t − m} in float from x_t = z̃_t − m rounded to float (|Δx_t| ≤ 2^-24(1 + 2^-28)|x_t|)
-  // and Highway's Exp (≤ 1 ulp; 2^-20 is taken), so w'_t = w_t(1 + ε_t) with
-  // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)|x_t|, or |w'_t − w_t| ≤ 2^-125 where e^{x_t} underflows; the same
-  // w'_t enters all three sums, and MeterStats::float_c_max accounts for it.
+  // A float tile: the weights w_t = e^{z̃_t − m} in float from x_t = z̃_t − m rounded to float
+  // (|Δx_t| ≤ 2^-24(1 + 2^-28)|x_t|) and Highway's Exp (≤ 1 ulp; 2^-20 is taken), so
+  // w'_t = w_t(1 + ε_t) with |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)|x_t|, or |w'_t − w_t| ≤ 2^-125 where
+  // e^{x_t} underflows; the same w'_t enter LSE(z̃) and the moment sums, and
+  // MeterStats::float_c_max accounts for it.
   //
-  // The meter's sums need Σ w'_t(e^{±c_t} − 1). While every c_t of the tile is at most ½ (the usual
-  // case), from the series (Em1Series, kTerms terms as c_max allows): two sums of positive terms,
-  //   X = Σ w'_t·(c_t·E_t),  Y = Σ w'_t·(c_t²·O_t),  Σ w'_t(e^{±c_t} − 1) = ±X + Y (exactly, in the full series),
-  // with each term within kSeriesSlack of its exact value (truncation and the term's own roundings);
-  // so Σ w'_t(e^{c_t} − 1) ≤ (X + Y)·(1 + slack) and Σ w'_t(e^{−c_t} − 1) ≥ Y·(1 − slack) − X·(1 + slack).
-  // Otherwise (kTerms = 0 here means the meter is off) per token e^{c_t} − 1 rounded up and
-  // e^{−c_t} − 1 rounded down (Em1Bounds), X = Σ w'_t(e^{c_t} − 1)↑ and Y = Σ w'_t(e^{−c_t} − 1)↓,
-  // one-signed too. Either pair is summed per float lane in FMA chains of k = ⌈n/kNF⌉ steps: every term
-  // of a chain has one sign, so the chain is within a factor (1 − 2^-24)^-k of its exact sum, plus at
-  // most 2^-150 a rounding that underflows (c², c²·O and the chain's FMA: below 2^-147 a step for a
-  // double lane's kNF/kN ≤ 2 chains). The chains of one double lane are added in double and widened
-  // by F = 1 + (k + 1)·2^-23 and k·2^-146, which also covers those double roundings. Then
-  //   Σ w'_t e^{c_t}  ≤ L + P·F + k·2^-146,
-  //   Σ w'_t e^{−c_t} ≥ max(0, L·(1 − 2^-45) + M − k·2^-146),
-  // per double lane, with P = (X + Y)·(1 + slack) and M = Y·(1 − slack)/F − X·(1 + slack)·F from the
-  // series (X > 3Y there, so M's rounding is far inside the slack), or P = X and M = Y·F from the
-  // bounds; L = Σ w'_t in double (≤ 128 additions of exact floats: within 2^-46 of its value, so the
-  // factor keeps the cancellation against M one-sided). The last subtraction rounds once, relative
-  // to its result; the sums across tiles are in double, as in Update.
-  void UpdateFloat(int h, int n, HeadPartial& p) {
-    if (!meter_) return UpdateFloat<0>(h, n, p);
-    if (!WithSeriesTerms(c_max_[h], [&]<int kTerms>() { UpdateFloat<kTerms>(h, n, p); }))
-      UpdateFloat<-1>(h, n, p);  // Em1Bounds
-  }
-
-  template <int kTerms>
+  // With the meter on, the tokens are moment tokens (cert::MeterStats::add_moment): per float lane
+  // two FMA chains X1 = Σ w'_t a_t and X2 = Σ w'_t a_t² of k = ⌈n/kNF⌉ steps. Every term is
+  // nonnegative, so a chain is within a factor (1 − 2^-24)^-k of its exact sum, plus at most 2^-150
+  // a step whose rounding underflows. (a_t² is taken as LogitsFloat's v2_t, the float value whose
+  // rounded square root is a_t: within 2^-23 of a_t², and v2_t carries the same 1 + 2^-17 as a_t.)
+  // The chains of one double lane are added in double and widened by F = 1 + (k + 2)·2^-23 and
+  // k·2^-146, which covers them and those double roundings. With η' the tile's bound on η_t
+  // (TileEta), c_t ≤ a_t + η' gives the moment sums
+  //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,
+  // L = Σ w'_t in double (≤ 128 additions of exact floats: relative 2^-46), all widened by 2^-40
+  // for their double roundings; c_t ≤ max_t a_t + η' for c_max. The sums across tiles are in
+  // double, as in Update.
+  template <bool kMeter>
   void UpdateFloat(int h, int n, HeadPartial& p) {
     const DD dd;
     const DF df;
-    constexpr bool kMeter = kTerms != 0;
+    double eta = 0.0;
     if constexpr (kMeter) {
-      p.meter.c_max = std::max(p.meter.c_max, c_max_[h]);
-      p.meter.float_c_max = std::max(p.meter.float_c_max, c_max_[h]);
+      eta = TileEta(h);
+      const double c_max = (c_max_[h] + eta) * (1.0 + 0x1p-50);
+      p.meter.c_max = std::max(p.meter.c_max, c_max);
+      p.meter.float_c_max = std::max(p.meter.float_c_max, c_max);
       p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
     }
-    MoveMax(h, z_max_[h], kMeter, p);
+    const cert::MeterStats& meter = p.meter;  // LSE(z̃ ± c) move with m while they share it
+    MoveMax(h, z_max_[h], meter.z_plus_c.m == p.m && meter.z_minus_c.m == p.m, p);
     const VD m = hn::Set(dd, p.m);
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
     float* w = &w_[h * kTile];
-    const float* c = &cf_[h * kTile];  // 0 in the lanes past the tile's end (LogitsFloat)
-    VF sum_x = hn::Zero(df), sum_y = hn::Zero(df);
+    const float* a = &cf_[h * kTile];
+    const float* a2 = &c2f_[h * kTile];
+    VF sum1 = hn::Zero(df), sum2 = hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
       hn::StoreU(wt, df, w + j0);
-      if constexpr (kTerms > 0) {
-        // c·E and c²·O before the weight: a product w·c alone would go subnormal with a small weight,
-        // which costs the processor a microcode assist; inside the FMA it does not.
-        const VF ct = hn::LoadU(df, c + j0), c2 = hn::Mul(ct, ct);
-        VF e, o;
-        Em1Series<kTerms>(c2, e, o);
-        sum_x = hn::MulAdd(wt, hn::Mul(ct, e), sum_x);
-        sum_y = hn::MulAdd(wt, hn::Mul(c2, o), sum_y);
-      } else if constexpr (kTerms < 0) {
-        VF e_plus, e_minus;
-        Em1Bounds(hn::LoadU(df, c + j0), e_plus, e_minus);
-        sum_x = hn::MulAdd(wt, e_plus, sum_x);
-        sum_y = hn::MulAdd(wt, e_minus, sum_y);
+      if constexpr (kMeter) {
+        sum1 = hn::MulAdd(wt, hn::LoadU(df, a + j0), sum1);
+        sum2 = hn::MulAdd(wt, hn::LoadU(df, a2 + j0), sum2);
       }
     }
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho)), l_tile = hn::Zero(dd);
@@ -1350,32 +1268,36 @@ class FastAttention {
     if constexpr (kMeter) {
       hn::StoreU(rho, dd, pending(h, kRho));
       HWY_ALIGN float chains[2][kNF];
-      hn::Store(sum_x, df, chains[0]);
-      hn::Store(sum_y, df, chains[1]);
-      VD x_sum = hn::Zero(dd), y_sum = hn::Zero(dd);  // token t's chain is in double lane t mod kN
+      hn::Store(sum1, df, chains[0]);
+      hn::Store(sum2, df, chains[1]);
+      VD x1 = hn::Zero(dd), x2 = hn::Zero(dd);  // token t's chain is in double lane t mod kN
       for (std::size_t i = 0; i < kNF; i += kN) {
-        x_sum = hn::Add(x_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
-        y_sum = hn::Add(y_sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
+        x1 = hn::Add(x1, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
+        x2 = hn::Add(x2, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
       }
       const double k = static_cast<double>((n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF));
-      const double widen = 1.0 + (k + 1.0) * 0x1p-23;
-      const VD tiny = hn::Set(dd, k * 0x1p-146);
-      VD plus, minus;  // P·F and M
-      if constexpr (kTerms > 0) {
-        const VD x_up = hn::Mul(x_sum, hn::Set(dd, (1.0 + kSeriesSlack) * widen));
-        plus = hn::MulAdd(y_sum, hn::Set(dd, (1.0 + kSeriesSlack) * widen), x_up);
-        minus = hn::MulSub(y_sum, hn::Set(dd, (1.0 - kSeriesSlack) / widen), x_up);
-      } else {
-        plus = hn::Mul(x_sum, hn::Set(dd, widen));
-        minus = hn::Mul(y_sum, hn::Set(dd, widen));
-      }
-      const VD up = hn::Add(hn::Add(l_tile, plus), tiny);
-      const VD down = hn::Max(hn::Zero(dd), hn::Sub(hn::MulAdd(l_tile, hn::Set(dd, 1.0 - 0x1p-45), minus), tiny));
-      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kPlus)), up), dd, pending(h, kPlus));
-      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kMinus)), down), dd, pending(h, kMinus));
+      const VD widen = hn::Set(dd, 1.0 + (k + 2.0) * 0x1p-23), tiny = hn::Set(dd, k * 0x1p-146);
+      x1 = hn::MulAdd(x1, widen, tiny);
+      x2 = hn::MulAdd(x2, widen, tiny);
+      const VD up = hn::Set(dd, 1.0 + 0x1p-40), e = hn::Set(dd, eta);
+      const VD m1 = hn::Mul(hn::MulAdd(e, l_tile, x1), up);
+      const VD m2 = hn::Mul(hn::MulAdd(hn::Add(e, e), x1, hn::MulAdd(hn::Mul(e, e), l_tile, x2)), up);
+      const auto add = [&](Pending what, VD v) { hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, what)), v), dd, pending(h, what)); };
+      add(kMomW, l_tile);
+      add(kMom1, m1);
+      add(kMom2, m2);
     }
     p.meter.z.m = p.m;
     p.meter.n += n;
+  }
+
+  // η' ≥ η_t for every token of the float tile: its coefficients are positive, so the tile's largest
+  // scale per group and largest Σ|x_out| (KeyTileFloat) bound it; in double, G + 2 roundings of
+  // products of floats, widened by 2^-48.
+  double TileEta(int h) const {
+    double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * x_out_max_;
+    for (int g = 0; g < G_; ++g) eta += static_cast<double>(ceta_gf_[h * G_ + g]) * s_max_[g];
+    return eta * (1.0 + 0x1p-48);
   }
 
   // Σ_t w_t v̂_t over the tile in float, added to each vector-path head's double accumulator; up to
@@ -1518,7 +1440,10 @@ class FastAttention {
           eta += (float_tile_ ? eta_gf_[h * G_ + g] : eta_g_[h * G_ + g]) * scales_[i * G_ + g];
         c = cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, r_.non_outlier_channels()) + eta;
       }
-      p.meter.add(z, c);
+      if (float_tile_)  // moment tokens, as the reference takes shared-ξ keys
+        p.meter.add_moment(z, c);
+      else
+        p.meter.add(z, c);
       if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
         p.m = std::isnan(z) ? NAN : std::max(p.m, z);
         continue;
@@ -1614,13 +1539,16 @@ class FastAttention {
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
-  std::vector<float> x_outf_;  // [t] Σ_{outlier c} |x_{t,c}|
+  std::vector<float> s_max_lanes_;  // [g][lane] KeyTileFloat's running maxima of the scales
+  std::vector<double> s_max_;       // [g] the tile's largest key scale per group
+  double x_out_max_ = 0.0;          // the tile's largest Σ_{outlier c} |x_{t,c}|
   std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
-  std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g
+  std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g (ScalarTile)
   std::vector<float> eta_xf_;  // [h]
-  std::vector<float> cq2f_, ceta_gf_, ceta_xf_;  // LogitsFloat's: (sm²/12)·κ²·Σ q_c², η's, times 1 + 2^-17
+  std::vector<float> cq2f_;    // [h][G] LogitsFloat's (sm²/12)·κ²·Σ q_c², times (1 + 2^-17)²
+  std::vector<float> ceta_gf_, ceta_xf_;  // TileEta's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
-  std::vector<float> zf_, cf_;     // [h][t] z̃_t and c_t
+  std::vector<float> zf_, cf_, c2f_;  // [h][t] z̃_t, a_t and a_t² (LogitsFloat)
   std::vector<double> z_max_, c_max_;  // [h] their maxima over the tile
   std::vector<float> xf_;          // [t] z̃_t − m
 
@@ -1700,8 +1628,6 @@ namespace witcert::attn {
 
 HWY_EXPORT(AttendRangeFast);
 HWY_EXPORT(DitherValuesFast);
-HWY_EXPORT(Em1BoundsFast);
-HWY_EXPORT(Em1SeriesFast);
 
 void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
                        std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
@@ -1710,15 +1636,6 @@ void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group
 
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {
   HWY_DYNAMIC_DISPATCH(DitherValuesFast)(stream, counter, xi.data(), static_cast<int>(xi.size()));
-}
-
-void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus) {
-  HWY_DYNAMIC_DISPATCH(Em1BoundsFast)(c.data(), plus.data(), minus.data(), std::min({c.size(), plus.size(), minus.size()}));
-}
-
-int em1_series_fast(std::span<const float> c, std::span<float> e, std::span<float> o) {
-  if (e.size() < c.size() || o.size() < c.size()) throw std::invalid_argument("em1_series_fast: e and o must hold c.size() values");
-  return HWY_DYNAMIC_DISPATCH(Em1SeriesFast)(c.data(), e.data(), o.data(), c.size());
 }
 
 }  // namespace witcert::attn

@@ -36,17 +36,4 @@ void attend_range_fast(cache::KvStore::Reader& reader, const float* q, int group
 // known-answer test). xi.size() must be a multiple of 4.
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi);
 
-// e^{c_i} − 1 rounded up into plus[i] and e^{−c_i} − 1 rounded down into minus[i], c_i ≥ 0, as the
-// float path computes them for the meter's sums (exposed for its known-answer test). Vectors whose
-// lanes are all ≤ ½ take a Taylor polynomial; others Highway's Expm1: the lanes of one vector of
-// the current target decide together.
-void em1_bounds_fast(std::span<const float> c, std::span<float> plus, std::span<float> minus);
-
-// The truncated series E(c²) and O(c²) with e^{±c} − 1 = ±c·E + c²·O, as the float path evaluates
-// them for a tile whose c_t are c (its term count chosen from max c, as the kernel chooses it).
-// Returns the term count, or 0, leaving e and o alone, where max c > ½ (the kernel then takes
-// em1_bounds_fast's). Exposed for its known-answer test; throws std::invalid_argument if e or o
-// is shorter than c.
-int em1_series_fast(std::span<const float> c, std::span<float> e, std::span<float> o);
-
 }  // namespace witcert::attn

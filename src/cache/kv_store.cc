@@ -417,7 +417,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
                             std::span<const std::uint8_t>(outlier_mask(), d),
                             std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,
                             std::span<float>(k_hat, d));
-  bound = KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token]};
+  bound = KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token], s_.shared_dither(pos)};
 }
 
 void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {

@@ -79,6 +79,9 @@ struct KeyBound {
   enum Kind { exact, tier_a, tier_b } kind = exact;
   const f16* witness = nullptr;  // B band norms (tier_a)
   const f16* scales = nullptr;   // head_dim / 32 group scales (tier_b)
+  // tier_b with the page's shared ξ: the fast kernel's float tiles, whose c_t the meter takes
+  // through its moments (cert::MeterStats::add_moment); the reference does the same.
+  bool shared_dither = false;
 };
 
 class KvStore {

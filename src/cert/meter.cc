@@ -20,19 +20,65 @@ double sound(double v) { return std::isnan(v) ? kInf : v; }
 void MeterStats::add(double z_t, double c_t) {
   if (z_t == -kInf) return;  // p̃_t = 0 forces p_t = 0: the token cannot move any mass
   ++n;
+  const double from = z.m;
   z.add(z_t);
+  rescale_moments(from);
   z_plus_c.add(z_t + c_t);
   z_minus_c.add(z_t - c_t);
   if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;  // NaN is sticky
 }
 
+void MeterStats::add_moment(double z_t, double c_t) {
+  if (z_t == -kInf) return;
+  ++n;
+  const double from = z.m;
+  z.add(z_t);
+  rescale_moments(from);
+  const double w = std::exp(z_t - z.m);  // NaN when z̃_t is +inf or NaN: no guarantee
+  mom_w += w;
+  mom_c1 += w * c_t;
+  mom_c2 += w * c_t * c_t;
+  if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;
+}
+
+void MeterStats::rescale_moments(double from) {
+  if (from == z.m || mom_w == 0.0) return;
+  const double r = std::exp(from - z.m);
+  mom_w *= r;
+  mom_c1 *= r;
+  mom_c2 *= r;
+}
+
 void MeterStats::merge(const MeterStats& o) {
   n += o.n;
   float_c_max = std::max(float_c_max, o.float_c_max);
+  const double from = z.m;
   z.merge(o.z);
+  rescale_moments(from);
+  if (o.mom_w != 0.0) {
+    const double r = std::exp(o.z.m - z.m);
+    mom_w += o.mom_w * r;
+    mom_c1 += o.mom_c1 * r;
+    mom_c2 += o.mom_c2 * r;
+  }
   z_plus_c.merge(o.z_plus_c);
   z_minus_c.merge(o.z_minus_c);
   if (!std::isnan(c_max) && !(o.c_max <= c_max)) c_max = o.c_max;
+}
+
+double expm1_excess_upper(double x) {
+  if (std::isnan(x)) return x;
+  // h(x) = Σ_{k≥0} x^k/(k + 2)!. Up to 1/8 the first eight terms plus x⁸/3.5e6, which exceeds the
+  // tail x⁸/10!·(1 + x/11 + x²/132 + …) ≤ x⁸/(10!·(1 − x/11)); beyond, (expm1(x) − x)/x², whose
+  // subtraction loses at most a factor expm1(x)/(expm1(x) − x) ≤ 18 of expm1's ulp. Both are raised
+  // past their roundings (Horner: 9 positive steps).
+  if (x <= 0.125) {
+    double sum = 1.0 / 3.5e6;
+    for (double factorial : {362880.0, 40320.0, 5040.0, 720.0, 120.0, 24.0, 6.0, 2.0}) sum = sum * x + 1.0 / factorial;
+    return sum * (1.0 + 0x1p-48);
+  }
+  if (x > 709.0) return kInf;
+  return (std::expm1(x) - x) / (x * x) * (1.0 + 0x1p-40);
 }
 
 double lse_rounding_margin(long n, double lse_a, double lse_b) {
@@ -68,18 +114,28 @@ double float_weight_shift(const MeterStats& s, bool plus) {
 }  // namespace
 
 // With every c_t = 0 the compressed logits are exact: A = A⁻ = 1 with no rounding at all.
+// Moment tokens add their sums' bounds as one more term of LSE(z̃ ± c), at z.m. Each moment sum
+// carries at most two more roundings per term than z's own sum; the margin is taken for 2n terms,
+// and the bounds themselves are widened by 2^-50 for their few operations.
 double MeterStats::log_A() const {
   if (c_max == 0.0) return 0.0;
-  const double a = z_plus_c.value(), b = z.value();
-  const double upper = a - b + lse_rounding_margin(n, a, b);
+  Lse sum = z_plus_c;
+  if (mom_w != 0.0) sum.merge(Lse{z.m, (mom_w + mom_c1 + expm1_excess_upper(c_max) * mom_c2) * (1.0 + 0x1p-50)});
+  const double a = sum.value(), b = z.value();
+  const double upper = a - b + lse_rounding_margin(mom_w != 0.0 ? 2 * n : n, a, b);
   const double d = float_weight_shift(*this, true);
   return d == 0.0 ? upper : upper + d + 0x1p-52 * (1.0 + std::fabs(upper));  // the addition's rounding
 }
 
 double MeterStats::log_A_minus() const {
   if (c_max == 0.0) return 0.0;
-  const double a = z_minus_c.value(), b = z.value();
-  const double lower = a - b - lse_rounding_margin(n, a, b);
+  Lse sum = z_minus_c;
+  if (mom_w != 0.0) {
+    const double w = mom_w * (1.0 - 0x1p-50);
+    sum.merge(Lse{z.m, w * std::exp(-(mom_c1 / w) * (1.0 + 0x1p-50)) * (1.0 - 0x1p-50)});
+  }
+  const double a = sum.value(), b = z.value();
+  const double lower = a - b - lse_rounding_margin(mom_w != 0.0 ? 2 * n : n, a, b);
   const double d = float_weight_shift(*this, false);
   if (d == 0.0) return lower;
   const double y = d / std::exp(lower) * kRoundUpMargin;

@@ -26,15 +26,37 @@ struct MeterStats {
   // |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)·|z̃_t − m|, the same w'_t in all three sums; log_A and
   // log_A_minus widen by what that can move A and A⁻ (float_weight_error).
   double float_c_max = -1.0;
+  // Moment tokens (add_moment): they enter LSE(z̃) but not LSE(z̃ ± c); instead, with
+  // w_t = e^{z̃_t − z.m} (LSE(z̃)'s reference point),
+  //   mom_w = Σ w_t,  mom_c1 ≥ Σ w_t c_t,  mom_c2 ≥ Σ w_t c_t²,
+  // and log_A, log_A_minus bound their share of A and A⁻ from these three sums and c_max:
+  //   Σ w_t e^{c_t} ≤ mom_w + mom_c1 + h(c_max)·mom_c2   (e^c ≤ 1 + c + h(c_max)c² for c ≤ c_max),
+  //   Σ w_t e^{−c_t} ≥ mom_w·e^{−mom_c1/mom_w}            (Jensen: e^{−c} is convex),
+  // h(x) = (e^x − 1 − x)/x² (expm1_excess_upper). The fast kernel's float tiles take this form:
+  // two multiply-adds per token instead of e^{±c_t}.
+  double mom_w = 0.0;
+  double mom_c1 = 0.0;
+  double mom_c2 = 0.0;
 
   void add(double z_t, double c_t);
+  // A moment token: the same p̃_t, its c_t only through the moment sums.
+  void add_moment(double z_t, double c_t);
   void merge(const MeterStats& o);
   // log A = log Σ p̃_t e^{c_t}, rounded up, and log A⁻ = log Σ p̃_t e^{−c_t}, rounded down, by
   // a margin covering the double rounding of both log-sum-exps (lse_rounding_margin), so
-  // every bound computed from them is at least its exact value.
+  // every bound computed from them is at least its exact value. With moment tokens, the upper
+  // and lower bounds above stand in for their terms.
   double log_A() const;
   double log_A_minus() const;
+
+ private:
+  // The moment sums moved from reference point `from` to z.m.
+  void rescale_moments(double from);
 };
+
+// An upper bound on h(x) = (e^x − 1 − x)/x² (½ at x = 0; increasing, h(x) = ∫₀¹ (1 − s)e^{xs} ds),
+// +inf where it overflows, NaN for NaN. Precondition: x ≥ 0.
+double expm1_excess_upper(double x);
 
 // ε̄/(1 − ε̄), where ε̄ = 2^-20 + 2^-24(1 + 2^-20)·ln n + n·2^-125 bounds Σ_t |ε_t| w_t / Σ_t w_t for
 // n float weights w'_t = w_t(1 + ε_t) with |ε_t| ≤ 2^-20 + 2^-24(1 + 2^-20)·|x_t|, x_t = z̃_t − m ≤ 0

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cert/round_up.h"
@@ -234,6 +235,122 @@ TEST(Meter, SplitKvMergeEqualsOnePass) {
   MeterStats copy = whole;
   copy.merge(empty);
   EXPECT_EQ(copy.log_A(), whole.log_A());
+}
+
+// h(x) = (e^x − 1 − x)/x² against long double: never below, within 2^-38 above, on a sweep
+// across the series branch (x ≤ 1/8), the expm1 branch and the overflow edge.
+TEST(Meter, ExcessRatioIsAnUpperBoundAndTight) {
+  const auto exact = [](long double x) {
+    if (x < 0.01L) {  // the series Σ x^k/(k + 2)!, to far below long double's ulp
+      long double term = 0.5L, sum = 0.0L;
+      for (int k = 0; k < 12; ++k) sum += term, term *= x / (k + 3);
+      return sum;
+    }
+    return (std::expm1(x) - x) / (x * x);
+  };
+  EXPECT_GE(expm1_excess_upper(0.0), 0.5);
+  EXPECT_LE(expm1_excess_upper(0.0), 0.5 * (1 + 0x1p-47));
+  std::vector<double> xs{1e-300, 1e-9, 0.1, 0.125, std::nextafter(0.125, 1.0), 0.5, 1.0, 20.0, 700.0, 709.0};
+  for (double x = 1e-6; x < 709.0; x *= 1.37) xs.push_back(x);
+  for (double x : xs) {
+    const long double want = exact(x);
+    EXPECT_GE(expm1_excess_upper(x), want) << x;
+    EXPECT_LE(expm1_excess_upper(x), want * (1 + 0x1p-38L)) << x;
+  }
+  EXPECT_EQ(expm1_excess_upper(709.5), kInf);
+  EXPECT_EQ(expm1_excess_upper(kInf), kInf);
+  EXPECT_TRUE(std::isnan(expm1_excess_upper(NAN)));
+}
+
+// Moment tokens (MeterStats::add_moment), query by query against long-double A and A⁻: cells of
+// moment tokens alone and mixed with per-token ones, logits from flat to peaked, c_t uniform,
+// heavy-tailed (one large c_t on the heaviest token, or on a light one) and up to 30. log_A never
+// below log A, log_A_minus never above log A⁻, and for moment-only cells log_A within the
+// derived slack: log B − log A ≤ (h(c_max) − ½)·Σp̃c² ≤ (h(c_max) − ½)·c_max·log A (Jensen: log A ≥ Σp̃c),
+// plus the rounding margin log_A adds.
+TEST(Meter, MomentTokensBoundEveryQuery) {
+  std::mt19937_64 rng(19);
+  long cells = 0;
+  for (long n : {1L, 2L, 5L, 64L, 3000L})
+    for (double spread : {0.1, 5.0, 40.0})
+      for (double c_top : {1e-6, 0.05, 0.5, 3.0, 30.0})
+        for (int shape = 0; shape < 3; ++shape)
+          for (int mixed = 0; mixed < 2; ++mixed) {
+            std::normal_distribution<double> g(0.0, spread);
+            std::uniform_real_distribution<double> u(0.0, 1.0);
+            std::vector<double> z(n), c(n);
+            for (long t = 0; t < n; ++t) z[t] = g(rng), c[t] = c_top * (shape == 0 ? u(rng) : 0.01 * u(rng));
+            const long top = std::max_element(z.begin(), z.end()) - z.begin();
+            if (shape == 1) c[top] = c_top;
+            if (shape == 2) c[(top + 1) % n] = c_top;
+            MeterStats s;
+            long double w = 0, a = 0, am = 0;
+            for (long t = 0; t < n; ++t) {
+              if (mixed && t % 3 == 0)
+                s.add(z[t], c[t]);
+              else
+                s.add_moment(z[t], c[t]);
+              const long double e = std::exp(static_cast<long double>(z[t] - z[top]));
+              w += e, a += e * std::exp(static_cast<long double>(c[t])), am += e * std::exp(-static_cast<long double>(c[t]));
+            }
+            const long double log_A = std::log(a / w), log_Am = std::log(am / w);
+            const std::string where = "n " + std::to_string(n) + " spread " + std::to_string(spread) + " c " +
+                                      std::to_string(c_top) + " shape " + std::to_string(shape) + " mixed " + std::to_string(mixed);
+            ++cells;
+            EXPECT_GE(s.log_A(), log_A) << where;
+            EXPECT_LE(s.log_A_minus(), log_Am) << where;
+            if (!mixed && c_top <= 0.5) {
+              EXPECT_LE(s.log_A(), log_A * (1 + (expm1_excess_upper(s.c_max) - 0.5) * s.c_max) +
+                        2 * lse_rounding_margin(2 * n, s.z.value(), s.z.value())) << where;
+            }
+          }
+  EXPECT_EQ(cells, 5 * 3 * 5 * 3 * 2);
+}
+
+// Where every c_t is the same c the moment bounds are exact: 1 + c + h(c)·c² = e^c, and Jensen's
+// e^{−Σp̃c} = e^{−c}. Split-KV merges equal one pass; NaN and infinite inputs read "no guarantee";
+// a token of zero mass changes nothing.
+TEST(Meter, MomentKnownAnswersAndMerge) {
+  for (double c : {1e-9, 0.01, 0.3, 2.0}) {
+    MeterStats s;
+    for (double z : {0.0, -1.0, 3.0, 2.5}) s.add_moment(z, c);
+    EXPECT_GE(s.log_A(), c);
+    EXPECT_NEAR(s.log_A(), c, 1e-12 * (1 + c));
+    EXPECT_LE(s.log_A_minus(), -c);
+    EXPECT_NEAR(s.log_A_minus(), -c, 1e-12 * (1 + c));
+  }
+  std::mt19937_64 rng(23);
+  std::normal_distribution<double> z(0.0, 4.0);
+  std::uniform_real_distribution<double> cu(0.0, 0.7);
+  const int S = 1000;
+  std::vector<double> logits(S), c(S);
+  for (int t = 0; t < S; ++t) logits[t] = z(rng), c[t] = cu(rng);
+  const auto add = [&](MeterStats& s, int t) { t % 4 == 0 ? s.add(logits[t], c[t]) : s.add_moment(logits[t], c[t]); };
+  MeterStats whole;
+  for (int t = 0; t < S; ++t) add(whole, t);
+  for (int splits : {2, 3, 8, 17}) {
+    std::vector<MeterStats> parts(splits);
+    for (int t = 0; t < S; ++t) add(parts[t * splits / S], t);
+    MeterStats merged;
+    for (int i = splits - 1; i >= 0; --i) merged.merge(parts[i]);
+    EXPECT_NEAR(merged.log_A(), whole.log_A(), 1e-12) << splits;
+    EXPECT_NEAR(merged.log_A_minus(), whole.log_A_minus(), 1e-12) << splits;
+    EXPECT_NEAR(merged.mom_c2, whole.mom_c2, 1e-12 * whole.mom_c2) << splits;
+  }
+  const auto no_guarantee = [](double log_A) { return std::isnan(log_A) || log_A == kInf; };
+  MeterStats nan_c, inf_c, inf_z, zero_mass;
+  for (MeterStats* s : {&nan_c, &inf_c, &inf_z, &zero_mass}) s->add_moment(0.0, 0.1);
+  nan_c.add_moment(-1.0, NAN);
+  inf_c.add_moment(-1.0, kInf);
+  inf_z.add_moment(kInf, 0.1);
+  zero_mass.add_moment(-kInf, kInf);
+  EXPECT_TRUE(no_guarantee(nan_c.log_A()));
+  EXPECT_TRUE(no_guarantee(inf_c.log_A()));
+  EXPECT_TRUE(no_guarantee(inf_z.log_A()));
+  MeterStats one;
+  one.add_moment(0.0, 0.1);
+  EXPECT_EQ(zero_mass.log_A(), one.log_A());
+  EXPECT_EQ(zero_mass.log_A_minus(), one.log_A_minus());
 }
 
 TEST(Meter, LseKnownAnswers) {
