@@ -368,6 +368,9 @@ class FastAttention {
         poison_.assign(kTile + kNF, 0.0f);
         s_max_lanes_.assign(static_cast<std::size_t>(G_) * kNF, 0.0f);
         s_max_.assign(G_, 0.0);
+        chains_.assign(static_cast<std::size_t>(group_) * 2 * kNF, 0.0f);
+        chain_steps_.assign(group_, 0);
+        chain_a_max_.assign(group_, 0.0);
         const std::size_t segments = kTile / kNF + 1;
         qgf_.assign(segments * group_ * G_, 0.0f);
         page_counter_.assign(segments, -1);
@@ -608,8 +611,8 @@ class FastAttention {
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
   // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise; with the meter on,
-  // the squared scales (s2f_) and, for TileEta, the tile's largest scale per group (s_max_) and
-  // largest Σ_j |x_{t,j}| (x_out_max_). Lanes past the tile repeat its last token, so they move no
+  // the squared scales (s2f_) and, for TileEta, the running maxima of the scale per group (s_max_)
+  // and of Σ_j |x_{t,j}| (x_out_max_). Lanes past the tile repeat its last token, so they move no
   // maximum.
   void KeyTileFloat(int n) {
     const DF df;
@@ -666,8 +669,9 @@ class FastAttention {
       }
     }
     if (!meter_) return;
-    x_out_max_ = hn::GetLane(hn::MaxOfLanes(df, x_out_max));
-    for (int g = 0; g < G_; ++g) s_max_[g] = hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s_max + g * kNF)));
+    x_out_max_ = std::max<double>(x_out_max_, hn::GetLane(hn::MaxOfLanes(df, x_out_max)));
+    for (int g = 0; g < G_; ++g)
+      s_max_[g] = std::max<double>(s_max_[g], hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s_max + g * kNF))));
   }
 
   // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
@@ -1103,7 +1107,7 @@ class FastAttention {
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
-  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kPendings };
+  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kChainW, kPendings };
   double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
 
   void Flush(int h, HeadPartial& p) {
@@ -1122,6 +1126,32 @@ class FastAttention {
     p.meter.mom_w += take(kMomW, false);
     p.meter.mom_c1 += take(kMom1, false);
     p.meter.mom_c2 += take(kMom2, false);
+    if (chain_steps_.empty() || chain_steps_[h] == 0) return;
+    // The float tiles' moment chains (UpdateFloat), k steps per lane since the last Flush: their
+    // lanes added in double (kNF additions of one sign, far inside the widening), widened by
+    // F = 1 + (k + 2)·2^-23 and kNF·k·2^-146. With η' ≥ η_t for all their tokens (TileEta, from
+    // the call's running maxima) and L = Σ w'_t over them:
+    //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,   c_t ≤ max a_t + η',
+    // each widened by 2^-40 for its double roundings.
+    float* chain = &chains_[static_cast<std::size_t>(h) * 2 * kNF];
+    double x1 = 0.0, x2 = 0.0;
+    for (std::size_t i = 0; i < kNF; ++i) {
+      x1 += chain[i];
+      x2 += chain[kNF + i];
+    }
+    std::fill_n(chain, 2 * kNF, 0.0f);
+    const double k = chain_steps_[h], widen = 1.0 + (k + 2.0) * 0x1p-23, tiny = static_cast<double>(kNF) * k * 0x1p-146;
+    x1 = x1 * widen + tiny;
+    x2 = x2 * widen + tiny;
+    const double l = take(kChainW, false), eta = TileEta(h);
+    p.meter.mom_w += l;
+    p.meter.mom_c1 += (x1 + eta * l) * (1.0 + 0x1p-40);
+    p.meter.mom_c2 += (x2 + 2.0 * eta * x1 + eta * eta * l) * (1.0 + 0x1p-40);
+    const double c_max = (chain_a_max_[h] + eta) * (1.0 + 0x1p-50);
+    p.meter.c_max = std::max(p.meter.c_max, c_max);
+    p.meter.float_c_max = std::max(p.meter.float_c_max, c_max);
+    chain_steps_[h] = 0;
+    chain_a_max_[h] = 0.0;
   }
 
   // A tile whose max logit mz exceeds the head's running max: every sum kept relative to it (the
@@ -1134,11 +1164,18 @@ class FastAttention {
     const double r = rescale_[h] = std::exp(p.m - mz);
     p.l *= r;
     p.rho *= r;
-    for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2})
+    for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2, kChainW})
       hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
     p.meter.mom_w *= r;  // the moment sums are kept at LSE(z̃)'s reference point
     p.meter.mom_c1 *= r;
     p.meter.mom_c2 *= r;
+    if (!chain_steps_.empty() && chain_steps_[h] > 0) {  // r rounded up, and one more rounding step
+      const DF df;
+      const VF r_up = hn::Set(df, cert::float_round_up(r));
+      float* chain = &chains_[static_cast<std::size_t>(h) * 2 * kNF];
+      for (std::size_t i = 0; i < 2 * kNF; i += kNF) hn::StoreU(hn::Mul(hn::LoadU(df, chain + i), r_up), df, chain + i);
+      ++chain_steps_[h];
+    }
     if (shared_reference) {
       p.meter.z_plus_c.s *= r;
       p.meter.z_minus_c.s *= r;
@@ -1155,7 +1192,7 @@ class FastAttention {
     const bool moments = float_tile_ && meter_;  // the float tiles' tokens are moment tokens
     if (float_tile_) {
       if (!meter_) return UpdateFloat<false>(h, n, p);
-      if (c_max_[h] + TileEta(h) <= kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);
+      if (c_max_[h] <= kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // max a_t (η' is far smaller)
       DoubleLogits(h, n);
     }
     VD c_max = hn::Zero(dd);
@@ -1215,27 +1252,21 @@ class FastAttention {
   // MeterStats::float_c_max accounts for it.
   //
   // With the meter on, the tokens are moment tokens (cert::MeterStats::add_moment): per float lane
-  // two FMA chains X1 = Σ w'_t a_t and X2 = Σ w'_t a_t² of k = ⌈n/kNF⌉ steps. Every term is
-  // nonnegative, so a chain is within a factor (1 − 2^-24)^-k of its exact sum, plus at most 2^-150
-  // a step whose rounding underflows. (a_t² is taken as LogitsFloat's v2_t, the float value whose
-  // rounded square root is a_t: within 2^-23 of a_t², and v2_t carries the same 1 + 2^-17 as a_t.)
-  // The chains of one double lane are added in double and widened by F = 1 + (k + 2)·2^-23 and
-  // k·2^-146, which covers them and those double roundings. With η' the tile's bound on η_t
-  // (TileEta), c_t ≤ a_t + η' gives the moment sums
-  //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,
-  // L = Σ w'_t in double (≤ 128 additions of exact floats: relative 2^-46), all widened by 2^-40
-  // for their double roundings; c_t ≤ max_t a_t + η' for c_max. The sums across tiles are in
-  // double, as in Update.
+  // two FMA chains X1 = Σ w'_t a_t and X2 = Σ w'_t a_t² that run on across tiles (chains_) until
+  // Flush folds them into the partial, at most kChainSteps steps later. Every term is nonnegative,
+  // so a chain of k rounding steps (its FMAs, and a rescale by MoveMax, with the factor rounded up)
+  // is within (1 − 2^-24)^-k of its exact sum, plus at most 2^-150 a step whose rounding underflows.
+  // (a_t² is taken as LogitsFloat's v2_t, the float whose rounded square root is a_t: within 2^-23 of
+  // a_t², and v2_t carries the same 1 + 2^-17 as a_t.) Flush widens them by 1 + (k + 2)·2^-23 and
+  // kNF·k·2^-146, and adds η' for η_t. Σ w'_t over their tokens is kept in double (kChainW).
+  static constexpr int kChainSteps = 64;
+
   template <bool kMeter>
   void UpdateFloat(int h, int n, HeadPartial& p) {
     const DD dd;
     const DF df;
-    double eta = 0.0;
     if constexpr (kMeter) {
-      eta = TileEta(h);
-      const double c_max = (c_max_[h] + eta) * (1.0 + 0x1p-50);
-      p.meter.c_max = std::max(p.meter.c_max, c_max);
-      p.meter.float_c_max = std::max(p.meter.float_c_max, c_max);
+      chain_a_max_[h] = std::max(chain_a_max_[h], c_max_[h]);
       p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
     }
     const cert::MeterStats& meter = p.meter;  // LSE(z̃ ± c) move with m while they share it
@@ -1247,7 +1278,8 @@ class FastAttention {
     float* w = &w_[h * kTile];
     const float* a = &cf_[h * kTile];
     const float* a2 = &c2f_[h * kTile];
-    VF sum1 = hn::Zero(df), sum2 = hn::Zero(df);
+    float* chain = kMeter ? &chains_[static_cast<std::size_t>(h) * 2 * kNF] : nullptr;
+    VF sum1 = kMeter ? hn::LoadU(df, chain) : hn::Zero(df), sum2 = kMeter ? hn::LoadU(df, chain + kNF) : hn::Zero(df);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
@@ -1265,35 +1297,21 @@ class FastAttention {
       if constexpr (kMeter) rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
     }
     hn::StoreU(l, dd, pending(h, kL));
-    if constexpr (kMeter) {
-      hn::StoreU(rho, dd, pending(h, kRho));
-      HWY_ALIGN float chains[2][kNF];
-      hn::Store(sum1, df, chains[0]);
-      hn::Store(sum2, df, chains[1]);
-      VD x1 = hn::Zero(dd), x2 = hn::Zero(dd);  // token t's chain is in double lane t mod kN
-      for (std::size_t i = 0; i < kNF; i += kN) {
-        x1 = hn::Add(x1, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[0] + i)));
-        x2 = hn::Add(x2, hn::PromoteTo(dd, hn::LoadU(DFH(), chains[1] + i)));
-      }
-      const double k = static_cast<double>((n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF));
-      const VD widen = hn::Set(dd, 1.0 + (k + 2.0) * 0x1p-23), tiny = hn::Set(dd, k * 0x1p-146);
-      x1 = hn::MulAdd(x1, widen, tiny);
-      x2 = hn::MulAdd(x2, widen, tiny);
-      const VD up = hn::Set(dd, 1.0 + 0x1p-40), e = hn::Set(dd, eta);
-      const VD m1 = hn::Mul(hn::MulAdd(e, l_tile, x1), up);
-      const VD m2 = hn::Mul(hn::MulAdd(hn::Add(e, e), x1, hn::MulAdd(hn::Mul(e, e), l_tile, x2)), up);
-      const auto add = [&](Pending what, VD v) { hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, what)), v), dd, pending(h, what)); };
-      add(kMomW, l_tile);
-      add(kMom1, m1);
-      add(kMom2, m2);
-    }
     p.meter.z.m = p.m;
     p.meter.n += n;
+    if constexpr (kMeter) {
+      hn::StoreU(rho, dd, pending(h, kRho));
+      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kChainW)), l_tile), dd, pending(h, kChainW));
+      hn::StoreU(sum1, df, chain);
+      hn::StoreU(sum2, df, chain + kNF);
+      chain_steps_[h] += (n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF);
+      if (chain_steps_[h] >= kChainSteps) Flush(h, p);
+    }
   }
 
-  // η' ≥ η_t for every token of the float tile: its coefficients are positive, so the tile's largest
-  // scale per group and largest Σ|x_out| (KeyTileFloat) bound it; in double, G + 2 roundings of
-  // products of floats, widened by 2^-48.
+  // η' ≥ η_t for every float-tile token of the call so far: its coefficients are positive, so the
+  // largest scale per group and largest Σ|x_out| (KeyTileFloat's running maxima) bound it; in
+  // double, G + 2 roundings of products of floats, widened by 2^-48.
   double TileEta(int h) const {
     double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * x_out_max_;
     for (int g = 0; g < G_; ++g) eta += static_cast<double>(ceta_gf_[h * G_ + g]) * s_max_[g];
@@ -1540,8 +1558,11 @@ class FastAttention {
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
   std::vector<float> s_max_lanes_;  // [g][lane] KeyTileFloat's running maxima of the scales
-  std::vector<double> s_max_;       // [g] the tile's largest key scale per group
-  double x_out_max_ = 0.0;          // the tile's largest Σ_{outlier c} |x_{t,c}|
+  std::vector<double> s_max_;       // [g] the largest key scale per group of the call's float tiles so far
+  double x_out_max_ = 0.0;          // and their largest Σ_{outlier c} |x_{t,c}|
+  std::vector<float> chains_;       // [h][2][kNF] UpdateFloat's running X1 and X2 chains
+  std::vector<int> chain_steps_;    // [h] their rounding steps since the last Flush
+  std::vector<double> chain_a_max_;  // [h] max a_t over their tokens
   std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
   std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g (ScalarTile)
   std::vector<float> eta_xf_;  // [h]
