@@ -262,9 +262,6 @@ void DitherRow(const quant::DitherStream& s, std::uint32_t counter, int d, float
 #endif
 }
 
-// The series of the meter's sums (UpdateFloat): e^{±c} − 1 = ±c·E(c²) + c²·O(c²) with
-// E = Σ_{k even} c^k/(k+1)!, O = Σ_{k odd} c^{k−1}/(k+1)!, each truncated to its first kTerms terms
-// and evaluated by Horner in c² (every term positive).
 void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
   std::vector<std::uint32_t> words(static_cast<std::size_t>(d) + 4 * hn::MaxLanes(hn::ScalableTag<std::uint32_t>()));
   std::vector<float> out(words.size());
@@ -817,7 +814,7 @@ class FastAttention {
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  a_t² = Σ_g cq2_g s_{g,t}² (v2_t),  a_t = sqrt(v2_t),
   // a_t = sqrt(ς_t²)·κ·(1 + 2^-17) up to float rounding (the comment at the top): the factors sm²/12,
-  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t comes per tile (TileEta).
+  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t enters through η' (TileEta).
   // Lanes past the tile's end repeat its last token (PadRows), so they do not move max_t a_t, and
   // their weight is 0.
   template <bool kMeter>
@@ -1570,7 +1567,7 @@ class FastAttention {
   std::vector<float> ceta_gf_, ceta_xf_;  // TileEta's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_, c2f_;  // [h][t] z̃_t, a_t and a_t² (LogitsFloat)
-  std::vector<double> z_max_, c_max_;  // [h] their maxima over the tile
+  std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t and max a_t
   std::vector<float> xf_;          // [t] z̃_t − m
 
   // Per call: the queries and their constants.

@@ -11,7 +11,8 @@
 // codes with the tokens in lanes, logits and c_t in float with a proven rounding allowance in c_t
 // (the comment at the top of the .cc), softmax weights in float with a proven allowance in the
 // meter (cert::float_weight_error), up to four query heads per pass over a tile's codes and value
-// rows. The scalar reference stays the oracle (certified_attention_fast_test.cc): the float
+// rows; their c_t enter the meter through its moments (cert::MeterStats::add_moment), as the
+// reference takes the same tokens. The scalar reference stays the oracle (certified_attention_fast_test.cc): the float
 // path's meter is within about 1e-3 of it and never below it.
 #pragma once
 

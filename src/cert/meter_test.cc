@@ -213,6 +213,7 @@ TEST(Meter, LogitsAndProbabilitiesAgree) {
   EXPECT_NEAR(a.retention, b.retention, 1e-11 * b.retention);
 }
 
+// Per-token tokens alone, and three in four of them moment tokens (add_moment).
 TEST(Meter, SplitKvMergeEqualsOnePass) {
   std::mt19937_64 rng(11);
   std::normal_distribution<double> z(0.0, 4.0);
@@ -220,21 +221,27 @@ TEST(Meter, SplitKvMergeEqualsOnePass) {
   const int S = 1000;
   std::vector<double> logits(S), c(S);
   for (int t = 0; t < S; ++t) logits[t] = z(rng), c[t] = cu(rng);
-  MeterStats whole;
-  for (int t = 0; t < S; ++t) whole.add(logits[t], c[t]);
-  for (int splits : {2, 3, 8, 17}) {
-    std::vector<MeterStats> parts(splits);
-    for (int t = 0; t < S; ++t) parts[t * splits / S].add(logits[t], c[t]);
-    MeterStats merged;
-    for (int i = splits - 1; i >= 0; --i) merged.merge(parts[i]);  // any order
-    EXPECT_NEAR(merged.log_A(), whole.log_A(), 1e-12) << splits;
-    EXPECT_NEAR(merged.log_A_minus(), whole.log_A_minus(), 1e-12) << splits;
-    EXPECT_EQ(merged.c_max, whole.c_max);
+  for (bool moments : {false, true}) {
+    const auto add = [&](MeterStats& s, int t) {
+      moments && t % 4 != 0 ? s.add_moment(logits[t], c[t]) : s.add(logits[t], c[t]);
+    };
+    MeterStats whole;
+    for (int t = 0; t < S; ++t) add(whole, t);
+    for (int splits : {2, 3, 8, 17}) {
+      std::vector<MeterStats> parts(splits);
+      for (int t = 0; t < S; ++t) add(parts[t * splits / S], t);
+      MeterStats merged;
+      for (int i = splits - 1; i >= 0; --i) merged.merge(parts[i]);  // any order
+      EXPECT_NEAR(merged.log_A(), whole.log_A(), 1e-12) << splits << " moments " << moments;
+      EXPECT_NEAR(merged.log_A_minus(), whole.log_A_minus(), 1e-12) << splits << " moments " << moments;
+      EXPECT_NEAR(merged.mom_c2, whole.mom_c2, 1e-12 * whole.mom_c2) << splits;
+      EXPECT_EQ(merged.c_max, whole.c_max);
+    }
+    MeterStats empty;
+    MeterStats copy = whole;
+    copy.merge(empty);
+    EXPECT_EQ(copy.log_A(), whole.log_A());
   }
-  MeterStats empty;
-  MeterStats copy = whole;
-  copy.merge(empty);
-  EXPECT_EQ(copy.log_A(), whole.log_A());
 }
 
 // h(x) = (e^x − 1 − x)/x² against long double: never below, within 2^-38 above, on a sweep
@@ -308,9 +315,9 @@ TEST(Meter, MomentTokensBoundEveryQuery) {
 }
 
 // Where every c_t is the same c the moment bounds are exact: 1 + c + h(c)·c² = e^c, and Jensen's
-// e^{−Σp̃c} = e^{−c}. Split-KV merges equal one pass; NaN and infinite inputs read "no guarantee";
-// a token of zero mass changes nothing.
-TEST(Meter, MomentKnownAnswersAndMerge) {
+// e^{−Σp̃c} = e^{−c}. NaN and infinite inputs read "no guarantee"; a token of zero mass changes
+// nothing. (Split-KV merges: SplitKvMergeEqualsOnePass.)
+TEST(Meter, MomentKnownAnswers) {
   for (double c : {1e-9, 0.01, 0.3, 2.0}) {
     MeterStats s;
     for (double z : {0.0, -1.0, 3.0, 2.5}) s.add_moment(z, c);
@@ -318,24 +325,6 @@ TEST(Meter, MomentKnownAnswersAndMerge) {
     EXPECT_NEAR(s.log_A(), c, 1e-12 * (1 + c));
     EXPECT_LE(s.log_A_minus(), -c);
     EXPECT_NEAR(s.log_A_minus(), -c, 1e-12 * (1 + c));
-  }
-  std::mt19937_64 rng(23);
-  std::normal_distribution<double> z(0.0, 4.0);
-  std::uniform_real_distribution<double> cu(0.0, 0.7);
-  const int S = 1000;
-  std::vector<double> logits(S), c(S);
-  for (int t = 0; t < S; ++t) logits[t] = z(rng), c[t] = cu(rng);
-  const auto add = [&](MeterStats& s, int t) { t % 4 == 0 ? s.add(logits[t], c[t]) : s.add_moment(logits[t], c[t]); };
-  MeterStats whole;
-  for (int t = 0; t < S; ++t) add(whole, t);
-  for (int splits : {2, 3, 8, 17}) {
-    std::vector<MeterStats> parts(splits);
-    for (int t = 0; t < S; ++t) add(parts[t * splits / S], t);
-    MeterStats merged;
-    for (int i = splits - 1; i >= 0; --i) merged.merge(parts[i]);
-    EXPECT_NEAR(merged.log_A(), whole.log_A(), 1e-12) << splits;
-    EXPECT_NEAR(merged.log_A_minus(), whole.log_A_minus(), 1e-12) << splits;
-    EXPECT_NEAR(merged.mom_c2, whole.mom_c2, 1e-12 * whole.mom_c2) << splits;
   }
   const auto no_guarantee = [](double log_A) { return std::isnan(log_A) || log_A == kInf; };
   MeterStats nan_c, inf_c, inf_z, zero_mass;
