@@ -60,8 +60,8 @@
 // ≤ G + 2 float operations a_t passes through (its square root included), so a_t ≥ u_t. The meter
 // takes these tokens through their moments (cert::MeterStats::add_moment): per token and query head
 // only a_t, a_t² and two multiply-adds, Σ w_t a_t and Σ w_t a_t² in one-signed float chains widened
-// upwards (UpdateFloat); η_t is replaced by its tile maximum η' (from the tile's largest scale per
-// group and largest Σ|x_out|: its coefficients are positive), and c_t ≤ a_t + η' gives
+// upwards (UpdateFloat); η_t is replaced by a bound η' from the call's largest scale per group
+// and largest Σ|x_out| (its coefficients are positive), and c_t ≤ a_t + η' gives
 // Σ w_t c_t ≤ Σ w_t a_t + η'·Σ w_t and Σ w_t c_t² ≤ Σ w_t a_t² + 2η'·Σ w_t a_t + η'²·Σ w_t. A larger A
 // and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or outlier
 // value makes the logit NaN, which reads as "no guarantee".
@@ -363,8 +363,7 @@ class FastAttention {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
         s2f_.assign(sf_.size(), 0.0f);
         poison_.assign(kTile + kNF, 0.0f);
-        s_max_lanes_.assign(static_cast<std::size_t>(G_) * kNF, 0.0f);
-        s_max_.assign(G_, 0.0);
+        key_max_.assign(static_cast<std::size_t>(G_ + 1) * kNF, 0.0f);
         chains_.assign(static_cast<std::size_t>(group_) * 2 * kNF, 0.0f);
         chain_steps_.assign(group_, 0);
         chain_a_max_.assign(group_, 0.0);
@@ -377,7 +376,7 @@ class FastAttention {
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
         // c_t ≤ a_t + η' with a_t = sqrt(Σ_g cq2_g s_g²) (LogitsFloat) and
-        // η' = ceta0 + ceta_x·max_t x_out + Σ_g ceta_g·max_t s_g (TileEta): (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17)
+        // η' = ceta0 + ceta_x·max_t x_out + Σ_g ceta_g·max_t s_g (EtaBound): (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17)
         // up to the rounding of each coefficient to float and of the ≤ G + 2 float operations of a_t
         // (relative 2^-24 each, G + 3 < 128).
         constexpr double up = 1.0 + 0x1p-17;
@@ -608,9 +607,9 @@ class FastAttention {
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
   // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise; with the meter on,
-  // the squared scales (s2f_) and, for TileEta, the running maxima of the scale per group (s_max_)
-  // and of Σ_j |x_{t,j}| (x_out_max_). Lanes past the tile repeat its last token, so they move no
-  // maximum.
+  // the squared scales (s2f_) and, for EtaBound, the call's running maxima of the scale per group
+  // and of Σ_j |x_{t,j}|, per lane (key_max_). Lanes past the tile repeat its last token, so they
+  // move no maximum.
   void KeyTileFloat(int n) {
     const DF df;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
@@ -623,16 +622,14 @@ class FastAttention {
     PadRows(meta, G_, n);
     PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
-    float* HWY_RESTRICT s_max = s_max_lanes_.data();
-    std::fill(s_max_lanes_.begin(), s_max_lanes_.end(), 0.0f);
-    VF x_out_max = hn::Zero(df);
+    float* HWY_RESTRICT key_max = key_max_.data();  // [g][lane], then [G][lane] for Σ|x_out|
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       // data(), not [·]: with m = 0 the vector is empty.
       float* xo = outliers_t_.data() + static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF;
       VF x_out = hn::Zero(df);
       if (m2_ > 0) SplitChannels(outl, m2_, j0, xo, kNF);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
-      x_out_max = hn::Max(x_out_max, x_out);
+      if (meter_) hn::StoreU(hn::Max(hn::LoadU(df, key_max + G_ * kNF), x_out), df, key_max + G_ * kNF);
       // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
       // scale times a finite code sum would pass for a token of weight 0.
       auto bad = hn::Not(hn::IsFinite(x_out));
@@ -642,7 +639,7 @@ class FastAttention {
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
         if (!meter_) continue;
         hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
-        hn::StoreU(hn::Max(hn::LoadU(df, s_max + g * kNF), sg), df, s_max + g * kNF);
+        hn::StoreU(hn::Max(hn::LoadU(df, key_max + g * kNF), sg), df, key_max + g * kNF);
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -665,10 +662,6 @@ class FastAttention {
         block.stride = kNF;
       }
     }
-    if (!meter_) return;
-    x_out_max_ = std::max<double>(x_out_max_, hn::GetLane(hn::MaxOfLanes(df, x_out_max)));
-    for (int g = 0; g < G_; ++g)
-      s_max_[g] = std::max<double>(s_max_[g], hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s_max + g * kNF))));
   }
 
   // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
@@ -814,7 +807,7 @@ class FastAttention {
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  a_t² = Σ_g cq2_g s_{g,t}² (v2_t),  a_t = sqrt(v2_t),
   // a_t = sqrt(ς_t²)·κ·(1 + 2^-17) up to float rounding (the comment at the top): the factors sm²/12,
-  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t enters through η' (TileEta).
+  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t enters through η' (EtaBound).
   // Lanes past the tile's end repeat its last token (PadRows), so they do not move max_t a_t, and
   // their weight is 0.
   template <bool kMeter>
@@ -856,7 +849,7 @@ class FastAttention {
   // A float tile's z̃_t as double, and c_t ≤ a_t + η' (rounded up), for Update's double weights and
   // ScalarTile; c_t = 0 in the lanes past the tile's end.
   void DoubleLogits(int h, int n) {
-    const double eta = meter_ ? TileEta(h) : 0.0;
+    const double eta = meter_ ? EtaBound(h) : 0.0;
     for (int i = 0; i < n; ++i) {
       z_[h * kTile + i] = zf_[h * kTile + i];
       c_[h * kTile + i] = (cf_[h * kTile + i] + eta) * (1.0 + 0x1p-50);
@@ -1126,7 +1119,7 @@ class FastAttention {
     if (chain_steps_.empty() || chain_steps_[h] == 0) return;
     // The float tiles' moment chains (UpdateFloat), k steps per lane since the last Flush: their
     // lanes added in double (kNF additions of one sign, far inside the widening), widened by
-    // F = 1 + (k + 2)·2^-23 and kNF·k·2^-146. With η' ≥ η_t for all their tokens (TileEta, from
+    // F = 1 + (k + 2)·2^-23 and kNF·k·2^-146. With η' ≥ η_t for all their tokens (EtaBound, from
     // the call's running maxima) and L = Σ w'_t over them:
     //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,   c_t ≤ max a_t + η',
     // each widened by 2^-40 for its double roundings.
@@ -1140,7 +1133,7 @@ class FastAttention {
     const double k = chain_steps_[h], widen = 1.0 + (k + 2.0) * 0x1p-23, tiny = static_cast<double>(kNF) * k * 0x1p-146;
     x1 = x1 * widen + tiny;
     x2 = x2 * widen + tiny;
-    const double l = take(kChainW, false), eta = TileEta(h);
+    const double l = take(kChainW, false), eta = EtaBound(h);
     p.meter.mom_w += l;
     p.meter.mom_c1 += (x1 + eta * l) * (1.0 + 0x1p-40);
     p.meter.mom_c2 += (x2 + 2.0 * eta * x1 + eta * eta * l) * (1.0 + 0x1p-40);
@@ -1309,9 +1302,13 @@ class FastAttention {
   // η' ≥ η_t for every float-tile token of the call so far: its coefficients are positive, so the
   // largest scale per group and largest Σ|x_out| (KeyTileFloat's running maxima) bound it; in
   // double, G + 2 roundings of products of floats, widened by 2^-48.
-  double TileEta(int h) const {
-    double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * x_out_max_;
-    for (int g = 0; g < G_; ++g) eta += static_cast<double>(ceta_gf_[h * G_ + g]) * s_max_[g];
+  double EtaBound(int h) const {
+    const DF df;
+    const auto largest = [&](int row) {
+      return static_cast<double>(hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, &key_max_[row * kNF]))));
+    };
+    double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * largest(G_);
+    for (int g = 0; g < G_; ++g) eta += static_cast<double>(ceta_gf_[h * G_ + g]) * largest(g);
     return eta * (1.0 + 0x1p-48);
   }
 
@@ -1554,9 +1551,7 @@ class FastAttention {
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
-  std::vector<float> s_max_lanes_;  // [g][lane] KeyTileFloat's running maxima of the scales
-  std::vector<double> s_max_;       // [g] the largest key scale per group of the call's float tiles so far
-  double x_out_max_ = 0.0;          // and their largest Σ_{outlier c} |x_{t,c}|
+  std::vector<float> key_max_;      // [G + 1][lane] running maxima of the float tiles' scales and Σ|x_out|
   std::vector<float> chains_;       // [h][2][kNF] UpdateFloat's running X1 and X2 chains
   std::vector<int> chain_steps_;    // [h] their rounding steps since the last Flush
   std::vector<double> chain_a_max_;  // [h] max a_t over their tokens
@@ -1564,7 +1559,7 @@ class FastAttention {
   std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g (ScalarTile)
   std::vector<float> eta_xf_;  // [h]
   std::vector<float> cq2f_;    // [h][G] LogitsFloat's (sm²/12)·κ²·Σ q_c², times (1 + 2^-17)²
-  std::vector<float> ceta_gf_, ceta_xf_;  // TileEta's: η's coefficients times 1 + 2^-17
+  std::vector<float> ceta_gf_, ceta_xf_;  // EtaBound's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_, c2f_;  // [h][t] z̃_t, a_t and a_t² (LogitsFloat)
   std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t and max a_t

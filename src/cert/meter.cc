@@ -17,28 +17,28 @@ double sound(double v) { return std::isnan(v) ? kInf : v; }
 
 }  // namespace
 
-void MeterStats::add(double z_t, double c_t) {
-  if (z_t == -kInf) return;  // p̃_t = 0 forces p_t = 0: the token cannot move any mass
+bool MeterStats::add_token(double z_t, double c_t) {
+  if (z_t == -kInf) return false;  // p̃_t = 0 forces p_t = 0: the token cannot move any mass
   ++n;
   const double from = z.m;
   z.add(z_t);
   rescale_moments(from);
+  if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;  // NaN is sticky
+  return true;
+}
+
+void MeterStats::add(double z_t, double c_t) {
+  if (!add_token(z_t, c_t)) return;
   z_plus_c.add(z_t + c_t);
   z_minus_c.add(z_t - c_t);
-  if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;  // NaN is sticky
 }
 
 void MeterStats::add_moment(double z_t, double c_t) {
-  if (z_t == -kInf) return;
-  ++n;
-  const double from = z.m;
-  z.add(z_t);
-  rescale_moments(from);
+  if (!add_token(z_t, c_t)) return;
   const double w = std::exp(z_t - z.m);  // NaN when z̃_t is +inf or NaN: no guarantee
   mom_w += w;
   mom_c1 += w * c_t;
   mom_c2 += w * c_t * c_t;
-  if (!std::isnan(c_max) && !(c_t <= c_max)) c_max = c_t;
 }
 
 void MeterStats::rescale_moments(double from) {

@@ -50,6 +50,9 @@ struct MeterStats {
   double log_A_minus() const;
 
  private:
+  // What add and add_moment share: n, LSE(z̃) (moving the moment sums with its reference point)
+  // and c_max; false for a token of zero mass, which changes nothing.
+  bool add_token(double z_t, double c_t);
   // The moment sums moved from reference point `from` to z.m.
   void rescale_moments(double from);
 };
