@@ -363,10 +363,14 @@ class FastAttention {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
         s2f_.assign(sf_.size(), 0.0f);
         poison_.assign(kTile + kNF, 0.0f);
-        key_max_.assign(static_cast<std::size_t>(G_ + 1) * kNF, 0.0f);
-        chains_.assign(static_cast<std::size_t>(group_) * 2 * kNF, 0.0f);
+        s2_max_.assign(static_cast<std::size_t>(G_) * kNF, 0.0f);
+        tile_s2_max_.assign(G_, 0.0f);
+        key_s2_max_.assign(G_, 0.0f);
+        x_out_max_.assign(kNF, 0.0f);
+        chains_.assign(static_cast<std::size_t>(group_) * kChainCount * kNF, 0.0f);
         chain_steps_.assign(group_, 0);
-        chain_a_max_.assign(group_, 0.0);
+        chain_a_max_.assign(static_cast<std::size_t>(group_) * kNF, 0.0f);
+        l_mixed_.assign(group_, 0);
         const std::size_t segments = kTile / kNF + 1;
         qgf_.assign(segments * group_ * G_, 0.0f);
         page_counter_.assign(segments, -1);
@@ -386,7 +390,6 @@ class FastAttention {
         ceta0f_ = static_cast<float>(eta0_ * up);
         zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         cf_.assign(zf_.size(), 0.0f);
-        c2f_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
         c_max_.assign(group_, 0.0);
         xf_.assign(kTile + kNF, 0.0f);
@@ -399,10 +402,10 @@ class FastAttention {
     krows_.assign(kTile * dp_, 0.0);
     kfloat_.assign(dp_, 0.0f);
     vrows_.assign(kTile * dp_, 0.0f);
+    v_rho_f_.assign(kTile + kNF, 0.0f);
     if (v_kind_ == cache::FormatKind::dither_int8) {
       v_scalesf_.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
       v_s_tf_.assign(v_scalesf_.size() + kN, 0.0f);
-      v_rho_f_.assign(kTile + kNF, 0.0f);
       rho_factor_ = RhoFactor();
       ws_.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       code_sq_.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
@@ -447,7 +450,7 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(first, t0, n, v_packed);
-      if (float_tile_ && meter_) tile_rho_max_ = MaxOfSums(rho_.data(), nullptr, n);
+      if (float_tile_ && meter_ && !rho_double_pending_) tile_rho_max_ = MaxOfSums(rho_.data(), nullptr, n);  // else DitherValues'
       bool any_scalar = false;
       for (int h = 0; h < group_; ++h) {
         scalar_[h] = !finite_[h] || !Clean(partials[h]);
@@ -468,6 +471,7 @@ class FastAttention {
         double v_max = stored_v_max_;
         if (!(v_max >= 0.0)) {
           ValueNorms();
+          RhoDouble();
           v_max = MaxOfSums(vnorm_.data(), rho_.data(), n);
         }
         for (int h = 0; h < group_; ++h)
@@ -607,9 +611,10 @@ class FastAttention {
   // Shared-page dither: where the tile's codes lie with the tokens in lanes (code_blocks_[b]: kNF
   // bytes of channel c at codes + c·stride, token b·kNF + lane; CodeDots converts them to float),
   // its scales (sf_[g][t]) and outlier values (outliers_t_[b][j][lane]) likewise; with the meter on,
-  // the squared scales (s2f_) and, for EtaBound, the call's running maxima of the scale per group
-  // and of Σ_j |x_{t,j}|, per lane (key_max_). Lanes past the tile repeat its last token, so they
-  // move no maximum.
+  // the squared scales (s2f_), the tile's largest s_g² (tile_s2_max_, for Update's choice of
+  // weights) and, for EtaBound, the call's running maxima of s_g² (key_s2_max_) and of
+  // Σ_j |x_{t,j}| (per lane, x_out_max_). Lanes past the tile repeat its last token, so they move no
+  // maximum.
   void KeyTileFloat(int n) {
     const DF df;
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
@@ -622,14 +627,15 @@ class FastAttention {
     PadRows(meta, G_, n);
     PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
-    float* HWY_RESTRICT key_max = key_max_.data();  // [g][lane], then [G][lane] for Σ|x_out|
+    float* HWY_RESTRICT s2_max = s2_max_.data();  // [g][lane]
+    if (meter_) std::fill(s2_max_.begin(), s2_max_.end(), 0.0f);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       // data(), not [·]: with m = 0 the vector is empty.
       float* xo = outliers_t_.data() + static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF;
       VF x_out = hn::Zero(df);
       if (m2_ > 0) SplitChannels(outl, m2_, j0, xo, kNF);
       for (int j = 0; j < m2_; ++j) x_out = hn::Add(x_out, hn::Abs(hn::LoadU(df, xo + j * kNF)));
-      if (meter_) hn::StoreU(hn::Max(hn::LoadU(df, key_max + G_ * kNF), x_out), df, key_max + G_ * kNF);
+      if (meter_ && m2_ > 0) hn::StoreU(hn::Max(hn::LoadU(df, x_out_max_.data()), x_out), df, x_out_max_.data());
       // A non-finite stored value makes every query head's logit NaN ("no guarantee"): an infinite
       // scale times a finite code sum would pass for a token of weight 0.
       auto bad = hn::Not(hn::IsFinite(x_out));
@@ -638,8 +644,9 @@ class FastAttention {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
         if (!meter_) continue;
-        hn::StoreU(hn::Mul(sg, sg), df, &s2f_[g * kTile + j0]);  // exact: 22 significant bits
-        hn::StoreU(hn::Max(hn::LoadU(df, key_max + g * kNF), sg), df, key_max + g * kNF);
+        const VF s2 = hn::Mul(sg, sg);  // exact: 22 significant bits
+        hn::StoreU(s2, df, &s2f_[g * kTile + j0]);
+        hn::StoreU(hn::Max(hn::LoadU(df, s2_max + g * kNF), s2), df, s2_max + g * kNF);
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -662,6 +669,11 @@ class FastAttention {
         block.stride = kNF;
       }
     }
+    if (meter_)
+      for (int g = 0; g < G_; ++g) {
+        tile_s2_max_[g] = hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s2_max + g * kNF)));
+        key_s2_max_[g] = std::max(key_s2_max_[g], tile_s2_max_[g]);
+      }
   }
 
   // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
@@ -805,51 +817,68 @@ class FastAttention {
   }
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
-  //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}),  a_t² = Σ_g cq2_g s_{g,t}² (v2_t),  a_t = sqrt(v2_t),
-  // a_t = sqrt(ς_t²)·κ·(1 + 2^-17) up to float rounding (the comment at the top): the factors sm²/12,
-  // κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor). η_t enters through η' (EtaBound).
-  // Lanes past the tile's end repeat its last token (PadRows), so they do not move max_t a_t, and
-  // their weight is 0.
+  //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}).
+  // With the meter on, c_max_[h] ≥ max_t a_t (from the tile's largest s_g², widened past a_t's
+  // float roundings) for Update's choice between float and double weights; it bounds no sum. The
+  // radii themselves come with the weights (UpdateFloat) or from Radii.
   template <bool kMeter>
   void LogitsFloat(int h, int n) {
     const DF df;
     const VF sm = hn::Set(df, static_cast<float>(ctx_.sm));
     VF probe = hn::Zero(df);  // ±inf or NaN in a lane where some z̃_t is not finite
-    VF z_max = hn::Set(df, -HUGE_VALF), a_max = hn::Zero(df);
+    VF z_max = hn::Set(df, -HUGE_VALF);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       const std::size_t b = static_cast<std::size_t>(j0) / kNF;
       const float* qg = &qgf_[(static_cast<std::size_t>(block_segment_[b]) * group_ + h) * G_];
       VF dot = hn::Zero(df);
       for (int j = 0; j < m2_; ++j)
         dot = hn::MulAdd(hn::Set(df, q_out_[h * m2_ + j]), hn::LoadU(df, &outliers_t_[(b * m2_ + j) * kNF]), dot);
-      VF v2 = hn::Zero(df);
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         const VF code_dot = hn::LoadU(df, &code_dots_[(h * G_ + g) * kTile + j0]);
         dot = hn::MulAdd(sg, hn::Sub(code_dot, hn::Set(df, qg[g])), dot);
-        if constexpr (kMeter) v2 = hn::MulAdd(hn::Set(df, cq2f_[h * G_ + g]), hn::LoadU(df, &s2f_[g * kTile + j0]), v2);
       }
       const VF z = hn::Add(hn::Mul(sm, dot), hn::LoadU(df, &poison_[j0]));  // NaN where a stored value is not finite
       const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
       z_max = hn::Max(z_max, hn::IfThenElse(valid, z, z_max));
       hn::StoreU(z, df, &zf_[h * kTile + j0]);
       probe = hn::Add(probe, hn::IfThenElseZero(valid, hn::Abs(z)));
-      if constexpr (kMeter) {
-        const VF a = hn::Sqrt(v2);
-        a_max = hn::Max(a_max, a);
-        hn::StoreU(a, df, &cf_[h * kTile + j0]);
-        hn::StoreU(v2, df, &c2f_[h * kTile + j0]);
-      }
     }
     finite_[h] = hn::AllTrue(df, hn::IsFinite(probe));
     z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
-    c_max_[h] = kMeter ? hn::GetLane(hn::MaxOfLanes(df, a_max)) : 0.0;
+    if constexpr (kMeter) {
+      double v2 = 0.0;
+      for (int g = 0; g < G_; ++g) v2 += static_cast<double>(cq2f_[h * G_ + g]) * tile_s2_max_[g];
+      c_max_[h] = std::sqrt(v2) * (1.0 + 0x1p-20);
+    } else {
+      c_max_[h] = 0.0;
+    }
+  }
+
+  // a_t² = Σ_g cq2_g s_{g,t}² (v2_t) of kNF tokens in lanes, s2[g·step + lane] = s_{g,t}²: the factors
+  // sm²/12, κ² and (1 + 2^-17)² are folded into cq2f_ (the constructor), so that a_t = sqrt(v2_t) is
+  // sqrt(ς_t²)·κ·(1 + 2^-17) up to float rounding (the comment at the top); η_t enters through η'
+  // (EtaBound).
+  HWY_INLINE VF RadiusSquared(int h, const float* s2, std::size_t step) const {
+    const DF df;
+    VF v2 = hn::Zero(df);
+    for (int g = 0; g < G_; ++g) v2 = hn::MulAdd(hn::Set(df, cq2f_[h * G_ + g]), hn::LoadU(df, s2 + g * step), v2);
+    return v2;
+  }
+
+  // a_t of head h's tokens into cf_, for DoubleLogits. Lanes past the tile's end repeat its last
+  // token (PadRows).
+  void Radii(int h, int n) {
+    const DF df;
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF))
+      hn::StoreU(hn::Sqrt(RadiusSquared(h, &s2f_[j0], kTile)), df, &cf_[h * kTile + j0]);
   }
 
   // A float tile's z̃_t as double, and c_t ≤ a_t + η' (rounded up), for Update's double weights and
   // ScalarTile; c_t = 0 in the lanes past the tile's end.
   void DoubleLogits(int h, int n) {
     const double eta = meter_ ? EtaBound(h) : 0.0;
+    if (meter_) Radii(h, n);
     for (int i = 0; i < n; ++i) {
       z_[h * kTile + i] = zf_[h * kTile + i];
       c_[h * kTile + i] = (cf_[h * kTile + i] + eta) * (1.0 + 0x1p-50);
@@ -865,18 +894,23 @@ class FastAttention {
     value_codes_ = false;
     rows_ready_ = true;
     norms_pending_ = false;
+    rho_double_pending_ = false;
     stored_v_max_ = -1.0;
+    // ρ_t also in float for the float tiles' chain (UpdateFloat): exact, an fp16 value; 0 past the tile.
     if (!packed) {
       for (int i = 0; i < n; ++i) {
         F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
         rho_[i] = 0.0;
       }
+      std::fill(v_rho_f_.begin(), v_rho_f_.end(), 0.0f);
     } else if (v_kind_ == cache::FormatKind::scheme) {
       const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
       for (int i = 0; i < n; ++i) {
         DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &vrows_[i * dp_], v_block_);
-        rho_[i] = fp16_to_float(page.v.meta[row0 + i]);
+        v_rho_f_[i] = fp16_to_float(page.v.meta[row0 + i]);
+        rho_[i] = v_rho_f_[i];
       }
+      std::fill(v_rho_f_.begin() + n, v_rho_f_.end(), 0.0f);
     } else {
       DitherValues();
       return;
@@ -894,7 +928,6 @@ class FastAttention {
   // 2^24 and so exact in float in any order: per token and group a vector whose lanes sum to
   // C_{t,g} (CodeSquares), reduced kNF tokens at a time.
   void DitherValues() {
-    const DD dd;
     // Locals: the stores below would otherwise make the compiler reload every member per vector.
     const int G = G_;
     float* HWY_RESTRICT scales = v_scalesf_.data();
@@ -918,16 +951,19 @@ class FastAttention {
     const DF df;
     const VF rho_factor = hn::Set(df, rho_factor_);  // RhoFactor()
     float* HWY_RESTRICT rho_f = v_rho_f_.data();
+    VF rho_max = hn::Zero(df);  // a NaN ρ_t left out, as MaxOfSums does
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       VF s2 = hn::Zero(df);
       for (int g = 0; g < G; ++g) {
         const VF s = hn::LoadU(df, s_tf + g * kTile + j0);
         s2 = hn::MulAdd(s, s, s2);
       }
-      hn::StoreU(hn::Mul(hn::Sqrt(s2), rho_factor), df, rho_f + j0);
+      const VF rho = hn::Mul(hn::Sqrt(s2), rho_factor);
+      hn::StoreU(rho, df, rho_f + j0);
+      rho_max = hn::Max(rho_max, hn::IfThenZeroElse(hn::IsNaN(rho), rho));
     }
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-      hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), rho_f + j0)), dd, &rho_[j0]);
+    tile_rho_max_ = hn::GetLane(hn::MaxOfLanes(df, rho_max));
+    rho_double_pending_ = true;  // rho_ only where a double path reads it (RhoDouble)
     norms_pending_ = true;
     // A tile that holds every packed token of its pages takes max_t (‖v̂_t‖ + ρ_t) from the pages
     // (KvStore keeps it at write time, as value_norm_bound computes it, rounded up); others, and
@@ -942,6 +978,16 @@ class FastAttention {
     }
     stored_v_max_ = stored;
     if constexpr (!kValueCodes) DecodeValueRows<true>();  // the float codes' squares come with the rows
+  }
+
+  // ρ_t of a dither-int8 value tile in double (rho_), once per tile and only for the paths that read it.
+  void RhoDouble() {
+    if (!rho_double_pending_) return;
+    rho_double_pending_ = false;
+    const DD dd;
+    const int n = segments_.back().i0 + segments_.back().n;
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+      hn::StoreU(hn::PromoteTo(dd, hn::LoadU(DFH(), &v_rho_f_[j0])), dd, &rho_[j0]);
   }
 
   // sqrt(32)·(½ + 2^-17)·(1 + (G + 4)·2^-24) rounded up to float: kv_store's ρ_t per unit of
@@ -1097,7 +1143,7 @@ class FastAttention {
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
-  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kChainW, kPendings };
+  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kPendings };
   double* pending(int h, Pending what) { return &pending_[(h * kPendings + what) * kN]; }
 
   void Flush(int h, HeadPartial& p) {
@@ -1107,7 +1153,9 @@ class FastAttention {
       hn::StoreU(hn::Zero(dd), dd, pending(h, what));
       return hn::GetLane(max ? hn::MaxOfLanes(dd, v) : hn::SumOfLanes(dd, v));
     };
-    p.l += take(kL, false);
+    const double l_pending = take(kL, false);
+    p.l += l_pending;
+    l_mixed_.empty() || (l_mixed_[h] = 0);
     p.rho += take(kRho, false);
     p.meter.z.s = p.l;
     p.meter.z_plus_c.s += take(kPlus, false);
@@ -1123,25 +1171,29 @@ class FastAttention {
     // the call's running maxima) and L = Σ w'_t over them:
     //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,   c_t ≤ max a_t + η',
     // each widened by 2^-40 for its double roundings.
-    float* chain = &chains_[static_cast<std::size_t>(h) * 2 * kNF];
-    double x1 = 0.0, x2 = 0.0;
+    float* chain = &chains_[static_cast<std::size_t>(h) * kChainCount * kNF];
+    double x1 = 0.0, x2 = 0.0, x3 = 0.0;
     for (std::size_t i = 0; i < kNF; ++i) {
       x1 += chain[i];
       x2 += chain[kNF + i];
+      x3 += chain[2 * kNF + i];
     }
-    std::fill_n(chain, 2 * kNF, 0.0f);
+    std::fill_n(chain, kChainCount * kNF, 0.0f);
     const double k = chain_steps_[h], widen = 1.0 + (k + 2.0) * 0x1p-23, tiny = static_cast<double>(kNF) * k * 0x1p-146;
     x1 = x1 * widen + tiny;
     x2 = x2 * widen + tiny;
-    const double l = take(kChainW, false), eta = EtaBound(h);
+    if (p.float_rho_max > 0.0) p.rho += (x3 * widen + tiny) * (1.0 + 0x1p-40);  // else every ρ^v_t was 0
+    const double l = l_pending, eta = EtaBound(h);  // the chains' Σ w'_t (l_mixed_)
     p.meter.mom_w += l;
     p.meter.mom_c1 += (x1 + eta * l) * (1.0 + 0x1p-40);
     p.meter.mom_c2 += (x2 + 2.0 * eta * x1 + eta * eta * l) * (1.0 + 0x1p-40);
-    const double c_max = (chain_a_max_[h] + eta) * (1.0 + 0x1p-50);
+    float* a_lanes = &chain_a_max_[static_cast<std::size_t>(h) * kNF];
+    const double a_max = hn::GetLane(hn::MaxOfLanes(DF(), hn::LoadU(DF(), a_lanes)));
+    std::fill_n(a_lanes, kNF, 0.0f);
+    const double c_max = (a_max + eta) * (1.0 + 0x1p-50);
     p.meter.c_max = std::max(p.meter.c_max, c_max);
     p.meter.float_c_max = std::max(p.meter.float_c_max, c_max);
     chain_steps_[h] = 0;
-    chain_a_max_[h] = 0.0;
   }
 
   // A tile whose max logit mz exceeds the head's running max: every sum kept relative to it (the
@@ -1154,7 +1206,7 @@ class FastAttention {
     const double r = rescale_[h] = std::exp(p.m - mz);
     p.l *= r;
     p.rho *= r;
-    for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2, kChainW})
+    for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2})
       hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
     p.meter.mom_w *= r;  // the moment sums are kept at LSE(z̃)'s reference point
     p.meter.mom_c1 *= r;
@@ -1162,8 +1214,8 @@ class FastAttention {
     if (!chain_steps_.empty() && chain_steps_[h] > 0) {  // r rounded up, and one more rounding step
       const DF df;
       const VF r_up = hn::Set(df, cert::float_round_up(r));
-      float* chain = &chains_[static_cast<std::size_t>(h) * 2 * kNF];
-      for (std::size_t i = 0; i < 2 * kNF; i += kNF) hn::StoreU(hn::Mul(hn::LoadU(df, chain + i), r_up), df, chain + i);
+      float* chain = &chains_[static_cast<std::size_t>(h) * kChainCount * kNF];
+      for (std::size_t i = 0; i < kChainCount * kNF; i += kNF) hn::StoreU(hn::Mul(hn::LoadU(df, chain + i), r_up), df, chain + i);
       ++chain_steps_[h];
     }
     if (shared_reference) {
@@ -1184,6 +1236,11 @@ class FastAttention {
       if (!meter_) return UpdateFloat<false>(h, n, p);
       if (c_max_[h] <= kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // max a_t (η' is far smaller)
       DoubleLogits(h, n);
+    }
+    RhoDouble();
+    if (meter_ && !l_mixed_.empty()) {  // a chain's Σ w'_t is the pending kL (l_mixed_)
+      if (chain_steps_[h] > 0) Flush(h, p);
+      l_mixed_[h] = 1;
     }
     VD c_max = hn::Zero(dd);
     if (meter_)
@@ -1248,16 +1305,18 @@ class FastAttention {
   // is within (1 − 2^-24)^-k of its exact sum, plus at most 2^-150 a step whose rounding underflows.
   // (a_t² is taken as LogitsFloat's v2_t, the float whose rounded square root is a_t: within 2^-23 of
   // a_t², and v2_t carries the same 1 + 2^-17 as a_t.) Flush widens them by 1 + (k + 2)·2^-23 and
-  // kNF·k·2^-146, and adds η' for η_t. Σ w'_t over their tokens is kept in double (kChainW).
+  // kNF·k·2^-146, and adds η' for η_t. Σ w'_t over their tokens is the pending kL, in double: Update
+  // folds the chains before it adds other weights there, and UpdateFloat folds those before a
+  // chain starts (l_mixed_).
   static constexpr int kChainSteps = 64;
+  static constexpr std::size_t kChainCount = 3;  // X1, X2 and Σ w'_t ρ^v_t
 
   template <bool kMeter>
   void UpdateFloat(int h, int n, HeadPartial& p) {
     const DD dd;
-    const DF df;
     if constexpr (kMeter) {
-      chain_a_max_[h] = std::max(chain_a_max_[h], c_max_[h]);
       p.float_rho_max = std::max(p.float_rho_max, tile_rho_max_);
+      if (l_mixed_[h]) Flush(h, p);  // the chain's Σ w'_t will be the pending kL
     }
     const cert::MeterStats& meter = p.meter;  // LSE(z̃ ± c) move with m while they share it
     MoveMax(h, z_max_[h], meter.z_plus_c.m == p.m && meter.z_minus_c.m == p.m, p);
@@ -1265,50 +1324,85 @@ class FastAttention {
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
-    float* w = &w_[h * kTile];
-    const float* a = &cf_[h * kTile];
-    const float* a2 = &c2f_[h * kTile];
-    float* chain = kMeter ? &chains_[static_cast<std::size_t>(h) * 2 * kNF] : nullptr;
-    VF sum1 = kMeter ? hn::LoadU(df, chain) : hn::Zero(df), sum2 = kMeter ? hn::LoadU(df, chain + kNF) : hn::Zero(df);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
-      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
-      const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
-      hn::StoreU(wt, df, w + j0);
-      if constexpr (kMeter) {
-        sum1 = hn::MulAdd(wt, hn::LoadU(df, a + j0), sum1);
-        sum2 = hn::MulAdd(wt, hn::LoadU(df, a2 + j0), sum2);
-      }
+    if constexpr (kMeter) {
+      // G at compile time where it is small (d = 32, 64, 128): the coefficients stay in registers.
+      const bool done = WithPowerOfTwo(G_, [&]<int K>() {
+        if constexpr (K <= 4) FloatWeights<true, K>(h, n);
+      });
+      if (!done || G_ > 4) FloatWeights<true, 0>(h, n);
+    } else {
+      FloatWeights<false, 0>(h, n);
     }
-    VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho)), l_tile = hn::Zero(dd);
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-      const VD wd = hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0));
-      l = hn::Add(l, wd);
-      l_tile = hn::Add(l_tile, wd);
-      if constexpr (kMeter) rho = hn::MulAdd(wd, hn::LoadU(dd, &rho_[j0]), rho);
-    }
+    const float* w = &w_[h * kTile];
+    VD l = hn::LoadU(dd, pending(h, kL));
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) l = hn::Add(l, hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0)));
     hn::StoreU(l, dd, pending(h, kL));
     p.meter.z.m = p.m;
     p.meter.n += n;
     if constexpr (kMeter) {
-      hn::StoreU(rho, dd, pending(h, kRho));
-      hn::StoreU(hn::Add(hn::LoadU(dd, pending(h, kChainW)), l_tile), dd, pending(h, kChainW));
-      hn::StoreU(sum1, df, chain);
-      hn::StoreU(sum2, df, chain + kNF);
       chain_steps_[h] += (n + static_cast<int>(kNF) - 1) / static_cast<int>(kNF);
       if (chain_steps_[h] >= kChainSteps) Flush(h, p);
     }
   }
 
+  // UpdateFloat's loop: the weights w'_t = e^{x_t} into w_ and, with the meter on, a_t, a_t² and
+  // ρ^v_t into the head's chains. kG: G known at compile time, or 0.
+  template <bool kMeter, int kG>
+  HWY_INLINE void FloatWeights(int h, int n) {
+    const DF df;
+    const float* HWY_RESTRICT x = xf_.data();
+    const float* HWY_RESTRICT s2 = s2f_.data();
+    const float* HWY_RESTRICT rho = v_rho_f_.data();
+    float* HWY_RESTRICT w = &w_[h * kTile];
+    float* chain = kMeter ? &chains_[static_cast<std::size_t>(h) * kChainCount * kNF] : nullptr;
+    VF sum1 = hn::Zero(df), sum2 = hn::Zero(df), sum3 = hn::Zero(df);
+    VF cq[kG > 0 ? kG : 1];
+    if constexpr (kMeter) {
+      sum1 = hn::LoadU(df, chain);
+      sum2 = hn::LoadU(df, chain + kNF);
+      sum3 = hn::LoadU(df, chain + 2 * kNF);
+      for (int g = 0; g < kG; ++g) cq[g] = hn::Set(df, cq2f_[h * G_ + g]);
+    }
+    // Lanes past the tile's end repeat its last token: they move no maximum.
+    float* a_lanes = kMeter ? &chain_a_max_[static_cast<std::size_t>(h) * kNF] : nullptr;
+    VF a_max = kMeter ? hn::LoadU(df, a_lanes) : hn::Zero(df);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+      const auto valid = hn::FirstN(df, static_cast<std::size_t>(n - j0));
+      const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
+      hn::StoreU(wt, df, w + j0);
+      if constexpr (kMeter) {
+        VF v2;  // RadiusSquared's operations (its first FMA adds to 0: a product)
+        if constexpr (kG > 0) {
+          v2 = hn::Mul(cq[0], hn::LoadU(df, s2 + j0));
+          for (int g = 1; g < kG; ++g) v2 = hn::MulAdd(cq[g], hn::LoadU(df, s2 + g * kTile + j0), v2);
+        } else {
+          v2 = RadiusSquared(h, s2 + j0, kTile);
+        }
+        const VF a = hn::Sqrt(v2);
+        a_max = hn::Max(a_max, a);
+        sum1 = hn::MulAdd(wt, a, sum1);
+        sum2 = hn::MulAdd(wt, v2, sum2);
+        sum3 = hn::MulAdd(wt, hn::LoadU(df, rho + j0), sum3);
+      }
+    }
+    if constexpr (kMeter) {
+      hn::StoreU(sum1, df, chain);
+      hn::StoreU(sum2, df, chain + kNF);
+      hn::StoreU(sum3, df, chain + 2 * kNF);
+      hn::StoreU(a_max, df, a_lanes);
+    }
+  }
+
   // η' ≥ η_t for every float-tile token of the call so far: its coefficients are positive, so the
   // largest scale per group and largest Σ|x_out| (KeyTileFloat's running maxima) bound it; in
-  // double, G + 2 roundings of products of floats, widened by 2^-48.
+  // double, G + 2 roundings of products of floats, widened by 2^-48. The largest s_g is the square
+  // root of the largest s_g², exact: s_g² is the exact square of a float.
   double EtaBound(int h) const {
     const DF df;
-    const auto largest = [&](int row) {
-      return static_cast<double>(hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, &key_max_[row * kNF]))));
-    };
-    double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * largest(G_);
-    for (int g = 0; g < G_; ++g) eta += static_cast<double>(ceta_gf_[h * G_ + g]) * largest(g);
+    const double x_out = hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, x_out_max_.data())));
+    double eta = static_cast<double>(ceta0f_) + static_cast<double>(ceta_xf_[h]) * x_out;
+    for (int g = 0; g < G_; ++g)
+      eta += static_cast<double>(ceta_gf_[h * G_ + g]) * std::sqrt(static_cast<double>(key_s2_max_[g]));
     return eta * (1.0 + 0x1p-48);
   }
 
@@ -1426,6 +1520,7 @@ class FastAttention {
   // which skip bands and groups the query does not touch.
   void ScalarTile(int h, int n, HeadPartial& p) {
     ValueRows();
+    RhoDouble();
     if (float_tile_) {
       DoubleKeyMeta(n);
       DoubleLogits(h, n);
@@ -1551,17 +1646,23 @@ class FastAttention {
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
-  std::vector<float> key_max_;      // [G + 1][lane] running maxima of the float tiles' scales and Σ|x_out|
+  std::vector<float> s2_max_;       // [g][lane] the tile's largest s_g² (KeyTileFloat)
+  std::vector<float> tile_s2_max_;  // [g] and over the lanes
+  std::vector<float> key_s2_max_;   // [g] the float tiles' largest s_g² in the call so far
+  std::vector<float> x_out_max_;    // [lane] and their largest Σ|x_out|
   std::vector<float> chains_;       // [h][2][kNF] UpdateFloat's running X1 and X2 chains
   std::vector<int> chain_steps_;    // [h] their rounding steps since the last Flush
-  std::vector<double> chain_a_max_;  // [h] max a_t over their tokens
+  std::vector<float> chain_a_max_;  // [h][lane] max a_t over their tokens
+  // [h] the pending kL holds weights of a tile that was not a float tile's (Update): UpdateFloat
+  // flushes it before a chain starts, so that a chain's Σ w'_t is the pending kL.
+  std::vector<std::uint8_t> l_mixed_;
   std::vector<float> qgf_;         // [segment][h][G] Q_g of the segment's page
   std::vector<float> eta_gf_;  // [h][G] η's coefficient of s_g (ScalarTile)
   std::vector<float> eta_xf_;  // [h]
   std::vector<float> cq2f_;    // [h][G] LogitsFloat's (sm²/12)·κ²·Σ q_c², times (1 + 2^-17)²
   std::vector<float> ceta_gf_, ceta_xf_;  // EtaBound's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
-  std::vector<float> zf_, cf_, c2f_;  // [h][t] z̃_t, a_t and a_t² (LogitsFloat)
+  std::vector<float> zf_, cf_;  // [h][t] z̃_t (LogitsFloat) and a_t (Radii)
   std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t and max a_t
   std::vector<float> xf_;          // [t] z̃_t − m
 
@@ -1617,6 +1718,7 @@ class FastAttention {
   std::vector<float> code_sum_;     // [g][t] C_{t,g} = Σ_{c∈g} code_c²
   std::vector<double> rho_, vnorm_; // [t] ρ^v_t, ‖v̂_t‖
   double tile_rho_max_ = 0.0;  // max_t ρ^v_t over the tile
+  bool rho_double_pending_ = false;  // rho_ not filled from v_rho_f_ yet (RhoDouble)
   std::vector<double> z_, c_;       // [h][t]
   std::vector<float> w_;            // [h][t] e^{z̃_t − m}
   std::vector<double> acc_;         // [h][dp] Σ e^{z̃_t − m} v̂_t
