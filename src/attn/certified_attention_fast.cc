@@ -818,8 +818,8 @@ class FastAttention {
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}).
-  // With the meter on, c_max_[h] ≥ max_t a_t (from the tile's largest s_g², widened past a_t's
-  // float roundings) for Update's choice between float and double weights; it bounds no sum. The
+  // With the meter on, c_max_[h] ≥ max_t a_t² (from the tile's largest s_g², widened past the float
+  // roundings of a_t²) for Update's choice between float and double weights; it bounds no sum. The
   // radii themselves come with the weights (UpdateFloat) or from Radii.
   template <bool kMeter>
   void LogitsFloat(int h, int n) {
@@ -849,7 +849,7 @@ class FastAttention {
     if constexpr (kMeter) {
       double v2 = 0.0;
       for (int g = 0; g < G_; ++g) v2 += static_cast<double>(cq2f_[h * G_ + g]) * tile_s2_max_[g];
-      c_max_[h] = std::sqrt(v2) * (1.0 + 0x1p-20);
+      c_max_[h] = v2 * (1.0 + 0x1p-20);
     } else {
       c_max_[h] = 0.0;
     }
@@ -1155,15 +1155,19 @@ class FastAttention {
     };
     const double l_pending = take(kL, false);
     p.l += l_pending;
-    l_mixed_.empty() || (l_mixed_[h] = 0);
-    p.rho += take(kRho, false);
     p.meter.z.s = p.l;
-    p.meter.z_plus_c.s += take(kPlus, false);
-    p.meter.z_minus_c.s += take(kMinus, false);
-    p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
-    p.meter.mom_w += take(kMomW, false);
-    p.meter.mom_c1 += take(kMom1, false);
-    p.meter.mom_c2 += take(kMom2, false);
+    // Only Update writes the other pending sums; since the last Flush it has not, where l_mixed_
+    // says so, and they are still 0.
+    if (l_mixed_.empty() || l_mixed_[h]) {
+      p.rho += take(kRho, false);
+      p.meter.z_plus_c.s += take(kPlus, false);
+      p.meter.z_minus_c.s += take(kMinus, false);
+      p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
+      p.meter.mom_w += take(kMomW, false);
+      p.meter.mom_c1 += take(kMom1, false);
+      p.meter.mom_c2 += take(kMom2, false);
+      if (!l_mixed_.empty()) l_mixed_[h] = 0;
+    }
     if (chain_steps_.empty() || chain_steps_[h] == 0) return;
     // The float tiles' moment chains (UpdateFloat), k steps per lane since the last Flush: their
     // lanes added in double (kNF additions of one sign, far inside the widening), widened by
@@ -1172,12 +1176,12 @@ class FastAttention {
     //   Σ w'_t c_t ≤ X1 + η'·L,   Σ w'_t c_t² ≤ X2 + 2η'·X1 + η'²·L,   c_t ≤ max a_t + η',
     // each widened by 2^-40 for its double roundings.
     float* chain = &chains_[static_cast<std::size_t>(h) * kChainCount * kNF];
-    double x1 = 0.0, x2 = 0.0, x3 = 0.0;
-    for (std::size_t i = 0; i < kNF; ++i) {
-      x1 += chain[i];
-      x2 += chain[kNF + i];
-      x3 += chain[2 * kNF + i];
-    }
+    const auto lanes = [&](std::size_t i) {  // the lanes of chain i in double
+      VD sum = hn::Zero(dd);
+      for (std::size_t j = 0; j < kNF; j += kN) sum = hn::Add(sum, hn::PromoteTo(dd, hn::LoadU(DFH(), chain + i * kNF + j)));
+      return hn::GetLane(hn::SumOfLanes(dd, sum));
+    };
+    double x1 = lanes(0), x2 = lanes(1), x3 = lanes(2);
     std::fill_n(chain, kChainCount * kNF, 0.0f);
     const double k = chain_steps_[h], widen = 1.0 + (k + 2.0) * 0x1p-23, tiny = static_cast<double>(kNF) * k * 0x1p-146;
     x1 = x1 * widen + tiny;
@@ -1234,7 +1238,7 @@ class FastAttention {
     const bool moments = float_tile_ && meter_;  // the float tiles' tokens are moment tokens
     if (float_tile_) {
       if (!meter_) return UpdateFloat<false>(h, n, p);
-      if (c_max_[h] <= kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // max a_t (η' is far smaller)
+      if (c_max_[h] <= kFloatWeightMaxC * kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // η' is far smaller
       DoubleLogits(h, n);
     }
     RhoDouble();
@@ -1663,7 +1667,7 @@ class FastAttention {
   std::vector<float> ceta_gf_, ceta_xf_;  // EtaBound's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_;  // [h][t] z̃_t (LogitsFloat) and a_t (Radii)
-  std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t and max a_t
+  std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t, and ≥ max a_t² (LogitsFloat)
   std::vector<float> xf_;          // [t] z̃_t − m
 
   // Per call: the queries and their constants.
