@@ -363,7 +363,6 @@ class FastAttention {
         sf_.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
         s2f_.assign(sf_.size(), 0.0f);
         poison_.assign(kTile + kNF, 0.0f);
-        s2_max_.assign(static_cast<std::size_t>(G_) * kNF, 0.0f);
         tile_s2_max_.assign(G_, 0.0f);
         key_s2_max_.assign(G_, 0.0f);
         x_out_max_.assign(kNF, 0.0f);
@@ -627,8 +626,6 @@ class FastAttention {
     PadRows(meta, G_, n);
     PadRows(outl, m2_, n);
     const Segment* seg = segments_.data();
-    float* HWY_RESTRICT s2_max = s2_max_.data();  // [g][lane]
-    if (meter_) std::fill(s2_max_.begin(), s2_max_.end(), 0.0f);
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
       // data(), not [·]: with m = 0 the vector is empty.
       float* xo = outliers_t_.data() + static_cast<std::size_t>(j0 / static_cast<int>(kNF)) * m2_ * kNF;
@@ -643,10 +640,6 @@ class FastAttention {
       for (int g = 0; g < G_; ++g) {
         const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
         bad = hn::Or(bad, hn::Not(hn::IsFinite(sg)));
-        if (!meter_) continue;
-        const VF s2 = hn::Mul(sg, sg);  // exact: 22 significant bits
-        hn::StoreU(s2, df, &s2f_[g * kTile + j0]);
-        hn::StoreU(hn::Max(hn::LoadU(df, s2_max + g * kNF), s2), df, s2_max + g * kNF);
       }
       hn::StoreU(hn::IfThenElseZero(bad, hn::Set(df, NAN)), df, &poison_[j0]);
       // The keys are channel-major inside a page: kNF consecutive bytes of channel c are the codes
@@ -669,11 +662,18 @@ class FastAttention {
         block.stride = kNF;
       }
     }
-    if (meter_)
-      for (int g = 0; g < G_; ++g) {
-        tile_s2_max_[g] = hn::GetLane(hn::MaxOfLanes(df, hn::LoadU(df, s2_max + g * kNF)));
-        key_s2_max_[g] = std::max(key_s2_max_[g], tile_s2_max_[g]);
+    if (!meter_) return;
+    for (int g = 0; g < G_; ++g) {
+      VF s2_max = hn::Zero(df);
+      for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) {
+        const VF sg = hn::LoadU(df, &sf_[g * kTile + j0]);
+        const VF s2 = hn::Mul(sg, sg);  // exact: 22 significant bits
+        hn::StoreU(s2, df, &s2f_[g * kTile + j0]);
+        s2_max = hn::Max(s2_max, s2);
       }
+      tile_s2_max_[g] = hn::GetLane(hn::MaxOfLanes(df, s2_max));
+      key_s2_max_[g] = std::max(key_s2_max_[g], tile_s2_max_[g]);
+    }
   }
 
   // k'_t = s_g·(code − ξ_t) with the token's own (per-slot) dither, the fp16 outliers in place; exact
@@ -1650,8 +1650,7 @@ class FastAttention {
   double eta0_ = 0.0;        // η_t's allowance for underflow in the float products
   std::vector<float> sf_, s2f_;  // [g][t] the tile's key scales and their squares
   std::vector<float> poison_;  // [t] NaN where the token's scale or outlier values are not finite, else 0
-  std::vector<float> s2_max_;       // [g][lane] the tile's largest s_g² (KeyTileFloat)
-  std::vector<float> tile_s2_max_;  // [g] and over the lanes
+  std::vector<float> tile_s2_max_;  // [g] the tile's largest s_g² (KeyTileFloat)
   std::vector<float> key_s2_max_;   // [g] the float tiles' largest s_g² in the call so far
   std::vector<float> x_out_max_;    // [lane] and their largest Σ|x_out|
   std::vector<float> chains_;       // [h][2][kNF] UpdateFloat's running X1 and X2 chains
