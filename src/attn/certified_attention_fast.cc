@@ -1186,7 +1186,9 @@ class FastAttention {
     const double k = chain_steps_[h], widen = 1.0 + (k + 2.0) * 0x1p-23, tiny = static_cast<double>(kNF) * k * 0x1p-146;
     x1 = x1 * widen + tiny;
     x2 = x2 * widen + tiny;
-    if (p.float_rho_max > 0.0) p.rho += (x3 * widen + tiny) * (1.0 + 0x1p-40);  // else every ρ^v_t was 0
+    // Where every ρ^v_t so far was 0 the chain is exactly 0 and takes no underflow allowance; a NaN
+    // ρ^v_t (a NaN value scale) stays NaN.
+    p.rho += (x3 * widen + (p.float_rho_max > 0.0 ? tiny : 0.0)) * (1.0 + 0x1p-40);
     const double l = l_pending, eta = EtaBound(h);  // the chains' Σ w'_t (l_mixed_)
     p.meter.mom_w += l;
     p.meter.mom_c1 += (x1 + eta * l) * (1.0 + 0x1p-40);
@@ -1242,7 +1244,7 @@ class FastAttention {
       DoubleLogits(h, n);
     }
     RhoDouble();
-    if (meter_ && !l_mixed_.empty()) {  // a chain's Σ w'_t is the pending kL (l_mixed_)
+    if (!l_mixed_.empty()) {  // a chain's Σ w'_t is the pending kL (l_mixed_)
       if (chain_steps_[h] > 0) Flush(h, p);
       l_mixed_[h] = 1;
     }
