@@ -59,8 +59,8 @@
 // float coefficients cq2_g: 1 + 2^-17 exceeds the relative rounding of the coefficients and of the
 // ≤ G + 2 float operations a_t passes through (its square root included), so a_t ≥ u_t. The meter
 // takes these tokens through their moments (cert::MeterStats::add_moment): per token and query head
-// only a_t, a_t² and two multiply-adds, Σ w_t a_t and Σ w_t a_t² in one-signed float chains widened
-// upwards (UpdateFloat); η_t is replaced by a bound η' from the call's largest scale per group
+// only a_t, a_t² and three multiply-adds, Σ w_t a_t, Σ w_t a_t² and the value side's Σ w_t ρ^v_t in
+// one-signed float chains widened upwards (UpdateFloat); η_t is replaced by a bound η' from the call's largest scale per group
 // and largest Σ|x_out| (its coefficients are positive), and c_t ≤ a_t + η' gives
 // Σ w_t c_t ≤ Σ w_t a_t + η'·Σ w_t and Σ w_t c_t² ≤ Σ w_t a_t² + 2η'·Σ w_t a_t + η'²·Σ w_t. A larger A
 // and a smaller A⁻ than the exact ones only loosen every bound shape. A non-finite scale or outlier
@@ -378,7 +378,7 @@ class FastAttention {
         key_outliers_buf_.resize(static_cast<std::size_t>(kTile) * m2_);
         for (double e : eta_g_) eta_gf_.push_back(static_cast<float>(e * (eta_float / eta)));
         for (double e : eta_x_) eta_xf_.push_back(static_cast<float>(e * (eta_float / eta)));
-        // c_t ≤ a_t + η' with a_t = sqrt(Σ_g cq2_g s_g²) (LogitsFloat) and
+        // c_t ≤ a_t + η' with a_t = sqrt(Σ_g cq2_g s_g²) (FloatWeights, Radii) and
         // η' = ceta0 + ceta_x·max_t x_out + Σ_g ceta_g·max_t s_g (EtaBound): (sqrt(ς_t²)·κ + η_t)·(1 + 2^-17)
         // up to the rounding of each coefficient to float and of the ≤ G + 2 float operations of a_t
         // (relative 2^-24 each, G + 3 < 128).
@@ -1305,12 +1305,13 @@ class FastAttention {
   // MeterStats::float_c_max accounts for it.
   //
   // With the meter on, the tokens are moment tokens (cert::MeterStats::add_moment): per float lane
-  // two FMA chains X1 = Σ w'_t a_t and X2 = Σ w'_t a_t² that run on across tiles (chains_) until
+  // three FMA chains X1 = Σ w'_t a_t, X2 = Σ w'_t a_t² and X3 = Σ w'_t ρ^v_t (ρ^v_t ≥ 0: the value
+  // side's Σ w ρ) that run on across tiles (chains_) until
   // Flush folds them into the partial, at most kChainSteps steps later. Every term is nonnegative,
   // so a chain of k rounding steps (its FMAs, and a rescale by MoveMax, with the factor rounded up)
   // is within (1 − 2^-24)^-k of its exact sum, plus at most 2^-150 a step whose rounding underflows.
-  // (a_t² is taken as LogitsFloat's v2_t, the float whose rounded square root is a_t: within 2^-23 of
-  // a_t², and v2_t carries the same 1 + 2^-17 as a_t.) Flush widens them by 1 + (k + 2)·2^-23 and
+  // (a_t² is taken as v2_t, the float whose rounded square root is a_t: within 2^-23 of a_t², and
+  // v2_t carries the same 1 + 2^-17 as a_t.) Flush widens them by 1 + (k + 2)·2^-23 and
   // kNF·k·2^-146, and adds η' for η_t. Σ w'_t over their tokens is the pending kL, in double: Update
   // folds the chains before it adds other weights there, and UpdateFloat folds those before a
   // chain starts (l_mixed_).
