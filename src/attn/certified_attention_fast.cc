@@ -1244,10 +1244,7 @@ class FastAttention {
       DoubleLogits(h, n);
     }
     RhoDouble();
-    if (!l_mixed_.empty()) {  // a chain's Σ w'_t is the pending kL (l_mixed_)
-      if (chain_steps_[h] > 0) Flush(h, p);
-      l_mixed_[h] = 1;
-    }
+    if (!chain_steps_.empty() && chain_steps_[h] > 0) Flush(h, p);  // a chain's Σ w'_t is the pending kL
     VD c_max = hn::Zero(dd);
     if (meter_)
       for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
@@ -1260,6 +1257,8 @@ class FastAttention {
     if (meter_ && !shared_reference) Flush(h, p);  // LseTile works on the partial itself
     const double mz = TileMax(h, n, 0.0);
     MoveMax(h, mz, shared_reference, p);
+    // After the Flushes above (which clear it): the pending sums now take this tile's weights.
+    if (!l_mixed_.empty()) l_mixed_[h] = 1;
     const VD m = hn::Set(dd, p.m);
     VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
     VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
