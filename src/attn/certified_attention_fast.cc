@@ -390,7 +390,7 @@ class FastAttention {
         zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         cf_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
-        c_max_.assign(group_, 0.0);
+        a2_max_.assign(group_, 0.0);
         xf_.assign(kTile + kNF, 0.0f);
       }
     }
@@ -449,7 +449,6 @@ class FastAttention {
       if (float_tile_) AllCodeDots(n);
       for (int h = 0; h < group_; ++h) Logits(h, n);
       LoadValues(first, t0, n, v_packed);
-      if (float_tile_ && meter_ && !rho_double_pending_) tile_rho_max_ = MaxOfSums(rho_.data(), nullptr, n);  // else DitherValues'
       bool any_scalar = false;
       for (int h = 0; h < group_; ++h) {
         scalar_[h] = !finite_[h] || !Clean(partials[h]);
@@ -818,7 +817,7 @@ class FastAttention {
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}).
-  // With the meter on, c_max_[h] ≥ max_t a_t² (from the tile's largest s_g², widened past the float
+  // With the meter on, a2_max_[h] ≥ max_t a_t² (from the tile's largest s_g², widened past the float
   // roundings of a_t²) for Update's choice between float and double weights; it bounds no sum. The
   // radii themselves come with the weights (UpdateFloat) or from Radii.
   template <bool kMeter>
@@ -849,9 +848,7 @@ class FastAttention {
     if constexpr (kMeter) {
       double v2 = 0.0;
       for (int g = 0; g < G_; ++g) v2 += static_cast<double>(cq2f_[h * G_ + g]) * tile_s2_max_[g];
-      c_max_[h] = v2 * (1.0 + 0x1p-20);
-    } else {
-      c_max_[h] = 0.0;
+      a2_max_[h] = v2 * (1.0 + 0x1p-20);
     }
   }
 
@@ -897,6 +894,8 @@ class FastAttention {
     rho_double_pending_ = false;
     stored_v_max_ = -1.0;
     // ρ_t also in float for the float tiles' chain (UpdateFloat): exact, an fp16 value; 0 past the tile.
+    // tile_rho_max_: max(0, max_t ρ_t), a NaN ρ_t left out (as DitherValues).
+    tile_rho_max_ = 0.0;
     if (!packed) {
       for (int i = 0; i < n; ++i) {
         F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
@@ -909,6 +908,7 @@ class FastAttention {
         DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &vrows_[i * dp_], v_block_);
         v_rho_f_[i] = fp16_to_float(page.v.meta[row0 + i]);
         rho_[i] = v_rho_f_[i];
+        tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
       }
       std::fill(v_rho_f_.begin() + n, v_rho_f_.end(), 0.0f);
     } else {
@@ -1240,7 +1240,7 @@ class FastAttention {
     const bool moments = float_tile_ && meter_;  // the float tiles' tokens are moment tokens
     if (float_tile_) {
       if (!meter_) return UpdateFloat<false>(h, n, p);
-      if (c_max_[h] <= kFloatWeightMaxC * kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // η' is far smaller
+      if (a2_max_[h] <= kFloatWeightMaxC * kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // η' is far smaller
       DoubleLogits(h, n);
     }
     RhoDouble();
@@ -1330,15 +1330,7 @@ class FastAttention {
     float* x = xf_.data();
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
       hn::StoreU(hn::DemoteTo(DFH(), hn::Sub(hn::PromoteTo(dd, hn::LoadU(DFH(), &zf_[h * kTile + j0])), m)), DFH(), x + j0);
-    if constexpr (kMeter) {
-      // G at compile time where it is small (d = 32, 64, 128): the coefficients stay in registers.
-      const bool done = WithPowerOfTwo(G_, [&]<int K>() {
-        if constexpr (K <= 4) FloatWeights<true, K>(h, n);
-      });
-      if (!done || G_ > 4) FloatWeights<true, 0>(h, n);
-    } else {
-      FloatWeights<false, 0>(h, n);
-    }
+    FloatWeights<kMeter>(h, n);
     const float* w = &w_[h * kTile];
     VD l = hn::LoadU(dd, pending(h, kL));
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) l = hn::Add(l, hn::PromoteTo(dd, hn::LoadU(DFH(), w + j0)));
@@ -1352,8 +1344,8 @@ class FastAttention {
   }
 
   // UpdateFloat's loop: the weights w'_t = e^{x_t} into w_ and, with the meter on, a_t, a_t² and
-  // ρ^v_t into the head's chains. kG: G known at compile time, or 0.
-  template <bool kMeter, int kG>
+  // ρ^v_t into the head's chains.
+  template <bool kMeter>
   HWY_INLINE void FloatWeights(int h, int n) {
     const DF df;
     const float* HWY_RESTRICT x = xf_.data();
@@ -1362,12 +1354,10 @@ class FastAttention {
     float* HWY_RESTRICT w = &w_[h * kTile];
     float* chain = kMeter ? &chains_[static_cast<std::size_t>(h) * kChainCount * kNF] : nullptr;
     VF sum1 = hn::Zero(df), sum2 = hn::Zero(df), sum3 = hn::Zero(df);
-    VF cq[kG > 0 ? kG : 1];
     if constexpr (kMeter) {
       sum1 = hn::LoadU(df, chain);
       sum2 = hn::LoadU(df, chain + kNF);
       sum3 = hn::LoadU(df, chain + 2 * kNF);
-      for (int g = 0; g < kG; ++g) cq[g] = hn::Set(df, cq2f_[h * G_ + g]);
     }
     // Lanes past the tile's end repeat its last token: they move no maximum.
     float* a_lanes = kMeter ? &chain_a_max_[static_cast<std::size_t>(h) * kNF] : nullptr;
@@ -1377,14 +1367,7 @@ class FastAttention {
       const VF wt = hn::IfThenElseZero(valid, hn::Exp(df, hn::LoadU(df, x + j0)));
       hn::StoreU(wt, df, w + j0);
       if constexpr (kMeter) {
-        VF v2;  // RadiusSquared's operations (its first FMA adds to 0: a product)
-        if constexpr (kG > 0) {
-          v2 = hn::Mul(cq[0], hn::LoadU(df, s2 + j0));
-          for (int g = 1; g < kG; ++g) v2 = hn::MulAdd(cq[g], hn::LoadU(df, s2 + g * kTile + j0), v2);
-        } else {
-          v2 = RadiusSquared(h, s2 + j0, kTile);
-        }
-        const VF a = hn::Sqrt(v2);
+        const VF v2 = RadiusSquared(h, s2 + j0, kTile), a = hn::Sqrt(v2);
         a_max = hn::Max(a_max, a);
         sum1 = hn::MulAdd(wt, a, sum1);
         sum2 = hn::MulAdd(wt, v2, sum2);
@@ -1655,7 +1638,7 @@ class FastAttention {
   std::vector<float> tile_s2_max_;  // [g] the tile's largest s_g² (KeyTileFloat)
   std::vector<float> key_s2_max_;   // [g] the float tiles' largest s_g² in the call so far
   std::vector<float> x_out_max_;    // [lane] and their largest Σ|x_out|
-  std::vector<float> chains_;       // [h][2][kNF] UpdateFloat's running X1 and X2 chains
+  std::vector<float> chains_;       // [h][kChainCount][kNF] UpdateFloat's running X1, X2 and X3 chains
   std::vector<int> chain_steps_;    // [h] their rounding steps since the last Flush
   std::vector<float> chain_a_max_;  // [h][lane] max a_t over their tokens
   // [h] the pending kL holds weights of a tile that was not a float tile's (Update): UpdateFloat
@@ -1668,7 +1651,7 @@ class FastAttention {
   std::vector<float> ceta_gf_, ceta_xf_;  // EtaBound's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_;  // [h][t] z̃_t (LogitsFloat) and a_t (Radii)
-  std::vector<double> z_max_, c_max_;  // [h] the tile's max z̃_t, and ≥ max a_t² (LogitsFloat)
+  std::vector<double> z_max_, a2_max_;  // [h] the tile's max z̃_t, and ≥ max a_t² (LogitsFloat)
   std::vector<float> xf_;          // [t] z̃_t − m
 
   // Per call: the queries and their constants.
