@@ -278,9 +278,11 @@ void paired_args(benchmark::internal::Benchmark* b) {
       if (kVariants[v].name == name) return static_cast<std::int64_t>(v);
     throw std::logic_error("no variant " + std::string(name));
   };
-  // dither-int8/shared against fp16, and the shared dither's meter on against off.
+  // dither-int8/shared against fp16, the shared dither's meter on against off, and meter-off
+  // against itself: the pairing's own bias on the machine at hand (an A/A control, about 1.00).
   for (const auto& [va, vb] : {std::pair{index("fp16"), index("dither-int8/shared")},
-                               std::pair{index("dither-int8/shared/meter-off"), index("dither-int8/shared")}})
+                               std::pair{index("dither-int8/shared/meter-off"), index("dither-int8/shared")},
+                               std::pair{index("dither-int8/shared/meter-off"), index("dither-int8/shared/meter-off")}})
     for (std::int64_t cold : {0, 1})
       for (std::int64_t d : {64, 128})
         for (std::int64_t group : {3, 7}) b->Args({va, vb, 32768, d, group, cold});
