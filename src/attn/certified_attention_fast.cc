@@ -390,7 +390,6 @@ class FastAttention {
         zf_.assign(static_cast<std::size_t>(group_) * kTile + kNF, 0.0f);
         cf_.assign(zf_.size(), 0.0f);
         z_max_.assign(group_, 0.0);
-        a2_max_.assign(group_, 0.0);
         xf_.assign(kTile + kNF, 0.0f);
       }
     }
@@ -742,7 +741,7 @@ class FastAttention {
 
   // z̃_t and c_t of one query head for the tile's tokens.
   void Logits(int h, int n) {
-    if (float_tile_) return meter_ ? LogitsFloat<true>(h, n) : LogitsFloat<false>(h, n);
+    if (float_tile_) return LogitsFloat(h, n);
     const DD dd;
     const double* q = &qd_[h * dp_];
     auto finite = hn::FirstN(dd, kN);
@@ -817,10 +816,7 @@ class FastAttention {
 
   // Shared-page dither-int8 keys, in float with the tile's tokens in lanes:
   //   z̃_t = sm·(q·k'_t − Σ_g Q_g s_{g,t}).
-  // With the meter on, a2_max_[h] ≥ max_t a_t² (from the tile's largest s_g², widened past the float
-  // roundings of a_t²) for Update's choice between float and double weights; it bounds no sum. The
-  // radii themselves come with the weights (UpdateFloat) or from Radii.
-  template <bool kMeter>
+  // The radii come with the weights (UpdateFloat) or from Radii.
   void LogitsFloat(int h, int n) {
     const DF df;
     const VF sm = hn::Set(df, static_cast<float>(ctx_.sm));
@@ -845,11 +841,14 @@ class FastAttention {
     }
     finite_[h] = hn::AllTrue(df, hn::IsFinite(probe));
     z_max_[h] = hn::GetLane(hn::MaxOfLanes(df, z_max));
-    if constexpr (kMeter) {
-      double v2 = 0.0;
-      for (int g = 0; g < G_; ++g) v2 += static_cast<double>(cq2f_[h * G_ + g]) * tile_s2_max_[g];
-      a2_max_[h] = v2 * (1.0 + 0x1p-20);
-    }
+  }
+
+  // ≥ max_t a_t² over head h's float tile, from the tile's largest s_g² (KeyTileFloat), widened past
+  // the float roundings of a_t²: Update's choice between float and double weights. It bounds no sum.
+  double RadiusSquaredMax(int h) const {
+    double v2 = 0.0;
+    for (int g = 0; g < G_; ++g) v2 += static_cast<double>(cq2f_[h * G_ + g]) * tile_s2_max_[g];
+    return v2 * (1.0 + 0x1p-20);
   }
 
   // a_t² = Σ_g cq2_g s_{g,t}² (v2_t) of kNF tokens in lanes, s2[g·step + lane] = s_{g,t}²: the factors
@@ -891,24 +890,21 @@ class FastAttention {
     value_codes_ = false;
     rows_ready_ = true;
     norms_pending_ = false;
-    rho_double_pending_ = false;
     stored_v_max_ = -1.0;
-    // ρ_t also in float for the float tiles' chain (UpdateFloat): exact, an fp16 value; 0 past the tile.
-    // tile_rho_max_: max(0, max_t ρ_t), a NaN ρ_t left out (as DitherValues).
+    // ρ_t in float (v_rho_f_: exact, an fp16 value, 0 past the tile; DitherValues' own), and in double
+    // only where a double path of the meter reads it (RhoDouble). tile_rho_max_: max(0, max_t ρ_t), a
+    // NaN ρ_t left out (as DitherValues).
+    rho_double_pending_ = meter_;
     tile_rho_max_ = 0.0;
     if (!packed) {
-      for (int i = 0; i < n; ++i) {
-        F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
-        rho_[i] = 0.0;
-      }
+      for (int i = 0; i < n; ++i) F16FloatRow(page.v.exact + (row0 + i) * d_, &vrows_[i * dp_]);
       std::fill(v_rho_f_.begin(), v_rho_f_.end(), 0.0f);
     } else if (v_kind_ == cache::FormatKind::scheme) {
       const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
       for (int i = 0; i < n; ++i) {
         DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &vrows_[i * dp_], v_block_);
         v_rho_f_[i] = fp16_to_float(page.v.meta[row0 + i]);
-        rho_[i] = v_rho_f_[i];
-        tile_rho_max_ = std::max(tile_rho_max_, rho_[i]);
+        tile_rho_max_ = std::max(tile_rho_max_, static_cast<double>(v_rho_f_[i]));
       }
       std::fill(v_rho_f_.begin() + n, v_rho_f_.end(), 0.0f);
     } else {
@@ -963,7 +959,6 @@ class FastAttention {
       rho_max = hn::Max(rho_max, hn::IfThenZeroElse(hn::IsNaN(rho), rho));
     }
     tile_rho_max_ = hn::GetLane(hn::MaxOfLanes(df, rho_max));
-    rho_double_pending_ = true;  // rho_ only where a double path reads it (RhoDouble)
     norms_pending_ = true;
     // A tile that holds every packed token of its pages takes max_t (‖v̂_t‖ + ρ_t) from the pages
     // (KvStore keeps it at write time, as value_norm_bound computes it, rounded up); others, and
@@ -980,7 +975,7 @@ class FastAttention {
     if constexpr (!kValueCodes) DecodeValueRows<true>();  // the float codes' squares come with the rows
   }
 
-  // ρ_t of a dither-int8 value tile in double (rho_), once per tile and only for the paths that read it.
+  // ρ_t of the value tile in double (rho_), once per tile and only for the paths that read it.
   void RhoDouble() {
     if (!rho_double_pending_) return;
     rho_double_pending_ = false;
@@ -1240,7 +1235,7 @@ class FastAttention {
     const bool moments = float_tile_ && meter_;  // the float tiles' tokens are moment tokens
     if (float_tile_) {
       if (!meter_) return UpdateFloat<false>(h, n, p);
-      if (a2_max_[h] <= kFloatWeightMaxC * kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // η' is far smaller
+      if (RadiusSquaredMax(h) <= kFloatWeightMaxC * kFloatWeightMaxC) return UpdateFloat<true>(h, n, p);  // η' is far smaller
       DoubleLogits(h, n);
     }
     RhoDouble();
@@ -1651,7 +1646,7 @@ class FastAttention {
   std::vector<float> ceta_gf_, ceta_xf_;  // EtaBound's: η's coefficients times 1 + 2^-17
   float ceta0f_ = 0.0f;
   std::vector<float> zf_, cf_;  // [h][t] z̃_t (LogitsFloat) and a_t (Radii)
-  std::vector<double> z_max_, a2_max_;  // [h] the tile's max z̃_t, and ≥ max a_t² (LogitsFloat)
+  std::vector<double> z_max_;  // [h] the tile's max z̃_t (LogitsFloat)
   std::vector<float> xf_;          // [t] z̃_t − m
 
   // Per call: the queries and their constants.
