@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libboost-dev
   python3 python3-pip unzip ca-certificates
+  coq
 )
 
 missing=()

@@ -8,3 +8,4 @@ build_dir=${1:-build}
 shift || true
 scripts/build.sh "$build_dir" -DWITCERT_WERROR=ON "$@"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
+make -C proofs
