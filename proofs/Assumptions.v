@@ -1,7 +1,14 @@
 (** The axioms each main theorem rests on.  check.sh compiles this file and fails unless
     every axiom printed here is one of the standard library's real-number axioms. *)
 
-From WitCert Require Import Sums Defs EForm.
+From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
+Print Assumptions two_sided_sound.
+Print Assumptions retention_sound.
+Print Assumptions retention_le_eform.
+Print Assumptions retention_le_two_sided.
+Print Assumptions tanh_half_sound.
+Print Assumptions tanh_sound.
+Print Assumptions meter_sound.
