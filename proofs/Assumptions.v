@@ -1,7 +1,8 @@
 (** The axioms each main theorem rests on.  check.sh compiles this file and fails unless
     every axiom printed here is one of the standard library's real-number axioms. *)
 
-From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter.
+From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
+  Counterexample.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -12,3 +13,6 @@ Print Assumptions retention_le_two_sided.
 Print Assumptions tanh_half_sound.
 Print Assumptions tanh_sound.
 Print Assumptions meter_sound.
+Print Assumptions flawed_counterexample.
+Print Assumptions flawed_counterexample_values.
+Print Assumptions flawed_unsound.
