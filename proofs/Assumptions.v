@@ -2,7 +2,7 @@
     every axiom printed here is one of the standard library's real-number axioms. *)
 
 From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
-  Counterexample.
+  Counterexample TierA.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -16,3 +16,11 @@ Print Assumptions meter_sound.
 Print Assumptions flawed_counterexample.
 Print Assumptions flawed_counterexample_values.
 Print Assumptions flawed_unsound.
+Print Assumptions band_norm_rotate.
+Print Assumptions band_norm_residual_rotate.
+Print Assumptions band_norm_rotate_interleaved.
+Print Assumptions band_norm_rotate_neox.
+Print Assumptions logit_band_bound.
+Print Assumptions tier_a_sound.
+Print Assumptions tier_a_sound_interleaved.
+Print Assumptions tier_a_sound_neox.
