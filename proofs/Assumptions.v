@@ -2,7 +2,7 @@
     every axiom printed here is one of the standard library's real-number axioms. *)
 
 From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
-  Counterexample TierA.
+  Counterexample TierA SplitMerge ValueSide BlockRepair.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -24,3 +24,22 @@ Print Assumptions logit_band_bound.
 Print Assumptions tier_a_sound.
 Print Assumptions tier_a_sound_interleaved.
 Print Assumptions tier_a_sound_neox.
+Print Assumptions merge_avg.
+Print Assumptions merge_A.
+Print Assumptions merge_Am.
+Print Assumptions merge_output.
+Print Assumptions merge_cmax.
+Print Assumptions lse_merge_represents.
+Print Assumptions merge_log_A.
+Print Assumptions merge_log_Am.
+Print Assumptions value_output_bound_general.
+Print Assumptions value_output_bound.
+Print Assumptions enorm_is_norm.
+Print Assumptions value_output_bound_euclid.
+Print Assumptions repair_A.
+Print Assumptions repair_Am.
+Print Assumptions repair_rho.
+Print Assumptions block_term_A_disjoint.
+Print Assumptions repair_twice_A.
+Print Assumptions repair_A_le.
+Print Assumptions repair_cell.
