@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/test_scratch.h"
@@ -139,9 +142,181 @@ TEST(Cli, SchemesListsEveryScheme) {
   EXPECT_EQ(v64, "128.00");
   EXPECT_EQ(ratio64, "1.00");
   EXPECT_EQ(k128, "256.00");
+  std::string tier;
+  row >> tier;
+  EXPECT_EQ(tier, "A");
 }
 
-TEST(Cli, UnknownSubcommandFails) { EXPECT_NE(run("frobnicate").exit_code, 0); }
+// dither-int8 at d channels: d int8 codes and an fp16 scale per 32 channels; keys also 2m fp16
+// outlier values, values a 4-byte bound per page of 16 tokens (0.25 a token).
+TEST(Cli, SchemesListsDitherInt8AsTierB) {
+  const Result r = run("schemes");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::map<std::string, std::vector<std::string>> rows;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream row(line);
+    std::vector<std::string> cells;
+    for (std::string cell; row >> cell;) cells.push_back(cell);
+    if (!cells.empty() && cells[0] == "dither-int8") rows[cells.at(1)] = cells;
+  }
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  const std::vector<std::string> m0 = {"dither-int8", "token,m=0", "per-token", "68.00", "68.25", "1.88",
+                                       "136.00", "136.25", "1.88", "B"};
+  const std::vector<std::string> m4 = {"dither-int8", "token,m=4", "per-token", "84.00", "68.25", "1.68",
+                                       "152.00", "136.25", "1.78", "B"};
+  EXPECT_EQ(rows["token,m=0"], m0) << r.out;
+  EXPECT_EQ(rows["token,m=4"], m4) << r.out;
+}
+
+// A usage error: exit code 2, the usage hint (which only a usage error prints) and a message
+// that contains `says`. The model path does not exist, so a command line that parsed would fail
+// on it instead, without the hint.
+void expect_usage_error(const std::string& args, const std::string& says) {
+  const Result r = run(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find("run 'witcert --help' for usage"), std::string::npos) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find(says), std::string::npos) << args << "\nexpected: " << says << "\ngot: " << r.out;
+  EXPECT_LT(r.out.size(), 400u) << "a short message, not a 309-digit bound: " << r.out;
+}
+
+const std::string kGen = "generate --model /nonexistent/m.gguf --prompt hi ";
+const std::string kRun = "run --model /nonexistent/m.gguf hi ";
+
+TEST(Cli, UnknownSubcommandIsNamed) {
+  expect_usage_error("frobnicate", "unknown command 'frobnicate' (commands: bound, philox, schemes, selfcheck, generate");
+}
+
+TEST(Cli, ParseErrorsExitTwoAndHelpExitsZero) {
+  expect_usage_error("", "subcommand is required");
+  expect_usage_error("generate --n 3", "--prompt is required");
+  expect_usage_error(kGen + "--frobnicate", "--frobnicate");
+  expect_usage_error(kGen + "--threads", "--threads");
+  expect_usage_error("run --model /nonexistent/m.gguf", "prompt");
+  for (const char* args : {"--help", "generate --help", "run --help"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("Usage:"), std::string::npos) << r.out;
+  }
+  EXPECT_NE(run("run --help").out.find("default min: the minimum of the sound forms"), std::string::npos);
+}
+
+TEST(Cli, NumbersOutOfRangeNameTheFlagAndTheRange) {
+  const std::pair<std::string, std::string> cases[] = {
+      {kGen + "--threads 0", "--threads must be in [1, 256], got '0'"},
+      {kGen + "--threads 257", "--threads must be in [1, 256]"},
+      {kGen + "--threads 1e400", "--threads must be in [1, 256]"},
+      {kRun + "--kv q4_0 --threads 0", "--threads must be in [1, 256]"},
+      {"logits --model /nonexistent/m.gguf --prompt hi --threads 0", "--threads must be in [1, 256]"},
+      {"demo --model /nonexistent/m.gguf --threads 300", "--threads must be in [1, 256]"},
+      {kGen + "--n -1", "--n must be in [0, 1000000]"},
+      {kGen + "--n 1000001", "--n must be in [0, 1000000]"},
+      {kRun + "--kv q4_0 --n 0", "--n must be in [1, 1000000]"},
+      {kRun + "--kv q4_0 --n 2000000", "--n must be in [1, 1000000]"},
+      {kGen + "--kv q4_0 --page-size 0", "--page-size must be in [1, 4096]"},
+      {kGen + "--kv q4_0 --page-size 4097", "--page-size must be in [1, 4096]"},
+      {kGen + "--kv dither-int8 --outliers -1", "--outliers must be in [0, 31]"},
+      {kGen + "--kv dither-int8 --outliers 32", "--outliers must be in [0, 31]"},
+      {kGen + "--kv q4_0 --delta 0", "--delta must be in (0, 1)"},
+      {kGen + "--kv q4_0 --delta 1", "--delta must be in (0, 1)"},
+      {kRun + "--kv q4_0 --delta nan", "--delta must be in (0, 1)"},
+      {kGen + "--kv q4_0 --gate 0", "--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --tau -1", "--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --gate inf", "--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --gate 0", "--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --tau nan", "--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --gate 1e999", "--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --tau-v 0", "--tau-v must be finite and > 0"},
+      {kRun + "--kv q4_0 --tau-v inf", "--tau-v must be finite and > 0"},
+      {kGen + "--kv q4_0 --coverage-tau 0", "--coverage-tau must be in (0, 1]"},
+      {kRun + "--kv q4_0 --coverage-tau 1.5", "--coverage-tau must be in (0, 1]"},
+      {kGen + "--top-p 0", "--top-p must be in (0, 1]"},
+      {kGen + "--top-p 1.5", "--top-p must be in (0, 1]"},
+      {kGen + "--temp -1", "--temp must be finite and >= 0"},
+      {kGen + "--temp inf", "--temp must be finite and >= 0"},
+      {kGen + "--temp 1e39", "--temp must be finite and >= 0"},
+      {"demo --model /nonexistent/m.gguf --tokens 0", "--tokens must be in [64, 7000]"},
+      {"demo --model /nonexistent/m.gguf --tokens 8193", "--tokens must be in [64, 7000]"},
+      {kRun + "--kv q4_0 --telemetry-stride 0", "--telemetry-stride must be in [1, 1000000]"},
+      {"logits --model /nonexistent/m.gguf --prompt hi --top 0", "--top must be in [1, 1000000]"},
+  };
+  for (const auto& [args, says] : cases) expect_usage_error(args, says);
+}
+
+TEST(Cli, NonNumbersAreCalledSo) {
+  expect_usage_error(kGen + "--threads abc", "--threads: 'abc' is not a number");
+  expect_usage_error(kGen + "--threads 2.5", "--threads: '2.5' is not a whole number");
+  expect_usage_error(kRun + "--kv q4_0 --gate x", "--gate/--tau: 'x' is not a number");
+  expect_usage_error(kGen + "--temp warm", "--temp: 'warm' is not a number");
+  expect_usage_error(kGen + "--n 12tokens", "--n: '12tokens' is not a number");
+  expect_usage_error(kGen + "--seed -1", "--seed: '-1' is not a whole number");
+  expect_usage_error(kGen + "--kv dither-int8 --dither-seed x", "--dither-seed: 'x' is not a whole number");
+}
+
+TEST(Cli, ChoicesAreListed) {
+  expect_usage_error(kRun + "--kv q4_0 --gate 0.2 --granularity page",
+                     "--granularity must be one of head, block, request, got 'page'");
+  expect_usage_error(kGen + "--kv q4_0 --gate 0.2 --granularity page", "--granularity must be one of head, block, request");
+  expect_usage_error(kGen + "--kv q4_0 --bound sharp",
+                     "--bound must be one of eform, two-sided, retention, tanh, tanh-half, min, got 'sharp'");
+  expect_usage_error(kRun + "--kv q4_0 --bound sharp", "--bound must be one of");
+  expect_usage_error(kGen + "--kv q4_0 --exact-tier disk", "--exact-tier must be one of ram, file, got 'disk'");
+  expect_usage_error(kRun + "--kv q4_0 --exact-tier disk", "--exact-tier must be one of ram, file");
+  expect_usage_error(kGen + "--kv dither-int8 --dither sideways", "--dither: unknown dither mode 'sideways'");
+  expect_usage_error(kRun + "--kv dither-int8 --dither sideways", "--dither: unknown dither mode 'sideways'");
+}
+
+TEST(Cli, FlagsThatWouldBeIgnoredAreErrors) {
+  // Without --kv, generate keeps a plain exact cache: every flag of the certified cache is an error.
+  for (const char* flag : {"--kv-v q4_0", "--backing-file /tmp/x", "--backing-file-overwrite", "--keep-backing-file",
+                           "--exact-tier ram", "--bound tanh", "--tau-v 0.1", "--coverage-tau 0.5", "--gate 0.2",
+                           "--tau 0.2", "--check-soundness", "--dither per-slot", "--shared-page-dither",
+                           "--dither-seed 3", "--outliers 2", "--page-size 32", "--meter-json /tmp/x.jsonl",
+                           "--delta 0.1"}) {
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    expect_usage_error(kGen + flag, (name == "--tau" ? "--gate" : name) + " needs --kv");
+  }
+  // The dither flags shape dither-int8 keys only.
+  for (const char* flag : {"--outliers 2", "--dither per-slot", "--shared-page-dither", "--dither-seed 3"}) {
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    expect_usage_error(kGen + "--kv q4_0 " + flag, name + " applies to dither-int8 keys only");
+  }
+  expect_usage_error(kGen + "--kv q4_0 --kv-v dither-int8 --outliers 2", "--outliers applies to dither-int8 keys only");
+  expect_usage_error(kRun + "--kv q4_0 --dither per-slot", "--dither applies to dither-int8 keys only; --kv");
+  expect_usage_error(kRun + "--scheme-sweep q4_0,q8_0 --dither per-slot",
+                     "--dither applies to dither-int8 keys only; --scheme-sweep");
+  // --scheme-sweep replaces --kv, and --shared-page-dither is a spelling of --dither.
+  expect_usage_error(kRun + "--kv q4_0 --scheme-sweep q4_0,q8_0", "--scheme-sweep");
+  expect_usage_error(kGen + "--kv dither-int8 --shared-page-dither --dither per-slot", "--shared-page-dither");
+  // The backing file's flags need a backing file; a file contradicts a RAM tier.
+  for (const std::string& cmd : {kGen + "--kv q4_0 ", kRun + "--kv q4_0 "}) {
+    expect_usage_error(cmd + "--backing-file-overwrite", "--backing-file-overwrite applies to a --backing-file");
+    expect_usage_error(cmd + "--keep-backing-file", "--keep-backing-file applies to a --backing-file");
+    expect_usage_error(cmd + "--backing-file /tmp/x --exact-tier ram", "--exact-tier ram contradicts --backing-file");
+    expect_usage_error(cmd + "--granularity head", "--granularity applies to a gate");
+  }
+}
+
+// Command lines that parse: each fails only on the missing model, without the usage hint.
+TEST(Cli, ValidFlagsParse) {
+  for (const std::string& args :
+       {kGen + "--threads 256 --n 0 --top-p 1 --temp 0 --seed 18446744073709551615",
+        kGen + "--n 1e3 --threads 0x10",
+        kGen + "--kv dither-int8 --kv-v q4_0 --outliers 31 --page-size 4096 --delta 0.5 --tau 1.5 --granularity request "
+               "--tau-v 1 --coverage-tau 1 --bound tanh-half --dither per-slot --dither-seed 0x10 --check-soundness "
+               "--meter-json /tmp/x --backing-file /tmp/x --backing-file-overwrite --keep-backing-file --exact-tier file",
+        kGen + "--kv q4_0 --gate 0.2 --exact-tier ram --bound eform",
+        kRun + "--scheme-sweep dither-int8,q4_0 --dither shared-page --gate 0.2 --granularity head --n 1000000",
+        kRun + "--kv q4_0 --tau 2 --tau-v 0.01 --coverage-tau 0.1 --bound two-sided --exact-tier ram --telemetry-stride 7",
+        kRun + "--kv q4_0 --backing-file /tmp/x --keep-backing-file --backing-file-overwrite --exact-tier file",
+        std::string("demo --model /nonexistent/m.gguf --tokens 64 --threads 1"),
+        std::string("logits --model /nonexistent/m.gguf --prompt hi --top 5")}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("does not exist"), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("for usage"), std::string::npos) << args << "\n" << r.out;
+  }
+}
 
 }  // namespace
 
@@ -194,7 +369,7 @@ TEST(CliEngine, ClearErrorsOnBadInput) {
   EXPECT_NE(r.out.find("top-p"), std::string::npos) << r.out;
   r = run("generate --model " + kModel + " --prompt hi --temp -1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("temperature"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--temp"), std::string::npos) << r.out;
 }
 
 TEST(CliEngine, DitherSeedAndModeNameTheDitherStream) {
@@ -308,12 +483,28 @@ TEST(CliEngine, RunWithAFileBackedTierMatchesRam) {
   EXPECT_EQ(a["kl_vs_fp16"], b["kl_vs_fp16"]);
 }
 
+// The option vocabulary that run and generate share, end to end on the real model.
+TEST(CliEngine, SharedGateAndTierFlagsRun) {
+  ASSERT_TRUE(std::filesystem::exists(kModel)) << "the real model is missing: run scripts/fetch-model.sh (" << kModel << ")";
+  Result r = run("generate --model " + kModel + " --prompt 'The capital of France is' --n 2 --kv q4_0 --gate 0.2 "
+                 "--granularity head --tau-v 0.1 --coverage-tau 0.5 --bound tanh --exact-tier ram");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("coverage at tau(_K)?=0.5"))) << r.out;
+  r = run("run --model " + kModel + " --kv dither-int8 --dither per-slot --tau 0.2 --tau-v 0.1 --coverage-tau 0.3 "
+          "--bound min --exact-tier file --n 2 'The capital of France is'");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  const std::string tier = scratch("shared_flags_tier.bin");
+  r = run("run --model " + kModel + " --kv q4_0 --gate 0.2 --backing-file " + tier +
+          " --backing-file-overwrite --n 2 'The capital of France is'");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(run("run --model " + kModel + " --kv nope 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);
   const Result zero = run("run --model " + kModel + " --kv q8_0 --gate 0 'hi'");
   EXPECT_NE(zero.exit_code, 0);
-  EXPECT_NE(zero.out.find("tau must be positive"), std::string::npos) << zero.out;
+  EXPECT_NE(zero.out.find("--gate/--tau must be finite and > 0"), std::string::npos) << zero.out;
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --delta 2 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --granularity page 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --telemetry-stride 0 'hi'").exit_code, 0);

@@ -41,7 +41,7 @@ void summarize(const attn::CertifiedKvCache& cache, const GenerateArgs& args, st
     if (c.pos < first) continue;
     raw.push_back(c.eform_raw);
     v_meter.push_back(c.v_meter);
-    covered += c.meter <= args.tau;
+    covered += c.meter <= args.coverage_tau;
     overflow += std::isinf(c.eform_raw);
     if (!std::isnan(c.tv)) {
       ++checked;
@@ -57,7 +57,7 @@ void summarize(const attn::CertifiedKvCache& cache, const GenerateArgs& args, st
   err << fmt::format("meter: K {} / V {}: {} (layer, query head, {}) cells\n", st.config().k_format,
                      st.config().v_format, n, first == 0 ? "prompt position" : "decode step");
   if (n > 0) {
-    err << fmt::format("  coverage at tau={}: {:.4f}   raw score median {:.4g}, max {:.4g}, overflow {:.2f}%\n", args.tau,
+    err << fmt::format("  coverage at tau={}: {:.4f}   raw score median {:.4g}, max {:.4g}, overflow {:.2f}%\n", args.coverage_tau,
                        static_cast<double>(covered) / n, median(raw), *std::max_element(raw.begin(), raw.end()),
                        100.0 * overflow / n);
     err << fmt::format("  V meter median {:.4g}\n", median(v_meter));
@@ -81,7 +81,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
                             std::to_string(cfg.context));
   const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
-  if (!(args.tau > 0.0)) throw std::invalid_argument("--tau must be positive");
+  if (!(args.coverage_tau > 0.0)) throw std::invalid_argument("--tau must be positive");
   std::unique_ptr<attn::KvCache> cache_owner;
   attn::CertifiedKvCache* certified = nullptr;
   if (args.kv_k.empty()) {

@@ -5,10 +5,12 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "apps/commands.h"
 #include "base/fp16.h"
+#include "cache/kv_store.h"
 #include "quant/schemes.h"
 
 namespace witcert::apps {
@@ -33,6 +35,24 @@ double measured_bytes_per_token(const quant::KvScheme& s, int d) {
   return static_cast<double>(bytes) / T;
 }
 
+// Bytes per token per head of dither-int8 (Tier B), measured from cache::KvStore: the growth of
+// the side's allocations from C to 2C tokens, divided by C. The per-(layer, KV head) outlier mask
+// of d bytes does not grow with the tokens and is left out.
+double dither_bytes_per_token(quant::KvSide side, int d, int outlier_pairs) {
+  constexpr std::int64_t kTokens = 1024;
+  const auto total = [&](std::int64_t capacity) {
+    cache::CacheConfig cc;
+    cc.layers = 1;
+    cc.kv_heads = 1;
+    cc.head_dim = d;
+    cc.capacity = capacity;
+    cc.k_format = cc.v_format = cache::kDitherInt8;
+    cc.outlier_pairs = outlier_pairs;
+    return cache::KvStore(cc).bytes_per_token_head(side) * static_cast<double>(capacity);
+  };
+  return (total(2 * kTokens) - total(kTokens)) / kTokens;
+}
+
 std::string kind(const quant::KvScheme& s) {
   return s.tokens_per_block() == 1 ? "per-token" : fmt::format("group T={}", s.tokens_per_block());
 }
@@ -41,18 +61,32 @@ std::string kind(const quant::KvScheme& s) {
 
 int run_schemes(std::ostream& out) {
   out << "KV-cache schemes: bytes per token per head, measured by encoding one block of T tokens\n"
-         "into a buffer of block_bytes and dividing by T; x fp16 = (2*2d) / (K + V)\n\n";
-  out << fmt::format("{:<16} {:<11} {:<11} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}\n", "scheme", "K kind", "V kind",
-                     "d64 K", "d64 V", "x fp16", "d128 K", "d128 V", "x fp16");
+         "into a buffer of block_bytes and dividing by T; x fp16 = (2*2d) / (K + V). Tier A: any\n"
+         "scheme, with a deterministic witness. Tier B: dither-int8 (int8 codes, an fp16 scale per 32\n"
+         "channels; keys keep m outlier RoPE pairs in fp16, values a 4-byte bound per page of 16),\n"
+         "measured from the cache's allocations per token\n\n";
+  out << fmt::format("{:<16} {:<11} {:<11} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {}\n", "scheme", "K kind", "V kind",
+                     "d64 K", "d64 V", "x fp16", "d128 K", "d128 V", "x fp16", "tier");
+  const auto bytes = [](double kb64, double vb64, double kb128, double vb128) {
+    std::string cells;
+    for (const auto& [d, kb, vb] : {std::tuple{64, kb64, vb64}, std::tuple{128, kb128, vb128}})
+      cells += fmt::format(" {:>8.2f} {:>8.2f} {:>7.2f}", kb, vb, 4.0 * d / (kb + vb));
+    return cells;
+  };
   for (const std::string& name : quant::kv_scheme_names()) {
     const quant::KvScheme& k = quant::kv_scheme(name, quant::KvSide::key);
     const quant::KvScheme& v = quant::kv_scheme(name, quant::KvSide::value);
-    std::string row = fmt::format("{:<16} {:<11} {:<11}", name, kind(k), kind(v));
-    for (int d : {64, 128}) {
-      const double kb = measured_bytes_per_token(k, d), vb = measured_bytes_per_token(v, d);
-      row += fmt::format(" {:>8.2f} {:>8.2f} {:>7.2f}", kb, vb, 4.0 * d / (kb + vb));
-    }
-    out << row << "\n";
+    out << fmt::format("{:<16} {:<11} {:<11}", name, kind(k), kind(v))
+        << bytes(measured_bytes_per_token(k, 64), measured_bytes_per_token(v, 64), measured_bytes_per_token(k, 128),
+                 measured_bytes_per_token(v, 128))
+        << " A\n";
+  }
+  for (int m : {0, 4}) {
+    const auto dither = [&](quant::KvSide side, int d) { return dither_bytes_per_token(side, d, m); };
+    out << fmt::format("{:<16} {:<11} {:<11}", cache::kDitherInt8, fmt::format("token,m={}", m), "per-token")
+        << bytes(dither(quant::KvSide::key, 64), dither(quant::KvSide::value, 64), dither(quant::KvSide::key, 128),
+                 dither(quant::KvSide::value, 128))
+        << " B\n";
   }
   return 0;
 }

@@ -19,8 +19,9 @@ std::array<std::uint32_t, 4> parse_words4(const std::string& text);
 std::array<std::uint32_t, 2> parse_words2(const std::string& text);
 int run_philox(const std::string& counter, const std::string& key, std::ostream& out);
 
-// `witcert schemes`: the KV scheme registry, one row per scheme with its kind and its measured
-// bytes per token per head for keys and values at head_dim 64 and 128.
+// `witcert schemes`: the KV scheme registry (Tier A) and dither-int8 (Tier B, m = 0 and 4 outlier
+// pairs), one row each with its kind and its measured bytes per token per head for keys and
+// values at head_dim 64 and 128.
 int run_schemes(std::ostream& out);
 
 // `witcert selfcheck`: the counterexample table of paper §3 and the known-answer checks.
@@ -41,13 +42,20 @@ struct GenerateArgs {
   int outliers = 4;
   int page_size = 16;
   double delta = 1e-2;
-  double tau = 0.2;
+  double gate = 0.0;  // τ_K of the gate; 0: no gate
+  std::string granularity = "block";
+  double tau_v = 0.05;         // the V-side threshold of the joint gate and of the V coverage figure
+  double coverage_tau = 0.2;   // the meter threshold of the coverage figure
+  std::string bound = "min";   // the meter's bound shape
   bool shared_page_dither = false;
   std::string dither = "shared-prompt";  // cache::parse_dither_mode
   std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
   std::string meter_json;
   std::string backing_file;  // "" keeps the exact tier in RAM
+  bool backing_file_overwrite = false;  // replace an existing backing_file
+  bool keep_backing_file = false;       // leave backing_file in place at exit
+  std::string exact_tier = "file";      // where an unnamed exact tier lives: "file" (private temp dir) or "ram"
 };
 
 // `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.
@@ -69,13 +77,19 @@ struct RunArgs {
   std::string kv;
   std::string kv_v;
   std::string scheme_sweep;  // comma-separated formats: one run each, one table
-  double gate = 0.0;         // τ; 0: no gate
+  double gate = 0.0;         // τ_K of the gate; 0: no gate
   std::string granularity = "block";
+  double tau_v = 0.05;        // the V-side threshold of the joint gate and of the V coverage figure
+  double coverage_tau = 0.2;  // the meter threshold of the coverage figure
+  std::string bound = "min";  // the meter's bound shape
   double delta = 1e-2;
   bool check_soundness = false;
   int stride = 1;      // telemetry sampling stride in decode steps
   std::string dither = "shared-prompt";  // cache::parse_dither_mode
   std::string backing_file;  // "" keeps the exact tier in RAM
+  bool backing_file_overwrite = false;  // replace an existing backing_file
+  bool keep_backing_file = false;       // leave backing_file in place at exit
+  std::string exact_tier = "file";      // where an unnamed exact tier lives: "file" (private temp dir) or "ram"
   std::string report;  // directory
   int threads = 2;
 };

@@ -1,10 +1,194 @@
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "apps/commands.h"
+#include "cache/kv_store.h"
+
+namespace {
+
+// A command line that cannot run as written; main prints it and exits 2 like CLI11's own errors.
+// It is not a CLI::ValidationError so that CLI11 passes our wording through unchanged.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+constexpr long long kMaxTokens = 1'000'000;
+
+// The text of a numeric option read as T (float, double or long double), or a usage error.
+// A value beyond T's range reads as ±inf, so finiteness is checked in the option's own type.
+template <class T>
+T read_number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  T v;
+  if constexpr (std::is_same_v<T, float>)
+    v = std::strtof(text.c_str(), &end);
+  else if constexpr (std::is_same_v<T, double>)
+    v = std::strtod(text.c_str(), &end);
+  else
+    v = std::strtold(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) throw UsageError(flag + ": '" + text + "' is not a number");
+  return v;
+}
+
+// A real option of type T for which `ok` holds, else a usage error saying what `flag` must be.
+template <class T>
+CLI::Validator real(const std::string& flag, std::function<bool(T)> ok, const std::string& requirement) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        if (!ok(read_number<T>(flag, text))) throw UsageError(flag + " must be " + requirement + ", got '" + text + "'");
+        return {};
+      },
+      requirement);
+}
+
+// A whole number in [lo, hi], rewritten in decimal so that CLI11's integer conversion reads what
+// was checked (e.g. 1e3): options add it with ->transform, as ->check would hand it a copy.
+CLI::Validator whole_in(const std::string& flag, long long lo, long long hi) {
+  const std::string requirement = "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const long double v = read_number<long double>(flag, text);
+        if (!(std::isfinite(v) && v == std::floor(v))) throw UsageError(flag + ": '" + text + "' is not a whole number");
+        if (!(lo <= v && v <= hi)) throw UsageError(flag + " must be " + requirement + ", got '" + text + "'");
+        text = std::to_string(static_cast<long long>(v));
+        return {};
+      },
+      requirement);
+}
+
+// A 64-bit seed: decimal or 0x-hex digits, without a sign (strtoull would wrap "-1").
+CLI::Validator seed(const std::string& flag) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        std::uint64_t v = 0;
+        if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || !CLI::detail::lexical_cast(text, v))
+          throw UsageError(flag + ": '" + text + "' is not a whole number in [0, 2^64)");
+        return {};
+      },
+      "[0, 2^64)");
+}
+
+// One of a fixed set of words.
+CLI::Validator choice(const std::string& flag, const std::vector<std::string>& words) {
+  std::string list;
+  for (const std::string& w : words) list += (list.empty() ? "" : ", ") + w;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        for (const std::string& w : words)
+          if (text == w) return {};
+        throw UsageError(flag + " must be one of " + list + ", got '" + text + "'");
+      },
+      "{" + list + "}");
+}
+
+// A dither mode, as cache::parse_dither_mode reads it.
+CLI::Validator dither_mode(const std::string& flag) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        try {
+          witcert::cache::parse_dither_mode(text);
+        } catch (const std::invalid_argument& e) {
+          throw UsageError(flag + ": " + e.what());
+        }
+        return {};
+      },
+      "{per-slot, shared-page, shared-prompt}");
+}
+
+CLI::Validator positive_finite(const std::string& flag) {
+  return real<double>(flag, [](double v) { return std::isfinite(v) && v > 0; }, "finite and > 0");
+}
+
+template <class T>
+CLI::Validator half_open_unit(const std::string& flag) {
+  return real<T>(flag, [](T v) { return v > 0 && v <= 1; }, "in (0, 1]");
+}
+
+// Whether `opt` was given on the command line (not whether its value differs from the default).
+bool given(const CLI::Option* opt) { return opt->count() > 0; }
+
+// The words of a comma-separated list, as `witcert run --scheme-sweep` splits it.
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// The options the exact backing tier shares between `run` and `generate`.
+struct TierOptions {
+  CLI::Option* backing_file;
+  CLI::Option* overwrite;
+  CLI::Option* keep;
+  CLI::Option* exact_tier;
+};
+
+template <class Args>
+TierOptions add_tier_options(CLI::App* cmd, Args& a) {
+  TierOptions t;
+  t.backing_file = cmd->add_option("--backing-file", a.backing_file,
+                                   "keep the exact tier in this memory-mapped file instead of RAM");
+  t.overwrite = cmd->add_flag("--backing-file-overwrite", a.backing_file_overwrite,
+                              "replace an existing --backing-file instead of refusing to");
+  t.keep = cmd->add_flag("--keep-backing-file", a.keep_backing_file, "leave the --backing-file in place at exit");
+  t.exact_tier = cmd->add_option("--exact-tier", a.exact_tier,
+                                 "where the exact backing tier lives when one is needed: a memory-mapped file in a "
+                                 "private temporary directory (default) or RAM")
+                     ->check(choice("--exact-tier", {"ram", "file"}));
+  return t;
+}
+
+// The options of the gate and the meter that `run` and `generate` share; returns --gate's option.
+template <class Args>
+CLI::Option* add_meter_options(CLI::App* cmd, Args& a) {
+  CLI::Option* gate = cmd->add_option("--gate,--tau", a.gate,
+                                      "K-side gate threshold tau_K > 0: < 1 certified (meter), >= 1 risk-ranked (raw "
+                                      "score); leave it out for no gate")
+                          ->check(positive_finite("--gate/--tau"));
+  cmd->add_option("--tau-v", a.tau_v, "V-side threshold of the joint gate and of the V coverage figure, > 0")
+      ->check(positive_finite("--tau-v"));
+  cmd->add_option("--coverage-tau", a.coverage_tau, "meter threshold of the coverage figure, in (0, 1]")
+      ->check(half_open_unit<double>("--coverage-tau"));
+  cmd->add_option("--bound", a.bound,
+                  "meter's bound shape: eform, two-sided, retention, tanh, tanh-half or min (default min: the minimum "
+                  "of the sound forms)")
+      ->check(choice("--bound", {"eform", "two-sided", "retention", "tanh", "tanh-half", "min"}));
+  return gate;
+}
+
+// The tier flags that only make sense together.
+void check_tier(const TierOptions& t, const std::string& exact_tier) {
+  for (const auto& [opt, name] : {std::pair{t.overwrite, "--backing-file-overwrite"}, {t.keep, "--keep-backing-file"}})
+    if (given(opt) && !given(t.backing_file))
+      throw UsageError(std::string(name) + " applies to a --backing-file; none was given");
+  if (given(t.backing_file) && given(t.exact_tier) && exact_tier == "ram")
+    throw UsageError("--exact-tier ram contradicts --backing-file, which puts the exact tier in a file");
+}
+
+// --outliers and --dither shape dither-int8 keys only: an error when no K format is dither-int8.
+void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
+                        const std::string& formats_flag) {
+  for (const std::string& f : k_formats)
+    if (f == witcert::cache::kDitherInt8) return;
+  for (const CLI::Option* opt : dither_opts)
+    if (given(opt))
+      throw UsageError(opt->get_name() + " applies to dither-int8 keys only; " + formats_flag + " gives none");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"WitCert: sound, per-request meters for quantized KV caches"};
@@ -27,63 +211,121 @@ int main(int argc, char** argv) {
   generate->add_option("--model", gen.model, "GGUF model file (default: the fetched SmolLM2-135M)");
   generate->add_option("--prompt", gen.prompt, "prompt text")->required();
   generate->add_flag("--chat", gen.chat, "wrap the prompt as a user turn of the model's chat template");
-  generate->add_option("--n", gen.n, "maximum new tokens")->check(CLI::NonNegativeNumber);
-  generate->add_option("--temp", gen.temperature, "temperature (0: greedy)");
-  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]");
-  generate->add_option("--seed", gen.seed, "sampling seed");
-  generate->add_option("--threads", gen.threads, "worker threads")->check(CLI::PositiveNumber);
-  generate->add_option("--kv", gen.kv_k, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
-  generate->add_option("--kv-v", gen.kv_v, "KV-cache format of the values (default: --kv)");
-  generate->add_option("--outliers", gen.outliers, "dither-int8: outlier RoPE pairs kept in fp16")->check(CLI::NonNegativeNumber);
-  generate->add_option("--page-size", gen.page_size, "tokens per cache page")->check(CLI::PositiveNumber);
-  generate->add_option("--delta", gen.delta, "request-level failure budget of the Tier-B certificate, in (0, 1)");
-  generate->add_option("--tau", gen.tau, "meter threshold for the coverage figure, > 0");
-  generate->add_option("--dither", gen.dither,
-                       "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)");
-  generate->add_flag("--shared-page-dither", gen.shared_page_dither, "the same as --dither shared-page");
-  generate->add_option("--dither-seed", gen.dither_seed, "dither-int8: seed of the key dither's Philox stream");
-  generate->add_flag("--check-soundness", gen.check_soundness, "compare every meter with the true TV from the exact tier");
-  generate->add_option("--meter-json", gen.meter_json, "write every (layer, head, position) meter as JSON lines");
-  generate->add_option("--backing-file", gen.backing_file, "keep the exact tier in this memory-mapped file instead of RAM");
+  generate->add_option("--n", gen.n, "maximum new tokens")->transform(whole_in("--n", 0, kMaxTokens));
+  generate->add_option("--temp", gen.temperature, "temperature (0: greedy)")
+      ->check(real<float>("--temp", [](float v) { return std::isfinite(v) && v >= 0; }, "finite and >= 0"));
+  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->check(half_open_unit<float>("--top-p"));
+  generate->add_option("--seed", gen.seed, "sampling seed")->check(seed("--seed"));
+  generate->add_option("--threads", gen.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
+  auto* gen_kv = generate->add_option(
+      "--kv", gen.kv_k, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
+  auto* gen_kv_v = generate->add_option("--kv-v", gen.kv_v, "KV-cache format of the values (default: --kv)");
+  auto* gen_outliers = generate->add_option("--outliers", gen.outliers, "dither-int8: outlier RoPE pairs kept in fp16")
+                           ->transform(whole_in("--outliers", 0, 31));
+  auto* gen_page_size = generate->add_option("--page-size", gen.page_size, "tokens per cache page")
+                            ->transform(whole_in("--page-size", 1, 4096));
+  auto* gen_delta = generate->add_option("--delta", gen.delta,
+                                         "request-level failure budget of the Tier-B certificate, in (0, 1)")
+                        ->check(real<double>("--delta", [](double v) { return v > 0 && v < 1; }, "in (0, 1)"));
+  auto* gen_gate = add_meter_options(generate, gen);
+  auto* gen_granularity = generate->add_option("--granularity", gen.granularity,
+                                               "repair granularity of the gate: head, block or request")
+                              ->check(choice("--granularity", {"head", "block", "request"}));
+  auto* gen_dither = generate->add_option(
+      "--dither", gen.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+                         ->check(dither_mode("--dither"));
+  auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.shared_page_dither,
+                                             "the same as --dither shared-page")
+                              ->excludes(gen_dither);
+  auto* gen_dither_seed = generate->add_option("--dither-seed", gen.dither_seed,
+                                               "dither-int8: seed of the key dither's Philox stream")
+                              ->check(seed("--dither-seed"));
+  auto* gen_check = generate->add_flag("--check-soundness", gen.check_soundness,
+                                       "compare every meter with the true TV from the exact tier");
+  auto* gen_meter_json = generate->add_option("--meter-json", gen.meter_json,
+                                              "write every (layer, head, position) meter as JSON lines");
+  const TierOptions gen_tier = add_tier_options(generate, gen);
 
   witcert::apps::LogitsArgs lg;
   auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");
   logits->add_option("--model", lg.model, "GGUF model file (default: the fetched SmolLM2-135M)");
   logits->add_option("--prompt", lg.prompt, "prompt text")->required();
   logits->add_flag("--chat", lg.chat, "wrap the prompt as a user turn of the model's chat template");
-  logits->add_option("--top", lg.top, "how many candidates")->check(CLI::PositiveNumber);
-  logits->add_option("--threads", lg.threads, "worker threads")->check(CLI::PositiveNumber);
+  logits->add_option("--top", lg.top, "how many candidates")->transform(whole_in("--top", 1, kMaxTokens));
+  logits->add_option("--threads", lg.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
   witcert::apps::RunArgs ra;
   auto* runc = app.add_subcommand("run", "One request under a KV format, gated or not, against fp16: quality, meter, page-ins");
   runc->add_option("prompt", ra.prompt, "prompt text")->required();
   runc->add_option("--model", ra.model, "GGUF model file (default: the fetched SmolLM2-135M)");
-  runc->add_option("--kv", ra.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
+  auto* run_kv = runc->add_option("--kv", ra.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
   runc->add_option("--kv-v", ra.kv_v, "format of the values (default: --kv)");
-  runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table");
-  auto* gate_opt = runc->add_option("--gate", ra.gate, "gate threshold tau > 0: < 1 certified (meter), >= 1 risk-ranked (raw score)");
-  runc->add_option("--granularity", ra.granularity, "repair granularity: head, block or request");
-  runc->add_option("--delta", ra.delta, "Tier-B request-level failure budget in (0, 1)");
-  runc->add_option("--n", ra.n, "tokens to generate")->check(CLI::PositiveNumber);
+  auto* run_sweep = runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table")
+                        ->excludes(run_kv);
+  auto* run_gate = add_meter_options(runc, ra);
+  auto* run_granularity = runc->add_option("--granularity", ra.granularity, "repair granularity: head, block or request")
+                              ->check(choice("--granularity", {"head", "block", "request"}));
+  runc->add_option("--delta", ra.delta, "Tier-B request-level failure budget in (0, 1)")->check(real<double>("--delta", [](double v) { return v > 0 && v < 1; }, "in (0, 1)"));
+  runc->add_option("--n", ra.n, "tokens to generate")->transform(whole_in("--n", 1, kMaxTokens));
   runc->add_flag("--chat", ra.chat, "wrap the prompt as a user turn of the chat template");
   runc->add_flag("--check-soundness", ra.check_soundness, "compare every meter with the true TV from the exact tier");
   runc->add_option("--report", ra.report, "directory for report.json, report.md, heatmaps and meter JSON lines");
   runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
-      ->check(CLI::PositiveNumber);
-  runc->add_option("--backing-file", ra.backing_file, "keep the exact tier in this memory-mapped file instead of RAM");
-  runc->add_option("--dither", ra.dither,
-                   "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)");
-  runc->add_option("--threads", ra.threads, "worker threads")->check(CLI::PositiveNumber);
+      ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
+  const TierOptions run_tier = add_tier_options(runc, ra);
+  auto* run_dither = runc->add_option(
+      "--dither", ra.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+                         ->check(dither_mode("--dither"));
+  runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
   std::string demo_model, demo_report = "out/demo";
   int demo_threads = 2, demo_tokens = 1500;
   auto* demo = app.add_subcommand("demo", "Needle retrieval under damaging and safe caches, raw and gated (the main job)");
   demo->add_option("--model", demo_model, "GGUF model file (default: the fetched SmolLM2-135M)");
   demo->add_option("--report", demo_report, "directory for the report");
-  demo->add_option("--threads", demo_threads, "worker threads")->check(CLI::PositiveNumber);
-  demo->add_option("--tokens", demo_tokens, "length of the haystack in tokens");
+  demo->add_option("--threads", demo_threads, "worker threads")->transform(whole_in("--threads", 1, 256));
+  demo->add_option("--tokens", demo_tokens, "length of the haystack in tokens")->transform(whole_in("--tokens", 64, 7000));
 
-  CLI11_PARSE(app, argc, argv);
+  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo};
+  try {
+    if (argc > 1 && argv[1][0] != '-') {
+      bool known = false;
+      std::string names;
+      for (const CLI::App* c : commands) {
+        known = known || c->get_name() == argv[1];
+        names += (names.empty() ? "" : ", ") + c->get_name();
+      }
+      if (!known) throw UsageError("unknown command '" + std::string(argv[1]) + "' (commands: " + names + ")");
+    }
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+      throw UsageError(e.what());
+    }
+    if (*generate) {
+      if (!given(gen_kv))
+        for (const CLI::Option* opt :
+             {gen_kv_v, gen_tier.backing_file, gen_tier.overwrite, gen_tier.keep, gen_tier.exact_tier,
+              generate->get_option("--bound"), generate->get_option("--tau-v"), generate->get_option("--coverage-tau"),
+              gen_gate, gen_check, gen_dither, gen_shared_page, gen_dither_seed, gen_outliers, gen_page_size,
+              gen_meter_json, gen_delta})
+          if (given(opt))
+            throw UsageError(opt->get_name() + " needs --kv: without it generate keeps a plain exact cache");
+      check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.kv_k}, "--kv");
+      check_tier(gen_tier, gen.exact_tier);
+      if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+    }
+    if (*runc) {
+      check_dither_flags({run_dither}, given(run_sweep) ? split_list(ra.scheme_sweep) : std::vector{ra.kv},
+                         given(run_sweep) ? "--scheme-sweep" : "--kv");
+      check_tier(run_tier, ra.exact_tier);
+      if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+    }
+  } catch (const UsageError& e) {
+    std::cerr << "witcert: error: " << e.what() << "\nwitcert: run 'witcert --help' for usage\n";
+    return 2;
+  }
   try {
     if (*bound) return witcert::apps::run_bound(std::cin, std::cout);
     if (*philox) return witcert::apps::run_philox(counter, key, std::cout);
@@ -91,11 +333,7 @@ int main(int argc, char** argv) {
     if (*selfcheck) return witcert::apps::run_selfcheck(std::cout);
     if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
-    if (*runc) {
-      if (*gate_opt && !(ra.gate > 0.0))
-        throw std::invalid_argument("--gate tau must be positive (leave it out to run without a gate)");
-      return witcert::apps::run_run(ra, std::cout, std::cerr);
-    }
+    if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
     if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";
