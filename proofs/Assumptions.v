@@ -2,7 +2,8 @@
     every axiom printed here is one of the standard library's real-number axioms. *)
 
 From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
-  Counterexample TierA SplitMerge ValueSide BlockRepair.
+  Counterexample TierA SplitMerge ValueSide BlockRepair
+  Monotone.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -43,3 +44,6 @@ Print Assumptions block_term_A_disjoint.
 Print Assumptions repair_twice_A.
 Print Assumptions repair_A_le.
 Print Assumptions repair_cell.
+Print Assumptions eform_sound_upper.
+Print Assumptions two_sided_sound_bounds.
+Print Assumptions retention_sound_bounds.
