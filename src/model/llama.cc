@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "quant/ggml_types.h"
 
@@ -43,6 +47,27 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::
   return v;
 }
 
+// A size the file gives under `key`: at least 1 and within int, else an error naming the key
+// (a wrapped or zero size would make the model's shapes wrong without any other error).
+int config_size(const std::string& key, std::uint32_t v) {
+  if (v < 1 || v > static_cast<std::uint32_t>(std::numeric_limits<int>::max()))
+    throw model_error(key + " must lie in [1, " + std::to_string(std::numeric_limits<int>::max()) + "], got " +
+                      std::to_string(v));
+  return static_cast<int>(v);
+}
+
+// A real number the file gives under `key`: finite and in [lo, hi], else an error naming the
+// key. NaN, infinities and values no llama model uses would otherwise turn every logit wrong
+// without any error.
+double config_real(const std::string& key, double v, double lo, double hi) {
+  if (!(std::isfinite(v) && v >= lo && v <= hi)) {
+    std::ostringstream msg;
+    msg << key << " must be finite and lie in [" << lo << ", " << hi << "], got " << v;
+    throw model_error(msg.str());
+  }
+  return v;
+}
+
 void rms_norm(const float* x, const float* w, int d, float eps, float* out) {
   double ss = 0.0;
   for (int i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
@@ -57,20 +82,23 @@ LlamaModel::LlamaModel(const GgufFile& f) {
   if (cfg_.arch != "llama")
     throw model_error("unsupported architecture '" + cfg_.arch + "' (supported: llama)");
   const std::string a = cfg_.arch + ".";
-  cfg_.layers = static_cast<int>(f.get_u32(a + "block_count"));
-  cfg_.d_model = static_cast<int>(f.get_u32(a + "embedding_length"));
-  cfg_.heads = static_cast<int>(f.get_u32(a + "attention.head_count"));
-  cfg_.kv_heads = static_cast<int>(f.get_u32_or(a + "attention.head_count_kv", cfg_.heads));
-  cfg_.d_ff = static_cast<int>(f.get_u32(a + "feed_forward_length"));
-  cfg_.context = f.get_u32(a + "context_length");
-  cfg_.rope_theta = static_cast<float>(f.get_f64_or(a + "rope.freq_base", 10000.0));
-  cfg_.rms_eps = static_cast<float>(f.get_f64_or(a + "attention.layer_norm_rms_epsilon", 1e-5));
-  if (cfg_.layers <= 0 || cfg_.d_model <= 0 || cfg_.heads <= 0 || cfg_.kv_heads <= 0 || cfg_.d_ff <= 0 ||
-      cfg_.context <= 0)
-    throw model_error("layer, width, head, feed-forward and context sizes must be positive");
+  const auto size = [&](const std::string& key) { return config_size(key, f.get_u32(key)); };
+  cfg_.layers = size(a + "block_count");
+  cfg_.d_model = size(a + "embedding_length");
+  cfg_.heads = size(a + "attention.head_count");
+  cfg_.kv_heads = f.find(a + "attention.head_count_kv") ? size(a + "attention.head_count_kv") : cfg_.heads;
+  cfg_.d_ff = size(a + "feed_forward_length");
+  cfg_.context = size(a + "context_length");
+  // RoPE bases in use run from 1e4 to about 1e8 and ε from 1e-6 to 1e-5; ε's lower bound keeps it a
+  // positive normal float, as the model stores it.
+  const std::string theta_key = a + "rope.freq_base", eps_key = a + "attention.layer_norm_rms_epsilon";
+  cfg_.rope_theta = static_cast<float>(config_real(theta_key, f.get_f64_or(theta_key, 10000.0), 1.0, 1e9));
+  cfg_.rms_eps = static_cast<float>(config_real(eps_key, f.get_f64_or(eps_key, 1e-5), 1e-30, 0.1));
   if (cfg_.d_model % cfg_.heads != 0 || cfg_.heads % cfg_.kv_heads != 0)
-    throw model_error("embedding width " + std::to_string(cfg_.d_model) + " and head counts " +
-                      std::to_string(cfg_.heads) + "/" + std::to_string(cfg_.kv_heads) + " are inconsistent");
+    throw model_error(a + "embedding_length " + std::to_string(cfg_.d_model) + ", " + a + "attention.head_count " +
+                      std::to_string(cfg_.heads) + " and " + a + "attention.head_count_kv " +
+                      std::to_string(cfg_.kv_heads) + " are inconsistent: the head count must divide the width and "
+                      "the KV head count the head count");
   cfg_.head_dim = cfg_.d_model / cfg_.heads;
   if (cfg_.head_dim % 2 != 0) throw model_error("head dimension must be even for RoPE");
   const std::uint32_t rope_dims = f.get_u32_or(a + "rope.dimension_count", cfg_.head_dim);
@@ -79,9 +107,8 @@ LlamaModel::LlamaModel(const GgufFile& f) {
                       std::to_string(cfg_.head_dim) + " dimensions) are not supported");
   const std::string scaling = f.get_string_or(a + "rope.scaling.type", "none");
   if (scaling == "linear") {
-    const double factor = f.get_f64(a + "rope.scaling.factor");
-    if (!(factor > 0.0)) throw model_error("rope.scaling.factor must be positive");
-    cfg_.rope_freq_scale = static_cast<float>(1.0 / factor);
+    const std::string factor_key = a + "rope.scaling.factor";
+    cfg_.rope_freq_scale = static_cast<float>(1.0 / config_real(factor_key, f.get_f64(factor_key), 1.0 / 1024, 1024.0));
   } else if (scaling != "none") {
     throw model_error("unsupported RoPE scaling '" + scaling + "' (supported: none, linear)");
   }

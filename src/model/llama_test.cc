@@ -6,8 +6,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/exact_cache.h"
@@ -25,6 +28,8 @@ namespace {
 struct Tiny {
   int layers = 2, d = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 40, ctx = 64;
   float theta = 10000.0f, eps = 1e-5f;
+  // Metadata written in place of the value above under the same key, or added (bad-file tests).
+  std::map<std::string, GgufValue> meta;
 };
 
 // Random weights of several storage types, so the test covers the dequantizing matmul paths.
@@ -59,15 +64,19 @@ std::string write_tiny_model(const Tiny& c, TinyWeights& tw, const std::string& 
   };
   const int hd = c.d / c.heads;
   GgufWriter w;
-  w.add_string("general.architecture", "llama");
-  w.add_u32("llama.block_count", c.layers);
-  w.add_u32("llama.embedding_length", c.d);
-  w.add_u32("llama.attention.head_count", c.heads);
-  w.add_u32("llama.attention.head_count_kv", c.kv_heads);
-  w.add_u32("llama.feed_forward_length", c.ff);
-  w.add_u32("llama.context_length", c.ctx);
-  w.add_f32("llama.rope.freq_base", c.theta);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", c.eps);
+  std::map<std::string, GgufValue> meta = {
+      {"general.architecture", {GgufType::STRING, std::string("llama")}},
+      {"llama.block_count", {GgufType::UINT32, std::uint64_t(c.layers)}},
+      {"llama.embedding_length", {GgufType::UINT32, std::uint64_t(c.d)}},
+      {"llama.attention.head_count", {GgufType::UINT32, std::uint64_t(c.heads)}},
+      {"llama.attention.head_count_kv", {GgufType::UINT32, std::uint64_t(c.kv_heads)}},
+      {"llama.feed_forward_length", {GgufType::UINT32, std::uint64_t(c.ff)}},
+      {"llama.context_length", {GgufType::UINT32, std::uint64_t(c.ctx)}},
+      {"llama.rope.freq_base", {GgufType::FLOAT32, double{c.theta}}},
+      {"llama.attention.layer_norm_rms_epsilon", {GgufType::FLOAT32, double{c.eps}}},
+  };
+  for (const auto& [key, value] : c.meta) meta.insert_or_assign(key, value);
+  for (const auto& [key, value] : meta) w.add(key, value);
   auto add = [&](const std::string& name, quant::GgmlType t, std::int64_t cols, std::int64_t rows, float scale,
                  std::vector<float>& stored) {
     const std::vector<float> raw = randn(cols * rows, scale);
@@ -288,6 +297,64 @@ TEST_F(TinyModel, QkvHookSeesPostRopeKeysAsCached) {
   const std::vector<std::int32_t> tokens = {1, 2, 3};
   m.forward(tokens, 0, cache, pool, logits);
   EXPECT_EQ(calls, 2 * 3);
+}
+
+// Metadata that would make every logit silently wrong is rejected at load, naming its key; the
+// ends of the accepted ranges load.
+TEST(TinyModelMetadata, RejectsValuesOutOfRangeNamingTheKey) {
+  const auto f32 = [](double v) { return GgufValue{GgufType::FLOAT32, v}; };
+  const auto f64 = [](double v) { return GgufValue{GgufType::FLOAT64, v}; };
+  const auto u32 = [](std::uint64_t v) { return GgufValue{GgufType::UINT32, v}; };
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::string eps = "llama.attention.layer_norm_rms_epsilon", theta = "llama.rope.freq_base";
+  const std::vector<std::pair<std::string, GgufValue>> bad = {
+      {eps, f32(nan)}, {eps, f32(inf)}, {eps, f32(-inf)}, {eps, f32(-1e-5)}, {eps, f32(0.0)}, {eps, f32(0.5)},
+      {eps, f64(1e-40)}, {eps, f64(1e300)},
+      {theta, f32(nan)}, {theta, f32(inf)}, {theta, f32(0.0)}, {theta, f32(-10000.0)}, {theta, f32(0.5)},
+      {theta, f32(1e10)}, {theta, f64(1e300)},
+      {"llama.context_length", u32(0)}, {"llama.block_count", u32(0)}, {"llama.block_count", u32(0x80000000u)},
+      {"llama.embedding_length", u32(0)}, {"llama.feed_forward_length", u32(0)},
+      {"llama.attention.head_count", u32(0)}, {"llama.attention.head_count_kv", u32(0)},
+      {"llama.attention.head_count", u32(5)},     // does not divide the width 64
+      {"llama.attention.head_count_kv", u32(3)},  // does not divide the 4 heads
+  };
+  for (const auto& [key, value] : bad) {
+    Tiny c;
+    c.meta = {{key, value}};
+    TinyWeights w;
+    const std::string path = write_tiny_model(c, w, testing_util::scratch_path("bad_meta.gguf"));
+    const GgufFile file = GgufFile::open(path);
+    try {
+      LlamaModel model(file);
+      ADD_FAILURE() << key << " accepted a bad value";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  // Linear RoPE scaling's factor: a NaN, an infinity or zero would put every position at one angle.
+  for (double factor : {nan, inf, 0.0, -2.0, 1e6}) {
+    Tiny c;
+    c.meta = {{"llama.rope.scaling.type", {GgufType::STRING, std::string("linear")}},
+              {"llama.rope.scaling.factor", f32(factor)}};
+    TinyWeights w;
+    const GgufFile file = GgufFile::open(write_tiny_model(c, w, testing_util::scratch_path("bad_scaling.gguf")));
+    try {
+      LlamaModel model(file);
+      ADD_FAILURE() << "rope.scaling.factor " << factor << " accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("llama.rope.scaling.factor"), std::string::npos) << e.what();
+    }
+  }
+  // The ends of the ranges load.
+  for (const auto& [key, v] : std::vector<std::pair<std::string, double>>{
+           {"llama.attention.layer_norm_rms_epsilon", 0.1}, {"llama.attention.layer_norm_rms_epsilon", 1e-6},
+           {"llama.rope.freq_base", 1.0}, {"llama.rope.freq_base", 1e9}, {"llama.rope.freq_base", 5e5}}) {
+    Tiny c;
+    c.meta = {{key, {GgufType::FLOAT64, v}}};  // 0.1f lies above 0.1
+    TinyWeights w;
+    const GgufFile file = GgufFile::open(write_tiny_model(c, w, testing_util::scratch_path("good_meta.gguf")));
+    EXPECT_NO_THROW(LlamaModel model(file)) << key << " = " << v;
+  }
 }
 
 // The real SmolLM2-135M: needs the fetched model (scripts/fetch-model.sh; CI fetches it).
