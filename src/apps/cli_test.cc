@@ -82,6 +82,18 @@ TEST(Cli, BoundCounterexample) {
   EXPECT_EQ(o["raw"], o["eform"]);
 }
 
+// The true TV of a subnormal p̃ under ε ≈ ∓745 and ±700, against 50-digit values (mpmath).
+TEST(Cli, BoundTvIsExactForSubnormalWeights) {
+  const Result r = run("bound",
+                       R"({"p_tilde": [5e-324, 1], "c": [745, 1], "eps": [-745, 0]})" "\n"
+                       R"({"p_tilde": [1e-320, 1], "c": [700, 40], "eps": [-700, 40]})" "\n");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto v = lines(r.out);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_NEAR(v[0]["tv"].get<double>(), 0.63643589889841023, 1e-13) << r.out;
+  EXPECT_NEAR(v[1]["tv"].get<double>(), 0.95979618677564023, 1e-13) << r.out;
+}
+
 TEST(Cli, BoundWritesInfinityAsStringAndClampsTheMeter) {
   const Result r = run("bound", R"({"p_tilde": [0.5, 0.5], "c": [1000, 0]})" "\n");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -232,19 +232,24 @@ Bounds evaluate(std::span<const double> p_tilde, std::span<const double> c) {
 }
 
 double true_tv(std::span<const double> p_tilde, std::span<const double> eps) {
-  // p_t = p̃_t e^{−ε_t} / Z, computed with the largest exponent factored out.
-  double shift = -std::numeric_limits<double>::infinity();
+  // p_t = p̃_t e^{−ε_t} / Z, computed with the largest weight factored out: M = max_t (log p̃_t − ε_t)
+  // over p̃_t > 0, so the largest term is 1 and only terms negligible beside it can underflow. (M =
+  // max_t −ε_t would not do: a subnormal p̃_t with ε_t ≈ −745 sets M while the other terms underflow.)
+  double M = -std::numeric_limits<double>::infinity();
   for (std::size_t t = 0; t < p_tilde.size(); ++t)
-    if (p_tilde[t] > 0.0) shift = std::max(shift, -eps[t]);
+    if (p_tilde[t] > 0.0) M = std::max(M, std::log(p_tilde[t]) - eps[t]);
+  // p̃_t e^{−ε_t − M}: a normal p̃_t times the exponential, which cannot overflow (−ε_t − M ≤ −log
+  // p̃_t < 709) and keeps p̃_t's precision; a subnormal one through its logarithm, where it could.
+  const auto term = [&](std::size_t t) {
+    return p_tilde[t] >= std::numeric_limits<double>::min() ? p_tilde[t] * std::exp(-eps[t] - M)
+                                                            : std::exp(std::log(p_tilde[t]) - eps[t] - M);
+  };
   double Z = 0.0;
   for (std::size_t t = 0; t < p_tilde.size(); ++t)
-    if (p_tilde[t] > 0.0) Z += p_tilde[t] * std::exp(-eps[t] - shift);
+    if (p_tilde[t] > 0.0) Z += term(t);
   double tv = 0.0;
-  for (std::size_t t = 0; t < p_tilde.size(); ++t) {
-    if (p_tilde[t] == 0.0) continue;
-    const double p_t = p_tilde[t] * std::exp(-eps[t] - shift) / Z;
-    tv += std::fabs(p_t - p_tilde[t]);
-  }
+  for (std::size_t t = 0; t < p_tilde.size(); ++t)
+    if (p_tilde[t] > 0.0) tv += std::fabs(term(t) / Z - p_tilde[t]);
   return 0.5 * tv;
 }
 

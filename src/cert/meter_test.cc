@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/multiprecision/cpp_dec_float.hpp>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cert/round_up.h"
@@ -395,6 +397,40 @@ TEST(Meter, ValueSideBound) {
   EXPECT_EQ(value_meter(0.0, 0.0), 0.0);
   EXPECT_EQ(value_meter(1.0, 0.0), kInf);
   EXPECT_DOUBLE_EQ(value_meter(0.5, 4.0), 0.125);
+}
+
+// The true TV against 50-digit arithmetic, where p̃_t e^{−ε_t} needs no shift: subnormal p̃_t,
+// |ε_t| near 700 of both signs (where a shift by max −ε_t alone loses the terms) and plain cases.
+TEST(Meter, TrueTvKnownAnswers) {
+  using Big = boost::multiprecision::cpp_dec_float_50;
+  const auto reference = [](const std::vector<double>& p, const std::vector<double>& eps) {
+    std::vector<Big> w(p.size());
+    Big Z = 0;
+    for (std::size_t t = 0; t < p.size(); ++t) Z += w[t] = Big(p[t]) * boost::multiprecision::exp(-Big(eps[t]));
+    Big tv = 0;
+    for (std::size_t t = 0; t < p.size(); ++t) tv += boost::multiprecision::abs(w[t] / Z - Big(p[t]));
+    return static_cast<double>(tv / 2);
+  };
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  const std::vector<std::pair<std::vector<double>, std::vector<double>>> cases = {
+      {{tiny, 1.0}, {-745.0, 0.0}},                    // p_0 ≈ 0.636: a shift by 745 underflows p̃_1's term
+      {{tiny, 1.0}, {-700.0, 0.0}},                    // p_0 ≈ 5e-20
+      {{1e-320, 1.0}, {-700.0, 40.0}},                 // p̃_1's term a subnormal of 7 bits under the old shift
+      {{3 * tiny, 0.5, 0.5}, {-744.0, 700.0, 0.0}},    // three scales at once
+      {{1e-310, 1.0}, {-20.0, 725.0}},                 // ε ≈ +700 on the heavy token
+      {{0.25, 0.75}, {700.0, 699.0}},                  // both near +700
+      {{0.25, 0.75}, {-700.0, -699.5}},                // both near −700
+      {{0.0, 1.0}, {-1000.0, 0.0}},                    // p̃_t = 0 stays 0 whatever ε_t
+      {{0.5, 0.5}, {0.1, -0.1}},                       // the counterexample
+      {{0.2, 0.3, 0.5}, {0.01, -0.02, 0.3}},
+      {{1e-300, 1.0 - 1e-9, 1e-9}, {-690.0, 1e-3, -5.0}},
+  };
+  for (const auto& [p, eps] : cases) {
+    const double want = reference(p, eps), got = true_tv(p, eps);
+    EXPECT_NEAR(got, want, 1e-12 * want + 1e-16) << "p̃ = (" << p[0] << ", " << p[1] << ", ...), ε = (" << eps[0]
+                                                   << ", " << eps[1] << ", ...)";
+  }
+  EXPECT_NEAR(true_tv(std::vector<double>{tiny, 1.0}, std::vector<double>{-745.0, 0.0}), 0.636435898898410234, 1e-13);
 }
 
 }  // namespace
