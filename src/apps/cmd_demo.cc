@@ -74,9 +74,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
   out << fmt::format("\nNeedle retrieval ({} prompt tokens; the needle: \"{}\")\n", prompt.size(), kNeedle);
   out << "fp16 answer: " << fp16.run.text << "\n\n";
   print_table(out, runs, kAnswer);
-  out << "\ncov@0.2: (layer, head, decode step) cells with served meter <= 0.2 (after repair); cov pre: the step's\n"
-         "meter before its own repair. KL/tok: mean KL(p_fp16 || p_run) over the generated tokens, fp16 teacher-forced.\n"
-         "gate: certified tau < 1 on the clamped meter, block repair from the exact tier. page-in: exact K/V bytes paged in.\n";
+  out << "\n" << coverage_legend(runs);
   write_report(report, text, fp16.run, runs, kAnswer);
   out << fmt::format("report: {}/report.md   (total {:.0f} s)\n", report,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

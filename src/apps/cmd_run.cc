@@ -29,9 +29,15 @@ std::vector<std::string> split_list(const std::string& s) {
 }  // namespace
 
 int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
-  if (a.gate < 0.0 || std::isnan(a.gate)) throw std::invalid_argument("--gate tau must be positive");
+  if (!(a.gate >= 0.0) || !std::isfinite(a.gate)) throw std::invalid_argument("--gate tau must be finite and positive");
   if (!(a.delta > 0.0 && a.delta < 1.0)) throw std::invalid_argument("--delta must lie in (0, 1)");
-  Engine engine = Engine::load(a.model.empty() ? default_model_path() : a.model);
+  const std::string model = a.model.empty() ? default_model_path() : a.model;
+  const cert::BoundShape bound = cert::parse_bound_shape(a.bound);
+  const cache::DitherMode dither = cache::parse_dither_mode(a.dither);
+  const attn::GateOptions gate{a.gate, parse_granularity(a.granularity), a.tau_v};
+  const cache::BackingPlace backing = backing_place(a.backing_file, a.backing_file_overwrite, a.keep_backing_file,
+                                                    a.exact_tier, model, gate.on() || a.check_soundness);
+  Engine engine = Engine::load(model);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(a.prompt, a.chat);
   std::vector<std::string> schemes = a.scheme_sweep.empty() ? std::vector<std::string>{a.kv} : split_list(a.scheme_sweep);
   if (schemes.empty() || schemes[0].empty()) throw std::invalid_argument("give --kv SCHEME or --scheme-sweep A,B,...");
@@ -42,12 +48,14 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
     RunConfig rc;
     rc.kv_k = s;
     rc.kv_v = a.kv_v;
-    rc.gate = {a.gate, parse_granularity(a.granularity)};
+    rc.gate = gate;
+    rc.bound = bound;
+    rc.coverage_tau = a.coverage_tau;
     rc.delta = a.delta;
     rc.check_soundness = a.check_soundness;
     rc.stride = a.stride;
-    rc.backing_file = a.backing_file;
-    rc.dither = cache::parse_dither_mode(a.dither);
+    rc.backing = backing;
+    rc.dither = dither;
     rc.label = s + (a.kv_v.empty() ? "" : "/" + a.kv_v);
     runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, fp16, progress_bar(err, rc.label)));
   }
@@ -55,6 +63,7 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   for (const RunOutcome& r : runs) out << fmt::format("{:<12} {}\n", r.config.label + ":", r.text);
   out << "\n";
   print_table(out, runs);
+  out << "\n" << coverage_legend(runs);
   for (const RunOutcome& r : runs)
     if (r.meter.checked > 0)
       out << fmt::format("soundness {}: {} cells checked, {} violations\n", r.config.label, r.meter.checked,

@@ -92,10 +92,31 @@ std::string fmt_bytes(double b) {
 std::string gate_label(const attn::GateOptions& g) {
   if (!g.on()) return "raw";
   const char* gran = g.granularity == attn::Granularity::block ? "block" : g.granularity == attn::Granularity::head ? "head" : "request";
-  return fmt::format("{} tau={} {}", g.certified() ? "certified" : "risk-ranked", g.tau, gran);
+  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau, g.tau_v, gran);
 }
 
+std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : "-"; }
+
 }  // namespace
+
+cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
+                                  const std::string& model_path, bool needed) {
+  namespace fs = std::filesystem;
+  if (exact_tier != "ram" && exact_tier != "file")
+    throw std::invalid_argument("--exact-tier must be ram or file, got '" + exact_tier + "'");
+  cache::BackingPlace place;
+  place.ram = exact_tier == "ram" && file.empty();
+  if (file.empty()) return place;
+  if (!needed)
+    throw std::invalid_argument("--backing-file: nothing reads the exact tier without --gate or --check-soundness");
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(file, ec)) && fs::equivalent(file, model_path, ec))
+    throw std::invalid_argument("--backing-file '" + file + "' is the model file; choose another path");
+  place.path = file;
+  place.overwrite = overwrite;
+  place.keep = keep;
+  return place;
+}
 
 Progress progress_bar(std::ostream& err, const std::string& label) {
   return [&err, label](std::int64_t done, std::int64_t total) {
@@ -139,16 +160,17 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   cache::CacheConfig cc = cfg.cache_config(len + n, rc.kv_k, rc.kv_v);
   cc.page_size = rc.page_size;
   cc.outlier_pairs = rc.outliers;
-  cc.backing_file = rc.backing_file;
+  cc.backing = rc.backing;
   cc.dither = rc.dither;
   attn::CertifiedOptions opts;
   opts.q_heads = cfg.heads;
   opts.delta_req = rc.delta;
   opts.decode_budget = std::max(1, n);
   opts.check_soundness = rc.check_soundness;
+  opts.bound = rc.bound;
   opts.gate = rc.gate;
   // The telemetry aggregates the decode-step cells as they are served; the cache keeps no log.
-  gate::Telemetry tel(cfg.layers, cfg.heads, rc.tau_report, len, rc.stride);
+  gate::Telemetry tel(cfg.layers, cfg.heads, {rc.coverage_tau, rc.gate.tau_v, rc.bound, len, rc.stride});
   opts.sink = &tel;
   opts.keep_cells = false;
   attn::CertifiedKvCache cache(cc, opts);
@@ -202,17 +224,33 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
 }
 
 void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const std::string& answer) {
-  out << fmt::format("{:<26} {:<28} {:>8} {:>8} {:>9} {:>6} {:>6} {:>8} {:>10} {:>9} {:>7}\n", "run", "gate",
-                     "cov@0.2", "cov pre", "KL/tok", "top-1", "top-5", "answer", "page-in", "KV B/tok", "time");
+  out << fmt::format("{:<22} {:<22} {:<9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6} {:>6} {:>6} {:>10} {:>8} {:>7}\n",
+                     "run", "gate", "bound", "joint", "K", "V", "e-form", "pre", "KL/tok", "top-1", "top-5", "answer",
+                     "page-in", "KV B/tok", "time");
   for (const RunOutcome& r : runs) {
-    const bool has_meter = r.meter.cells > 0;
+    const bool m = r.meter.cells > 0;
     const std::string correct = answer.empty() ? "-" : (contains_answer(r.text, answer) ? "yes" : "NO");
-    out << fmt::format("{:<26} {:<28} {:>8} {:>8} {:>9.4f} {:>6.2f} {:>6.2f} {:>8} {:>10} {:>9.0f} {:>6.1f}s\n",
-                       r.config.label, r.meter.cells > 0 ? gate_label(r.config.gate) : "-",
-                       has_meter ? fmt::format("{:.3f}", r.meter.coverage) : "-",
-                       has_meter ? fmt::format("{:.3f}", r.meter.coverage_before) : "-", r.kl, r.top1, r.top5, correct,
-                       fmt_bytes(static_cast<double>(r.page_in_bytes)), r.kv_bytes_per_token, r.seconds);
+    out << fmt::format(
+        "{:<22} {:<22} {:<9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.4f} {:>6.2f} {:>6.2f} {:>6} {:>10} {:>8.0f} {:>6.1f}s\n",
+        r.config.label, m ? gate_label(r.config.gate) : "-", m ? cert::bound_shape_name(r.config.bound) : "-",
+        ratio(m, r.meter.coverage.joint), ratio(m, r.meter.coverage.k), ratio(m, r.meter.coverage.v),
+        ratio(m, r.meter.coverage.eform), ratio(m, r.meter.coverage_before.joint), r.kl, r.top1, r.top5, correct,
+        fmt_bytes(static_cast<double>(r.page_in_bytes)), r.kv_bytes_per_token, r.seconds);
   }
+}
+
+std::string coverage_legend(const std::vector<RunOutcome>& runs) {
+  double tau_k = 0.2, tau_v = 0.05;
+  for (const RunOutcome& r : runs)
+    if (r.meter.cells > 0) tau_k = r.meter.tau_k, tau_v = r.meter.tau_v;
+  return fmt::format(
+      "Coverage: the fraction of (layer, query head, decode step) cells that pass, as served (after the step's repair):\n"
+      "joint = K meter <= {0} and V meter <= {1} (pass_K and pass_V); K, V = each side alone; e-form = the K coverage of\n"
+      "Theorem 1's e-form, comparable with the paper whatever the bound; pre = joint before the step's own repair (pages\n"
+      "repaired at earlier steps stay exact). bound: the K meter's shape (min = min of sound forms: e-form, two-sided,\n"
+      "tanh(c_max/2)). gate: certified or risk-ranked, tau_K/tau_V, granularity. KL/tok: mean KL(p_fp16 || p_run) over\n"
+      "the generated tokens, fp16 teacher-forced. page-in: exact K/V bytes read from the backing tier by repair.\n",
+      tau_k, tau_v);
 }
 
 void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
@@ -228,6 +266,10 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_k", r.config.kv_k},
                           {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
                           {"gate", gate_label(r.config.gate)},
+                          {"tau_k", r.config.gate.tau},
+                          {"tau_v", r.config.gate.tau_v},
+                          {"bound", cert::bound_shape_name(r.config.bound)},
+                          {"bound_label", cert::bound_shape_label(r.config.bound)},
                           {"text", r.text},
                           {"kl_vs_fp16", r.kl},
                           {"top1_agreement", r.top1},
@@ -249,13 +291,11 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
   std::ofstream md(fs::path(dir) / "report.md");
   md << "# WitCert run report\n\n## Table\n\n```\n";
   print_table(md, runs, answer);
-  md << "```\n\ncov@0.2: fraction of (layer, query head, decode step) cells whose served meter is ≤ 0.2; cov pre: "
-        "the same on the step's meter before its own repair (pages repaired at earlier steps stay exact). KL/tok: mean KL(p_fp16 ‖ p_run) over the generated positions, fp16 teacher-forced "
-        "on the run's tokens.\n\n## fp16 text\n\n"
-     << fp16.text << "\n";
+  md << "```\n\n" << coverage_legend(runs) << "\n## fp16 text\n\n" << fp16.text << "\n";
   int i = 0;
   for (const RunOutcome& r : runs) {
-    md << "\n## " << r.config.label << " (" << gate_label(r.config.gate) << ")\n\n" << r.text << "\n\n![heatmap](heatmap-"
+    md << "\n## " << r.config.label << " (" << gate_label(r.config.gate) << ", bound: "
+       << cert::bound_shape_label(r.config.bound) << ")\n\n" << r.text << "\n\n![heatmap](heatmap-"
        << ++i << ".svg)\n";
   }
 }

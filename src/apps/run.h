@@ -20,13 +20,14 @@ struct RunConfig {
   std::string label;
   std::string kv_k = "fp16";
   std::string kv_v;  // "" → kv_k
-  attn::GateOptions gate;
+  attn::GateOptions gate;  // τ_K, τ_V (also the V coverage threshold) and granularity
+  cert::BoundShape bound = cert::BoundShape::min;
   int page_size = 16;
   int outliers = 4;
   double delta = 1e-2;
-  double tau_report = 0.2;  // the coverage threshold of the report
+  double coverage_tau = 0.2;  // the K threshold of the coverage figures
   bool check_soundness = false;
-  std::string backing_file;  // "" keeps the exact tier in RAM, else a memory-mapped file
+  cache::BackingPlace backing;  // where the exact tier lives when the gate or the check keeps one
   cache::DitherMode dither = cache::DitherMode::shared_prompt;  // dither-int8 keys
   int stride = 1;  // telemetry: keep the cells of every stride-th decode step for quantiles and JSON lines
 };
@@ -45,6 +46,12 @@ struct RunOutcome {
   double kv_bytes_per_token = 0.0;
   double seconds = 0.0;
 };
+
+// Where the exact tier lives, from the command line: `file` "" → a private temporary file (or RAM
+// when exact_tier is "ram"). Throws std::invalid_argument when a named file would be useless (no
+// gate or soundness check reads the tier: `needed` false) or is the model itself.
+cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
+                                  const std::string& model_path, bool needed);
 
 using Progress = std::function<void(std::int64_t, std::int64_t)>;
 
@@ -75,7 +82,8 @@ Progress progress_bar(std::ostream& err, const std::string& label);
 void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
                   const std::vector<RunOutcome>& runs, const std::string& answer = "");
 
-// A table of runs, one line each.
+// A table of runs, one line each, and the legend of its coverage columns.
 void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const std::string& answer = "");
+std::string coverage_legend(const std::vector<RunOutcome>& runs);
 
 }  // namespace witcert::apps

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
@@ -108,33 +109,66 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
   }
 }
 
-std::vector<std::vector<double>> page_contributions(cache::KvStore::Reader& reader, const float* q, int group,
-                                                    int head_dim, std::int64_t n_ctx, const BoundContext& ctx,
-                                                    const std::vector<double>& lse_z) {
+PageTerms page_contributions(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                             std::int64_t n_ctx, const BoundContext& ctx, const std::vector<double>& lse_z) {
   const int d = head_dim;
   const std::int64_t page = reader.config().page_size;
   const BoundEvaluator bounds(reader, q, group, d, ctx);
-  std::vector<std::vector<double>> contribution(group, std::vector<double>((n_ctx + page - 1) / page, 0.0));
+  const std::vector<double> zeros((n_ctx + page - 1) / page, 0.0);
+  PageTerms terms{std::vector<std::vector<double>>(group, zeros), std::vector<std::vector<double>>(group, zeros)};
+  std::vector<float> k(d), v(d);
+  cache::KeyBound bound;
+  for (std::int64_t t = 0; t < n_ctx; ++t) {
+    reader.key(t, k.data(), bound);
+    double rho = 0.0;
+    reader.value(t, v.data(), rho);
+    for (int h = 0; h < group; ++h) {
+      const double p_t = std::exp(ctx.sm * dot(q + h * d, k.data(), d) - lse_z[h]);
+      terms.a[h][t / page] += p_t * std::expm1(bounds.c(h, bound));  // p̃_t (e^{c_t} − 1)
+      terms.rho[h][t / page] += p_t * rho;
+    }
+  }
+  return terms;
+}
+
+std::vector<double> retention_raw(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                                  std::int64_t n_ctx, const BoundContext& ctx) {
+  const int d = head_dim;
+  std::vector<HeadPartial> partials;
+  attend_range_reference(reader, q, group, d, 0, n_ctx, ctx, partials);
+  const BoundEvaluator bounds(reader, q, group, d, ctx);
+  std::vector<std::vector<double>> z(group, std::vector<double>(n_ctx)), c = z;
   std::vector<float> k(d);
   cache::KeyBound bound;
   for (std::int64_t t = 0; t < n_ctx; ++t) {
     reader.key(t, k.data(), bound);
     for (int h = 0; h < group; ++h) {
-      const double z = ctx.sm * dot(q + h * d, k.data(), d);
-      contribution[h][t / page] += std::exp(z - lse_z[h]) * std::expm1(bounds.c(h, bound));  // p̃_t (e^{c_t} − 1)
+      z[h][t] = ctx.sm * dot(q + h * d, k.data(), d);
+      c[h][t] = bounds.c(h, bound);
     }
   }
-  return contribution;
+  std::vector<double> out(group);
+  for (int h = 0; h < group; ++h) {
+    const cert::MeterStats& m = partials[h].meter;
+    // A rounded up and A⁻ rounded down (moment tokens included) only raise the form: it grows
+    // with A and falls with A⁻ term by term.
+    out[h] = cert::retention_raw(z[h], c[h], m.z.value(), m.log_A(), m.log_A_minus());
+    if (std::isnan(out[h])) out[h] = INFINITY;
+  }
+  return out;
 }
 
-HeadResult finish(const HeadPartial& p, int head_dim, float* out) {
+HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape) {
   HeadResult r;
   for (int i = 0; i < head_dim; ++i) out[i] = static_cast<float>(p.acc[i] / p.l);
   const double log_A = p.meter.log_A(), log_A_minus = p.meter.log_A_minus();
   r.eform_raw = cert::eform_raw(log_A);
-  const double shapes = std::min({r.eform_raw, cert::two_sided_raw(log_A, log_A_minus),
-                                  cert::tanh_half_shape(p.meter.c_max)});
-  r.meter = std::isnan(log_A) || std::isnan(p.m) ? 1.0 : cert::clamp_meter(shapes);
+  cert::Bounds b;
+  b.eform = b.retention = r.eform_raw;
+  b.two_sided = cert::two_sided_raw(log_A, log_A_minus);
+  b.tanh = cert::tanh_shape(p.meter.c_max);
+  b.tanh_half = cert::tanh_half_shape(p.meter.c_max);
+  r.meter = std::isnan(log_A) || std::isnan(p.m) ? 1.0 : b.meter(shape);
   // Float weights (the fast kernel) move the weighted mean of ρ^v_t by at most ε times the largest
   // ρ^v_t among their tokens (cert::float_weight_error).
   double weighted_rho = p.rho / p.l;
@@ -151,6 +185,7 @@ HeadResult finish(const HeadPartial& p, int head_dim, float* out) {
 }
 
 double true_tv(cache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t n_ctx) {
+  if (!reader.has_exact_tier()) throw std::logic_error("the true TV reads the exact backing tier, and this cache keeps none");
   const int d = head_dim;
   const double sm = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> z(n_ctx), z_hat(n_ctx);

@@ -46,21 +46,31 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
 // What one query head's attention reports, from a merged partial.
 struct HeadResult {
   double eform_raw = 0.0;   // Theorem 1, unclamped: the risk score
-  double meter = 0.0;       // min(1, sound K forms available from one pass)
+  double meter = 0.0;       // the chosen bound shape, clamped to 1
   double v_meter = 0.0;     // Σ p̃ ρ^v / max‖v‖
   double output_bound = 0.0;  // ‖y − ŷ‖ ≤ 2·meter·max‖v‖ + Σ p̃ ρ^v
 };
 
-// Writes the output (head_dim floats) and returns the head's meters.
-HeadResult finish(const HeadPartial& p, int head_dim, float* out);
+// Writes the output (head_dim floats) and returns the head's meters under `shape`. The one-pass
+// partial holds every shape but the retention form, for which the meter is the e-form here and
+// the caller replaces it with retention_raw's.
+HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape = cert::BoundShape::min);
 
-// Block repair planning (§6.3.5): each page's term Σ_{t∈page} p̃_t (e^{c_t} − 1) of A, per query
-// head of the group (result[h][j] for logical page j of [0, n_ctx)). Replacing page j by exact
-// keys removes exactly this term from A = Σ_t p̃_t e^{c_t} with p̃ held fixed. lse_z[h] is LSE(z̃)
-// of head h over [0, n_ctx).
-std::vector<std::vector<double>> page_contributions(cache::KvStore::Reader& reader, const float* q, int group,
-                                                    int head_dim, std::int64_t n_ctx, const BoundContext& ctx,
-                                                    const std::vector<double>& lse_z);
+// Proposition 1's per-token retention form of each query head of the group over [0, n_ctx):
+// A and A⁻ from one reference pass, then a second pass over the tokens (unclamped).
+std::vector<double> retention_raw(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                                  std::int64_t n_ctx, const BoundContext& ctx);
+
+// Block repair planning (§6.3.5), per query head h of the group and logical page j of [0, n_ctx):
+//   a[h][j]   = Σ_{t∈j} p̃_t (e^{c_t} − 1), the page's term of A = Σ_t p̃_t e^{c_t};
+//   rho[h][j] = Σ_{t∈j} p̃_t ρ^v_t, its term of the value side's Σ_t p̃_t ρ^v_t.
+// Replacing page j by exact keys and values removes exactly these terms with p̃ held fixed.
+// lse_z[h] is LSE(z̃) of head h over [0, n_ctx).
+struct PageTerms {
+  std::vector<std::vector<double>> a, rho;
+};
+PageTerms page_contributions(cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                             std::int64_t n_ctx, const BoundContext& ctx, const std::vector<double>& lse_z);
 
 // True TV(p, p̃) between attention over the exact tier and over the keys the runtime reads,
 // for one query (the soundness check; reads every key twice).

@@ -344,9 +344,11 @@ class FastAttention {
           for (int j = 0; j < nh; ++j)
             for (int c = 0; c < d_; ++c) qbarf_[h0 * dp_ + c * nh + j] = static_cast<float>(qbar_[(h0 + j) * dp_ + c]);
         }
-        q_out_.resize(static_cast<std::size_t>(group_) * m2_);
+        // Before the outlier pairs are fixed (the first calibration_tokens positions) the mask is
+        // empty and every key is served exact: q_out_ stays zero.
+        q_out_.assign(static_cast<std::size_t>(group_) * m2_, 0.0f);
         for (int h = 0; h < group_; ++h)
-          for (int j = 0; j < m2_; ++j) q_out_[h * m2_ + j] = q_[h * d_ + outliers_[j]];
+          for (std::size_t j = 0; j < outliers_.size(); ++j) q_out_[h * m2_ + j] = q_[h * d_ + outliers_[j]];
       }
       scales_.assign(static_cast<std::size_t>(kTile) * G_, 0.0);
       outlier_values_.assign(static_cast<std::size_t>(kTile) * m2_, 0.0);

@@ -97,6 +97,8 @@ struct Store {
     c.dither = f.dither;
     c.calibration_tokens = 8;
     c.shuffle_pages = seed;
+    c.exact_tier = true;  // the true TV reads it
+    c.backing = cache::BackingPlace::in_ram();
     return c;
   }
 };

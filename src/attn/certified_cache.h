@@ -8,14 +8,17 @@
 #include <span>
 #include <vector>
 
+#include "attn/certified_attention.h"
 #include "attn/kv_cache.h"
 #include "cache/kv_store.h"
+#include "cert/meter.h"
 
 namespace witcert::attn {
 
-// The gate (§4.3, §6.3.4–6.3.5): when a (layer, KV head) group's meter exceeds τ for any of its
-// query heads, repair it from the exact tier and recompute the step's attention. τ < 1 is
-// certified gating on the clamped meter; τ ≥ 1 is risk-ranked gating on the raw score.
+// The gate (§4.3, §5 "Joint K+V", §6.3.4–6.3.5): when any query head of a (layer, KV head) group
+// fails pass_K ∧ pass_V — its K meter above τ_K or its V meter above τ_V — repair pages from the
+// exact tier and recompute the step's attention. τ_K < 1 is certified gating on the clamped K
+// meter; τ_K ≥ 1 is risk-ranked gating on the raw score.
 enum class Granularity {
   head,     // every page of the (layer, KV head)
   block,    // pages in decreasing order of their term of A, until the meter is under τ
@@ -23,8 +26,9 @@ enum class Granularity {
 };
 
 struct GateOptions {
-  double tau = 0.0;  // 0: no gate
+  double tau = 0.0;     // τ_K; 0: no gate
   Granularity granularity = Granularity::block;
+  double tau_v = 0.05;  // τ_V
   bool on() const { return tau != 0.0; }
   bool certified() const { return tau < 1.0; }
 };
@@ -35,10 +39,12 @@ struct MeterCell {
   int q_head;
   std::int64_t pos;     // the query's position; it attends over [0, pos]
   double eform_raw;     // Theorem 1 unclamped: the risk score (+inf: no guarantee)
-  double meter;         // min(1, sound K forms)
-  double v_meter;
+  double meter;         // the K meter: the chosen bound shape, clamped to 1
+  double v_meter;       // the V meter
   double tv;            // the true TV (NaN unless check_soundness)
-  double raw_before;    // the raw score before any repair (= eform_raw when not repaired)
+  double raw_before;    // the step's values before its own repair (= the served ones when not repaired)
+  double meter_before;
+  double v_meter_before;
   bool repaired;
 };
 
@@ -56,6 +62,7 @@ struct CertifiedOptions {
   std::int64_t decode_budget = 256; // T
   int splits = 1;                   // split-KV partitions per attention call, merged under LSE weights
   bool check_soundness = false;     // also compute the true TV of every cell from the exact tier
+  cert::BoundShape bound = cert::BoundShape::min;  // the K meter's shape (retention: a second pass)
   GateOptions gate;
   MeterSink* sink = nullptr;        // receives every served cell (not owned; must outlive the cache)
   bool keep_cells = true;           // also keep every cell for cells()
@@ -63,7 +70,9 @@ struct CertifiedOptions {
 
 class CertifiedKvCache final : public KvCache {
  public:
-  // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape.
+  // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape. The
+  // exact backing tier is allocated only when the gate or the soundness check needs it
+  // (cfg.exact_tier is then set to at least ExactTier::ram).
   CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts);
 
   const KvGeometry& geometry() const override { return g_; }
@@ -81,22 +90,32 @@ class CertifiedKvCache final : public KvCache {
 
   const cache::KvStore& store() const { return store_; }
   // Turns the true-TV check on or off for the cells that follow (between forward passes, not
-  // during one), so that a study can check only the cells it counts.
-  void set_check_soundness(bool on) { opts_.check_soundness = on; }
-  bool exact() const;  // both sides fp16: attention is the plain exact path, the meter 0
+  // during one), so that a study can check only the cells it counts. Throws std::logic_error when
+  // the cache was built without the exact tier (construct it with check_soundness).
+  void set_check_soundness(bool on);
   std::vector<MeterCell> cells() const;  // empty unless keep_cells
 
  private:
   struct Group;  // the results of one attention call
   void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g) const;
+  // The step's attention over [0, n_ctx) from the stored formats, or the plain exact path when
+  // every token of the (layer, KV head) is served exact.
+  void compute_step(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g) const;
   // Gates one position's computed attention (repairing and recomputing while triggered), writes
   // its output and appends its cells.
   void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
              Group& g, float* out, std::vector<MeterCell>& cells) const;
   void log(const std::vector<MeterCell>& cells) const;
-  // The output and meters of every head from the group's merged partials.
-  void finish_group(Group& g) const;
+  // The output and meters of every head from the group's merged partials (retention: with its
+  // second pass).
+  void finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g) const;
+  bool pass_k(const HeadResult& r) const;
+  bool pass_v(const HeadResult& r) const;
   bool triggered(const Group& g) const;
+  // Block granularity: narrows `order` (the unpromoted pages) to the pages to promote; false
+  // when no plan can be made (a non-finite term), leaving every page in it.
+  bool plan_blocks(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, const Group& g,
+                   std::vector<std::int64_t>& order) const;
   // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
   bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
               const Group& g) const;

@@ -58,6 +58,15 @@ cache::CacheConfig config(const std::string& k_fmt, const std::string& v_fmt, st
   return c;
 }
 
+// The same with the exact tier in RAM, for the tests that read it.
+cache::CacheConfig config_with_tier(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
+                                    std::uint64_t shuffle) {
+  cache::CacheConfig c = config(k_fmt, v_fmt, cap, page, shuffle);
+  c.exact_tier = true;
+  c.backing = cache::BackingPlace::in_ram();
+  return c;
+}
+
 void fill(KvCache& cache, const Tokens& t) {
   for (std::int64_t p = 0; p < t.n; ++p)
     for (int l = 0; l < kLayers; ++l)
@@ -67,7 +76,7 @@ void fill(KvCache& cache, const Tokens& t) {
 TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
   const Tokens t = draw_tokens(40, 1);
   for (const std::string& fmt : all_formats()) {
-    CertifiedKvCache cache(config(fmt, fmt, 40, 16, 9), heads(kGroup * kKvHeads));
+    CertifiedKvCache cache(config_with_tier(fmt, fmt, 40, 16, 9), heads(kGroup * kKvHeads));
     fill(cache, t);
     for (int l = 0; l < kLayers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
@@ -107,7 +116,7 @@ TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
   for (int page : {1, 16})
     for (cache::DitherMode mode :
          {cache::DitherMode::per_slot, cache::DitherMode::shared_page, cache::DitherMode::shared_prompt}) {
-      cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, page, 77);
+      cache::CacheConfig c = config_with_tier(cache::kDitherInt8, "fp16", 70, page, 77);
       c.dither = mode;
       CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
       cache.set_prompt_length(41);
@@ -292,10 +301,20 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   CertifiedKvCache fp16(config("fp16", "fp16", 4096, 16, 0), heads(6));
   CertifiedKvCache dither(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), heads(6));
   EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(quant::KvSide::key), 128.0);
-  // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the mask amortized.
-  EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.0, 0.1);
-  // Values: codes (64) + two fp16 scales (4) + the page's float max_t(‖v̂_t‖ + ρ_t) over 16 tokens.
-  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.25);
+  // No gate and no soundness check: no exact tier; a packed side keeps a ring of one page of fp16
+  // rows (16 · 128 B a stream: 0.5 B a token at capacity 4096) for the tokens not yet encoded.
+  EXPECT_EQ(dither.store().backing_bytes(), 0u);
+  EXPECT_EQ(fp16.store().backing_bytes(), 0u);
+  // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the ring + the mask amortized.
+  EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.5, 0.1);
+  // Values: codes (64) + two fp16 scales (4) + the page's float max_t(‖v̂_t‖ + ρ_t) over 16 tokens + the ring.
+  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.75);
+  EXPECT_LT(dither.store().compressed_bytes(), fp16.store().compressed_bytes() * 0.7);
+  // A gate keeps the tier: 2 · 128 B a token and KV head, in a file unless asked for RAM.
+  CertifiedOptions gated = heads(6);
+  gated.gate = {0.2, Granularity::block};
+  CertifiedKvCache with_tier(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), gated);
+  EXPECT_EQ(with_tier.store().backing_bytes(), 2u * kLayers * kKvHeads * 4096 * 128);
   std::printf("[certified-cache] bytes/token/head at d=64: fp16 K %.2f, dither-int8 K %.2f V %.2f\n",
               fp16.store().bytes_per_token_head(quant::KvSide::key),
               dither.store().bytes_per_token_head(quant::KvSide::key),

@@ -135,8 +135,12 @@ TEST(Gate, AReductionIsExactInTheReference) {
     const double A = std::exp(whole[0].meter.log_A());
     const auto term = page_contributions(r, q.data(), 1, kDim, kN, ctx, {whole[0].meter.z.value()});
     double sum = 0.0;
-    for (double t : term[0]) sum += t;
+    for (double t : term.a[0]) sum += t;
     EXPECT_NEAR(A - 1.0, sum, 1e-12 * A);  // A − 1 = Σ_j terms: the terms partition A − 1
+    // The value terms partition Σ_t p̃_t ρ^v_t the same way.
+    double rho = 0.0;
+    for (double t : term.rho[0]) rho += t;
+    EXPECT_NEAR(rho, whole[0].rho / whole[0].l, 1e-12 * (1.0 + rho));
     // A with page 2's bounds set to zero, p̃ unchanged.
     std::vector<float> k(kDim);
     cache::KeyBound b;
@@ -151,7 +155,7 @@ TEST(Gate, AReductionIsExactInTheReference) {
       const double c = probe[0].meter.c_max;
       without.add(0.125 * z, t / 16 == 2 ? 0.0 : c);
     }
-    EXPECT_NEAR(std::exp(without.log_A()), A - term[0][2], 1e-12 * A);
+    EXPECT_NEAR(std::exp(without.log_A()), A - term.a[0][2], 1e-12 * A);
   });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include "cert/round_up.h"
 
@@ -28,7 +29,7 @@ double dither_value_rho(const f16* scales, int groups) {
 
 std::size_t KvStore::Side::bytes() const {
   return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16) +
-         norm_max.size() * sizeof(float);
+         norm_max.size() * sizeof(float) + rows.size() * sizeof(f16);
 }
 
 double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups) {
@@ -48,7 +49,7 @@ KvStore::KvStore(const CacheConfig& cfg)
   if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
     throw config_error("layers, KV heads, head dimension and capacity must be positive");
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
-  exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing_file);
+  if (cfg.exact_tier) exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing);
   outlier_mask_.assign(streams * cfg.head_dim, 0);
   outliers_fixed_.assign(streams, 0);
   written_.assign(streams, 0);
@@ -56,6 +57,49 @@ KvStore::KvStore(const CacheConfig& cfg)
   promoted_ = std::make_unique<std::atomic<std::uint8_t>[]>(streams * logical_pages_);
   init_side(k_, cfg.k_format, quant::KvSide::key);
   init_side(v_, cfg.v_format, quant::KvSide::value);
+  if (exact_) return;
+  // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
+  // dither-int8 keys before calibration, one row otherwise; whole pages, so that a page's rows
+  // follow one another.
+  std::int64_t unencoded = 1;
+  for (const Side* sd : {&k_, &v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
+  if (k_.kind == FormatKind::dither_int8) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
+  ring_ = (unencoded + cfg.page_size - 1) / cfg.page_size * cfg.page_size;
+  for (Side* sd : {&k_, &v_}) {
+    const std::size_t per_stream = sd->kind == FormatKind::exact ? slots() : static_cast<std::size_t>(ring_);
+    sd->rows.assign(streams * per_stream * cfg.head_dim, 0);
+  }
+}
+
+std::size_t KvStore::exact_index(const Side& side, std::size_t st, std::int64_t pos) const {
+  if (exact_ || side.kind == FormatKind::exact) return st * slots() + table_.slot(pos);
+  return st * ring_ + static_cast<std::size_t>(pos % ring_);
+}
+
+f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) {
+  return const_cast<f16*>(std::as_const(*this).exact_row(which, st, pos));
+}
+
+const f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const {
+  const bool key = which == quant::KvSide::key;
+  const Side& side = key ? k_ : v_;
+  const std::size_t row = exact_index(side, st, pos);
+  if (exact_) return key ? exact_->key_row(row) : exact_->value_row(row);
+  return &side.rows[row * cfg_.head_dim];
+}
+
+const f16* KvStore::exact_page(quant::KvSide which, std::size_t st, std::int64_t page_begin) const {
+  return exact_row(which, st, page_begin);  // a page's slots, and its ring rows, are consecutive
+}
+
+bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
+  const std::size_t st = stream(layer, kv_head);
+  const std::int64_t k_end = packed_prefix(k_, quant::KvSide::key, st),
+                     v_end = packed_prefix(v_, quant::KvSide::value, st);
+  const std::int64_t packed = std::min(n_ctx, std::max(k_end, v_end));
+  for (std::int64_t pos = 0; pos < packed; pos += cfg_.page_size)
+    if (!page_promoted(st, pos)) return false;
+  return true;
 }
 
 void KvStore::init_side(Side& side, const std::string& format, quant::KvSide which) {
@@ -131,6 +175,7 @@ DitherMode parse_dither_mode(const std::string& name) {
 }
 
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
+  if (!exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
   std::uint8_t expected = 0;
   if (!promoted_[stream(layer, kv_head) * logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
     return false;
@@ -168,12 +213,12 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   if (pos != written_[st])
     throw std::invalid_argument("KV cache: position " + std::to_string(pos) + " written out of order (expected " +
                                 std::to_string(written_[st]) + ")");
-  const std::int64_t slot = pos < table_.positions_mapped() ? table_.slot(pos) : table_.slot_for_write(pos);
+  if (pos >= table_.positions_mapped()) table_.slot_for_write(pos);
   const int d = cfg_.head_dim;
-  f16* ek = exact_->key_row(st * slots() + slot);
-  f16* ev = exact_->value_row(st * slots() + slot);
+  f16* ek = exact_row(quant::KvSide::key, st, pos);
+  f16* ev = exact_row(quant::KvSide::value, st, pos);
   for (int i = 0; i < d; ++i) {
-    ek[i] = fp16_from_float(k[i]);  // the backing tier, written on every write
+    ek[i] = fp16_from_float(k[i]);  // the backing tier (or the side's rows), written on every write
     ev[i] = fp16_from_float(v[i]);
   }
   written_[st] = pos + 1;
@@ -197,7 +242,7 @@ void KvStore::fix_outliers(std::size_t st) {
   // Pair energy Σ_t k_lo² + k_hi² over the tokens seen so far picks the m outlier pairs.
   std::vector<double> energy(d / 2, 0.0);
   for (std::int64_t pos = 0; pos < written_[st]; ++pos) {
-    const f16* ek = exact_->key_row(st * slots() + table_.slot(pos));
+    const f16* ek = exact_row(quant::KvSide::key, st, pos);
     for (int j = 0; j < d / 2; ++j) {
       const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
       const double a = fp16_to_float(ek[p.lo]), b = fp16_to_float(ek[p.hi]);
@@ -220,7 +265,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   const bool key = which == quant::KvSide::key;
   const std::int64_t slot = table_.slot(pos);
   const std::size_t at = st * slots() + slot;
-  const f16* exact = key ? exact_->key_row(at) : exact_->value_row(at);
+  const f16* exact = exact_row(which, st, pos);
   std::vector<float> x(d), x_hat(d);
   for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
 
@@ -266,8 +311,7 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
   const bool key = which == quant::KvSide::key;
   std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
   for (int t = 0; t < T; ++t) {
-    const std::size_t at = st * slots() + table_.slot(group * T + t);
-    const f16* exact = key ? exact_->key_row(at) : exact_->value_row(at);
+    const f16* exact = exact_row(which, st, group * T + t);
     for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
   }
   const std::size_t blocks = (cfg_.capacity + T - 1) / T;
@@ -289,17 +333,17 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
 
 std::size_t KvStore::compressed_bytes() const {
   std::size_t b = k_.bytes() + v_.bytes() + outlier_mask_.size();
-  if (k_.kind == FormatKind::exact) b += exact_->bytes() / 2;  // fp16 is served from the tier itself
-  if (v_.kind == FormatKind::exact) b += exact_->bytes() / 2;
+  if (exact_ && k_.kind == FormatKind::exact) b += exact_->bytes() / 2;  // fp16 is served from the tier itself
+  if (exact_ && v_.kind == FormatKind::exact) b += exact_->bytes() / 2;
   return b;
 }
 
-std::size_t KvStore::backing_bytes() const { return exact_->bytes(); }
+std::size_t KvStore::backing_bytes() const { return exact_ ? exact_->bytes() : 0; }
 
 double KvStore::bytes_per_token_head(quant::KvSide side) const {
   const Side& s = side == quant::KvSide::key ? k_ : v_;
   const double tokens = static_cast<double>(cfg_.layers) * cfg_.kv_heads * static_cast<double>(slots());
-  if (s.kind == FormatKind::exact) return static_cast<double>(exact_->bytes()) / 2 / tokens;
+  if (s.kind == FormatKind::exact && exact_) return static_cast<double>(exact_->bytes()) / 2 / tokens;
   double b = static_cast<double>(s.bytes());
   if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += outlier_mask_.size();
   return b / tokens;
@@ -311,11 +355,11 @@ KvStore::Reader::Reader(const KvStore& store, int layer, int kv_head)
     : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg_.head_dim) {}
 
 const f16* KvStore::Reader::exact_key_row(std::int64_t pos) const {
-  return s_.exact_->key_row(stream_ * s_.slots() + s_.table_.slot(pos));
+  return s_.exact_row(quant::KvSide::key, stream_, pos);
 }
 
 const f16* KvStore::Reader::exact_value_row(std::int64_t pos) const {
-  return s_.exact_->value_row(stream_ * s_.slots() + s_.table_.slot(pos));
+  return s_.exact_row(quant::KvSide::value, stream_, pos);
 }
 
 void KvStore::Reader::exact_key(std::int64_t pos, float* k) const {
@@ -356,8 +400,8 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.table_.page_of(pos))];
     return v;
   };
-  r.k = view(s_.k_, quant::KvSide::key, s_.exact_->key_row(first));
-  r.v = view(s_.v_, quant::KvSide::value, s_.exact_->value_row(first));
+  r.k = view(s_.k_, quant::KvSide::key, s_.exact_page(quant::KvSide::key, stream_, r.begin));
+  r.v = view(s_.v_, quant::KvSide::value, s_.exact_page(quant::KvSide::value, stream_, r.begin));
   return r;
 }
 

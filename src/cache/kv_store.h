@@ -64,7 +64,12 @@ struct CacheConfig {
   std::uint64_t seed = 0x5EED;
   DitherMode dither = DitherMode::per_slot;
   std::uint64_t shuffle_pages = 0;  // ≠ 0: physical pages in a shuffled order (tests)
-  std::string backing_file;         // "" keeps the exact tier in RAM; else a memory-mapped file
+  // The exact backing tier, kept only when something reads it (a gate's repair, the soundness
+  // check): without it a packed side keeps only the rows it has not encoded yet (a ring of a few
+  // pages per stream) and an fp16 side its own rows, so a quantized cache holds its packed bytes
+  // and little else.
+  bool exact_tier = false;
+  BackingPlace backing;  // where the tier lives (default: a private memory-mapped temporary file)
 };
 
 enum class FormatKind { exact, scheme, dither_int8 };
@@ -117,6 +122,8 @@ class KvStore {
    public:
     Reader(const KvStore& store, int layer, int kv_head);
     const CacheConfig& config() const { return s_.cfg_; }
+    bool has_exact_tier() const { return s_.has_exact_tier(); }
+    bool served_exact(std::int64_t n_ctx) const { return s_.served_exact(layer_, kv_head_, n_ctx); }
     // The fp16 exact-tier rows of a position (what the exact attention path reads).
     const f16* exact_key_row(std::int64_t pos) const;
     const f16* exact_value_row(std::int64_t pos) const;
@@ -189,10 +196,14 @@ class KvStore {
   };
   PageInStats page_in_stats() const { return {page_ins_.load(), page_in_bytes_.load()}; }
 
-  // Measured bytes of the allocations: the compressed cache (payload + meter metadata) and the
-  // exact backing tier.
+  // Measured bytes of the allocations: the compressed cache (payload + meter metadata + the rows
+  // not yet encoded) and the exact backing tier (0 without one).
   std::size_t compressed_bytes() const;
   std::size_t backing_bytes() const;
+  bool has_exact_tier() const { return exact_ != nullptr; }
+  // Whether every token of [0, n_ctx) of (layer, kv_head) is served exact (unencoded, fp16 or
+  // on a promoted page) on both sides.
+  bool served_exact(int layer, int kv_head, std::int64_t n_ctx) const;
   // Compressed bytes per token per KV head, per side, from the allocations.
   double bytes_per_token_head(quant::KvSide side) const;
 
@@ -211,6 +222,9 @@ class KvStore {
     std::vector<std::int8_t> codes;
     std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
     std::vector<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
+    // Without the exact tier: an fp16 side's rows, [stream][slot][head_dim]; a packed side's ring
+    // of the rows it has not encoded yet, [stream][ring][head_dim], position pos in row pos % ring.
+    std::vector<f16> rows;
     std::size_t bytes() const;
   };
 
@@ -222,6 +236,13 @@ class KvStore {
     return at / P * P * cfg_.head_dim + static_cast<std::size_t>(c) * P + at % P;
   }
   void init_side(Side& side, const std::string& format, quant::KvSide which);
+  // The exact fp16 row of pos (written before anything reads it), and the row of a page's first
+  // slot, from which the page's rows follow one another: the tier's, the side's own fp16 rows or
+  // its ring of unencoded rows.
+  f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos);
+  const f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const;
+  const f16* exact_page(quant::KvSide which, std::size_t st, std::int64_t page_begin) const;
+  std::size_t exact_index(const Side& side, std::size_t st, std::int64_t pos) const;
   void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
@@ -242,7 +263,8 @@ class KvStore {
   PagePool pool_;
   PageTable table_;
   Side k_, v_;
-  std::unique_ptr<BackingTier> exact_;             // rows [stream][slot], head_dim each
+  std::unique_ptr<BackingTier> exact_;             // rows [stream][slot], head_dim each; null without a tier
+  std::int64_t ring_ = 0;                           // rows per stream of a packed side's ring
   std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
   std::vector<char> outliers_fixed_;                // [stream]
   std::vector<std::int64_t> written_;               // [stream]

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <stdexcept>
+#include <string>
 
 #include "cert/round_up.h"
 
@@ -163,6 +165,54 @@ double tanh_half_shape(double c_max) {
 }
 
 double clamp_meter(double raw) { return std::isnan(raw) ? 1.0 : std::min(1.0, raw); }
+
+namespace {
+constexpr BoundShape kShapes[] = {BoundShape::eform, BoundShape::two_sided, BoundShape::retention,
+                                  BoundShape::tanh,  BoundShape::tanh_half, BoundShape::min};
+}  // namespace
+
+const char* bound_shape_name(BoundShape shape) {
+  switch (shape) {
+    case BoundShape::eform: return "eform";
+    case BoundShape::two_sided: return "two-sided";
+    case BoundShape::retention: return "retention";
+    case BoundShape::tanh: return "tanh";
+    case BoundShape::tanh_half: return "tanh-half";
+    case BoundShape::min: return "min";
+  }
+  return "?";
+}
+
+const char* bound_shape_label(BoundShape shape) {
+  switch (shape) {
+    case BoundShape::eform: return "e-form (Theorem 1)";
+    case BoundShape::two_sided: return "two-sided (Proposition 1)";
+    case BoundShape::retention: return "per-token retention (Proposition 1)";
+    case BoundShape::tanh: return "tanh(c_max)";
+    case BoundShape::tanh_half: return "tanh(c_max/2)";
+    case BoundShape::min: return "min of sound forms";
+  }
+  return "?";
+}
+
+BoundShape parse_bound_shape(std::string_view name) {
+  for (BoundShape s : kShapes)
+    if (name == bound_shape_name(s)) return s;
+  throw std::invalid_argument("unknown bound shape '" + std::string(name) +
+                              "' (eform, two-sided, retention, tanh, tanh-half or min)");
+}
+
+double Bounds::meter(BoundShape shape) const {
+  switch (shape) {
+    case BoundShape::eform: return std::isnan(eform) ? 1.0 : clamp_meter(eform);
+    case BoundShape::two_sided: return std::isnan(two_sided) ? 1.0 : clamp_meter(two_sided);
+    case BoundShape::retention: return std::isnan(retention) ? 1.0 : clamp_meter(retention);
+    case BoundShape::tanh: return std::isnan(tanh) ? 1.0 : clamp_meter(tanh);
+    case BoundShape::tanh_half: return std::isnan(tanh_half) ? 1.0 : clamp_meter(tanh_half);
+    case BoundShape::min: return meter();
+  }
+  return 1.0;
+}
 
 double Bounds::meter() const {
   for (double v : {eform, two_sided, retention, tanh, tanh_half})

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <span>
+#include <string_view>
 
 #include "cert/lse.h"
 
@@ -83,6 +84,19 @@ double tanh_half_shape(double c_max);
 // A sound bound reported as a meter: min(1, raw); NaN reads as no guarantee (1).
 double clamp_meter(double raw);
 
+// The bound shape a meter reports (DESIGN §1). Every shape is sound; `min` is the minimum of the
+// sound forms the fused pass yields (e-form, two-sided, tanh(c_max/2)), which is at most the
+// e-form of the paper's Theorem 1 and so not directly comparable with its coverage figures.
+// `retention` needs A and A⁻ before a second pass over the tokens.
+enum class BoundShape { eform, two_sided, retention, tanh, tanh_half, min };
+
+// "eform", "two-sided", "retention", "tanh", "tanh-half", "min"; parse_bound_shape throws
+// std::invalid_argument on anything else, listing the names.
+const char* bound_shape_name(BoundShape shape);
+BoundShape parse_bound_shape(std::string_view name);
+// How a report names the shape: "min of sound forms", "e-form (Theorem 1)", ...
+const char* bound_shape_label(BoundShape shape);
+
 // Every bound shape for one cell, unclamped. The retention form needs A and A⁻ first, so it
 // takes a second pass over the tokens (evaluate() below); the fused kernel reports the others.
 struct Bounds {
@@ -94,6 +108,8 @@ struct Bounds {
 
   // The minimum of the sound forms, clamped to 1.
   double meter() const;
+  // The chosen shape, clamped to 1 (min: the minimum of all five); NaN reads as 1.
+  double meter(BoundShape shape) const;
 };
 
 // All bound shapes from logits z̃ (any additive offset) and bounds c_t ≥ |ε_t|.

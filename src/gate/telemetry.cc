@@ -22,20 +22,49 @@ double quantile(std::vector<double> v, double q) {
   return v[i];
 }
 
+nlohmann::json coverage_json(const Coverage& c) {
+  return {{"joint", number(c.joint)}, {"k", number(c.k)}, {"v", number(c.v)}, {"eform", number(c.eform)}};
+}
+
 }  // namespace
 
 nlohmann::json TelemetrySummary::to_json() const {
-  return {{"cells", cells},          {"coverage", number(coverage)},     {"coverage_before_gate", number(coverage_before)},
-          {"raw_p50", number(raw_p50)}, {"raw_p90", number(raw_p90)},     {"raw_p99", number(raw_p99)},
-          {"raw_max", number(raw_max)}, {"overflow", overflow},           {"repaired", repaired},
-          {"soundness_checked", checked}, {"soundness_violations", violations}};
+  return {{"cells", cells},
+          {"bound", cert::bound_shape_name(bound)},
+          {"bound_label", cert::bound_shape_label(bound)},
+          {"tau_k", tau_k},
+          {"tau_v", tau_v},
+          {"coverage", coverage_json(coverage)},
+          {"coverage_before_gate", coverage_json(coverage_before)},
+          {"raw_p50", number(raw_p50)},
+          {"raw_p90", number(raw_p90)},
+          {"raw_p99", number(raw_p99)},
+          {"raw_max", number(raw_max)},
+          {"overflow", overflow},
+          {"repaired", repaired},
+          {"soundness_checked", checked},
+          {"soundness_violations", violations}};
 }
 
-Telemetry::Telemetry(int layers, int heads, double tau, std::int64_t first_pos, int stride)
-    : layers_(layers), heads_(heads), tau_(tau), first_pos_(first_pos), stride_(stride) {
+void Telemetry::Covered::add(double meter, double v_meter, double eform_raw, double tau_k, double tau_v) {
+  const bool pk = meter <= tau_k, pv = v_meter <= tau_v;
+  joint += pk && pv;
+  k += pk;
+  v += pv;
+  eform += std::min(1.0, eform_raw) <= tau_k;
+}
+
+Coverage Telemetry::Covered::over(std::int64_t cells) const {
+  if (cells == 0) return {};
+  const double n = static_cast<double>(cells);
+  return {joint / n, k / n, v / n, eform / n};
+}
+
+Telemetry::Telemetry(int layers, int heads, const Options& opts) : layers_(layers), heads_(heads), opts_(opts) {
   if (layers <= 0 || heads <= 0) throw std::invalid_argument("telemetry needs at least one layer and head");
-  if (!(tau > 0.0)) throw std::invalid_argument("the coverage threshold tau must be positive");
-  if (stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
+  if (!(opts.tau_k > 0.0) || !std::isfinite(opts.tau_k) || !(opts.tau_v > 0.0) || !std::isfinite(opts.tau_v))
+    throw std::invalid_argument("the coverage thresholds tau and tau_v must be finite and positive");
+  if (opts.stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
   sum_meter_.assign(static_cast<std::size_t>(layers) * heads, 0.0);
   count_.assign(sum_meter_.size(), 0);
 }
@@ -43,15 +72,15 @@ Telemetry::Telemetry(int layers, int heads, double tau, std::int64_t first_pos, 
 void Telemetry::record(std::span<const attn::MeterCell> cells) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const attn::MeterCell& c : cells) {
-    if (c.pos < first_pos_) continue;
+    if (c.pos < opts_.first_pos) continue;
     if (c.layer < 0 || c.layer >= layers_ || c.q_head < 0 || c.q_head >= heads_)
       throw std::out_of_range("telemetry: cell of layer " + std::to_string(c.layer) + ", head " +
                               std::to_string(c.q_head) + " outside " + std::to_string(layers_) + " x " +
                               std::to_string(heads_));
     const std::size_t at = static_cast<std::size_t>(c.layer) * heads_ + c.q_head;
     ++cells_;
-    covered_ += c.meter <= tau_;
-    covered_before_ += std::min(1.0, c.raw_before) <= tau_;
+    covered_.add(c.meter, c.v_meter, c.eform_raw, opts_.tau_k, opts_.tau_v);
+    covered_before_.add(c.meter_before, c.v_meter_before, c.raw_before, opts_.tau_k, opts_.tau_v);
     overflow_ += std::isinf(c.raw_before);
     repaired_ += c.repaired;
     raw_max_ = std::max(raw_max_, c.raw_before);
@@ -61,7 +90,7 @@ void Telemetry::record(std::span<const attn::MeterCell> cells) {
     }
     sum_meter_[at] += c.meter;
     ++count_[at];
-    if ((c.pos - first_pos_) % stride_ == 0) samples_.push_back(c);
+    if ((c.pos - opts_.first_pos) % opts_.stride == 0) samples_.push_back(c);
   }
 }
 
@@ -69,10 +98,11 @@ TelemetrySummary Telemetry::summary() const {
   std::lock_guard<std::mutex> lock(mu_);
   TelemetrySummary s;
   s.cells = cells_;
-  if (cells_ > 0) {
-    s.coverage = static_cast<double>(covered_) / cells_;
-    s.coverage_before = static_cast<double>(covered_before_) / cells_;
-  }
+  s.bound = opts_.bound;
+  s.tau_k = opts_.tau_k;
+  s.tau_v = opts_.tau_v;
+  s.coverage = covered_.over(cells_);
+  s.coverage_before = covered_before_.over(cells_);
   std::vector<double> raw;
   raw.reserve(samples_.size());
   for (const attn::MeterCell& c : samples_) raw.push_back(c.raw_before);
@@ -134,9 +164,16 @@ std::string Telemetry::heatmap_svg(const std::string& title) const {
 
 void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells) {
   for (const attn::MeterCell& c : cells) {
-    nlohmann::json j = {{"layer", c.layer},         {"q_head", c.q_head}, {"pos", c.pos},
-                        {"raw", number(c.eform_raw)}, {"raw_before", number(c.raw_before)},
-                        {"meter", number(c.meter)}, {"v_meter", number(c.v_meter)}, {"repaired", c.repaired}};
+    nlohmann::json j = {{"layer", c.layer},
+                        {"q_head", c.q_head},
+                        {"pos", c.pos},
+                        {"raw", number(c.eform_raw)},
+                        {"meter", number(c.meter)},
+                        {"v_meter", number(c.v_meter)},
+                        {"raw_before", number(c.raw_before)},
+                        {"meter_before", number(c.meter_before)},
+                        {"v_meter_before", number(c.v_meter_before)},
+                        {"repaired", c.repaired}};
     if (!std::isnan(c.tv)) j["tv"] = c.tv;
     out << j.dump() << "\n";
   }

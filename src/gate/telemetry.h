@@ -12,13 +12,25 @@
 #include <nlohmann/json.hpp>
 
 #include "attn/certified_cache.h"
+#include "cert/meter.h"
 
 namespace witcert::gate {
 
+// Coverage is the fraction of cells that pass: joint (pass_K ∧ pass_V, the paper's headline),
+// K alone (K meter ≤ τ_K), V alone (V meter ≤ τ_V), and the K coverage of Theorem 1's e-form
+// (clamped raw score ≤ τ_K), which is what the paper's coverage figures count whatever shape the
+// meter uses. "As served" is after the step's repair; "before" is the step's meters before its own
+// repair (pages repaired at earlier steps stay exact).
+struct Coverage {
+  double joint = 0.0, k = 0.0, v = 0.0, eform = 0.0;
+};
+
 struct TelemetrySummary {
   std::int64_t cells = 0;
-  double coverage = 0.0;  // fraction of cells with meter ≤ τ (as served, after any repair)
-  double coverage_before = 0.0;  // the same on the raw score before repair, clamped
+  cert::BoundShape bound = cert::BoundShape::min;  // the K meter's shape
+  double tau_k = 0.0, tau_v = 0.0;
+  Coverage coverage;         // as served
+  Coverage coverage_before;  // before the step's own repair
   double raw_p50 = 0.0, raw_p90 = 0.0, raw_p99 = 0.0, raw_max = 0.0;  // before repair
   std::int64_t overflow = 0;  // raw = +inf
   std::int64_t repaired = 0;
@@ -34,8 +46,15 @@ struct TelemetrySummary {
 class Telemetry final : public attn::MeterSink {
  public:
   // Cells at positions < first_pos (the prompt) are not counted; a cell's decode step is
-  // pos − first_pos. Throws std::invalid_argument for no layers or heads, τ ≤ 0 or stride < 1.
-  Telemetry(int layers, int heads, double tau, std::int64_t first_pos = 0, int stride = 1);
+  // pos − first_pos. Throws std::invalid_argument for no layers or heads, τ_K or τ_V not
+  // positive and finite, or stride < 1.
+  struct Options {
+    double tau_k = 0.2, tau_v = 0.05;
+    cert::BoundShape bound = cert::BoundShape::min;  // the shape the cells' K meter uses
+    std::int64_t first_pos = 0;
+    int stride = 1;
+  };
+  Telemetry(int layers, int heads, const Options& opts);
 
   // Thread-safe; called by the cache with the cells of each attention call.
   void record(std::span<const attn::MeterCell> cells) override;
@@ -49,21 +68,25 @@ class Telemetry final : public attn::MeterSink {
   std::string heatmap_svg(const std::string& title) const;
 
  private:
+  struct Covered {
+    std::int64_t joint = 0, k = 0, v = 0, eform = 0;
+    void add(double meter, double v_meter, double eform_raw, double tau_k, double tau_v);
+    Coverage over(std::int64_t cells) const;
+  };
   int layers_, heads_;
-  double tau_;
-  std::int64_t first_pos_;
-  int stride_;
+  Options opts_;
   mutable std::mutex mu_;
   std::vector<double> sum_meter_;
   std::vector<std::int64_t> count_;
   std::vector<attn::MeterCell> samples_;
-  std::int64_t cells_ = 0, covered_ = 0, covered_before_ = 0, overflow_ = 0, repaired_ = 0, checked_ = 0,
-               violations_ = 0;
+  Covered covered_, covered_before_;
+  std::int64_t cells_ = 0, overflow_ = 0, repaired_ = 0, checked_ = 0, violations_ = 0;
   double raw_max_ = 0.0;
 };
 
-// One JSON object per line for each cell: layer, q_head, pos, raw, raw_before, meter, v_meter,
-// repaired and tv (where computed); +inf as the string "inf".
+// One JSON object per line for each cell: layer, q_head, pos, raw, meter, v_meter, their values
+// before the step's repair (raw_before, meter_before, v_meter_before), repaired and tv (where
+// computed); +inf as the string "inf".
 void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells);
 
 }  // namespace witcert::gate

@@ -13,13 +13,23 @@
 namespace witcert::gate {
 namespace {
 
+// A cell whose V meter is 0 and whose values before repair are `raw` (the K meter before repair
+// is min(1, raw), the e-form).
 attn::MeterCell cell(int layer, int head, std::int64_t pos, double raw, double meter, bool repaired = false,
                      double tv = NAN) {
-  return {layer, head, pos, raw, meter, 0.0, tv, raw, repaired};
+  return {layer, head, pos, raw, meter, 0.0, tv, raw, std::min(1.0, raw), 0.0, repaired};
+}
+
+Telemetry::Options options(double tau, std::int64_t first_pos = 0, int stride = 1) {
+  Telemetry::Options o;
+  o.tau_k = tau;
+  o.first_pos = first_pos;
+  o.stride = stride;
+  return o;
 }
 
 TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
-  Telemetry t(2, 2, 0.2, /*first_pos=*/10);
+  Telemetry t(2, 2, options(0.2, /*first_pos=*/10));
   std::vector<attn::MeterCell> cells = {
       cell(0, 0, 9, 5.0, 1.0),                 // prompt: not counted
       cell(0, 0, 10, 0.1, 0.1),                // covered
@@ -30,8 +40,11 @@ TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
   t.record(cells);
   const TelemetrySummary s = t.summary();
   EXPECT_EQ(s.cells, 4);
-  EXPECT_DOUBLE_EQ(s.coverage, 3.0 / 4);         // 0.1, 0.15, 0.05
-  EXPECT_DOUBLE_EQ(s.coverage_before, 2.0 / 4);  // 0.1, 0.05 (inf clamps to 1)
+  EXPECT_DOUBLE_EQ(s.coverage.k, 3.0 / 4);         // 0.1, 0.15, 0.05
+  EXPECT_DOUBLE_EQ(s.coverage.joint, 3.0 / 4);     // every V meter is 0
+  EXPECT_DOUBLE_EQ(s.coverage.v, 1.0);
+  EXPECT_DOUBLE_EQ(s.coverage.eform, 2.0 / 4);     // the served raw scores 0.1, 0.05 (0.3 and inf → 1 fail)
+  EXPECT_DOUBLE_EQ(s.coverage_before.k, 2.0 / 4);  // 0.1, 0.05 (inf clamps to 1)
   EXPECT_EQ(s.overflow, 1);
   EXPECT_EQ(s.repaired, 1);
   EXPECT_EQ(s.checked, 1);
@@ -45,15 +58,45 @@ TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
   EXPECT_DOUBLE_EQ(h[3], 0.05);
 }
 
+// Joint coverage needs both sides to pass; K, V and e-form coverage are counted apart, as served
+// and before the step's repair.
+TEST(Telemetry, JointKAndVCoverageWithKnownAnswers) {
+  Telemetry::Options o = options(0.2);
+  o.tau_v = 0.05;
+  Telemetry t(1, 4, o);
+  // layer, head, pos, raw, meter, v_meter, tv, raw_before, meter_before, v_meter_before, repaired
+  const std::vector<attn::MeterCell> cells = {
+      {0, 0, 0, 0.1, 0.1, 0.01, NAN, 0.1, 0.1, 0.01, false},  // both pass
+      {0, 1, 0, 0.1, 0.1, 0.20, NAN, 0.1, 0.1, 0.20, false},  // V fails: not joint
+      {0, 2, 0, 0.5, 0.15, 0.0, NAN, 0.5, 0.15, 0.0, false},  // K passes on the min shape, not on the e-form
+      {0, 3, 0, 0.0, 0.0, 0.0, NAN, 9.0, 1.0, 0.30, true},    // repaired: fails both before, passes after
+  };
+  t.record(cells);
+  const TelemetrySummary s = t.summary();
+  EXPECT_DOUBLE_EQ(s.coverage.joint, 3.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage.k, 1.0);
+  EXPECT_DOUBLE_EQ(s.coverage.v, 3.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage.eform, 3.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage_before.joint, 2.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage_before.k, 3.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage_before.v, 2.0 / 4);
+  EXPECT_DOUBLE_EQ(s.coverage_before.eform, 2.0 / 4);
+  const nlohmann::json j = s.to_json();
+  EXPECT_EQ(j["bound"], "min");
+  EXPECT_EQ(j["bound_label"], "min of sound forms");
+  EXPECT_DOUBLE_EQ(j["coverage"]["eform"].get<double>(), 3.0 / 4);
+  EXPECT_DOUBLE_EQ(j["coverage_before_gate"]["joint"].get<double>(), 2.0 / 4);
+}
+
 TEST(Telemetry, StrideKeepsEveryNthStepForQuantilesAndCountsAll) {
-  Telemetry t(1, 1, 0.5, /*first_pos=*/100, /*stride=*/4);
+  Telemetry t(1, 1, options(0.5, /*first_pos=*/100, /*stride=*/4));
   for (int step = 0; step < 100; ++step) {
     const attn::MeterCell c = cell(0, 0, 100 + step, step / 100.0, std::min(1.0, step / 100.0));
     t.record({&c, 1});
   }
   const TelemetrySummary s = t.summary();
   EXPECT_EQ(s.cells, 100);
-  EXPECT_DOUBLE_EQ(s.coverage, 51.0 / 100);  // steps 0..50
+  EXPECT_DOUBLE_EQ(s.coverage.joint, 51.0 / 100);  // steps 0..50
   const std::vector<attn::MeterCell> kept = t.samples();
   ASSERT_EQ(kept.size(), 25u);
   for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i].pos, 100 + 4 * static_cast<std::int64_t>(i));
@@ -63,7 +106,7 @@ TEST(Telemetry, StrideKeepsEveryNthStepForQuantilesAndCountsAll) {
 }
 
 TEST(Telemetry, ConcurrentRecordingLosesNothing) {
-  Telemetry t(4, 3, 0.2);
+  Telemetry t(4, 3, options(0.2));
   std::vector<std::thread> threads;
   for (int w = 0; w < 4; ++w)
     threads.emplace_back([&t, w] {
@@ -75,15 +118,21 @@ TEST(Telemetry, ConcurrentRecordingLosesNothing) {
   for (std::thread& th : threads) th.join();
   const TelemetrySummary s = t.summary();
   EXPECT_EQ(s.cells, 4 * 5000 * 3);
-  EXPECT_DOUBLE_EQ(s.coverage, 2.0 / 3);
+  EXPECT_DOUBLE_EQ(s.coverage.joint, 2.0 / 3);
 }
 
 TEST(Telemetry, RejectsImpossibleArgumentsAndForeignCells) {
-  EXPECT_THROW(Telemetry(0, 1, 0.2), std::invalid_argument);
-  EXPECT_THROW(Telemetry(1, 1, 0.0), std::invalid_argument);
-  EXPECT_THROW(Telemetry(1, 1, NAN), std::invalid_argument);
-  EXPECT_THROW(Telemetry(1, 1, 0.2, 0, 0), std::invalid_argument);
-  Telemetry t(1, 1, 0.2);
+  EXPECT_THROW(Telemetry(0, 1, options(0.2)), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, options(0.0)), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, options(NAN)), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, options(INFINITY)), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, options(0.2, 0, 0)), std::invalid_argument);
+  Telemetry::Options bad_v = options(0.2);
+  for (double tau_v : {0.0, -1.0, double(NAN), double(INFINITY)}) {
+    bad_v.tau_v = tau_v;
+    EXPECT_THROW(Telemetry(1, 1, bad_v), std::invalid_argument) << tau_v;
+  }
+  Telemetry t(1, 1, options(0.2));
   const attn::MeterCell c = cell(1, 0, 0, 0.1, 0.1);
   EXPECT_THROW(t.record({&c, 1}), std::out_of_range);
 }
