@@ -3,7 +3,7 @@
 
 From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
   Counterexample TierA SplitMerge ValueSide BlockRepair
-  Monotone.
+  Monotone TierB.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -47,3 +47,8 @@ Print Assumptions repair_cell.
 Print Assumptions eform_sound_upper.
 Print Assumptions two_sided_sound_bounds.
 Print Assumptions retention_sound_bounds.
+Print Assumptions radius_tail.
+Print Assumptions union_bound.
+Print Assumptions request_budget.
+Print Assumptions tier_b_joint.
+Print Assumptions tier_b_meter.
