@@ -13,6 +13,8 @@ Print Assumptions retention_le_eform.
 Print Assumptions retention_le_two_sided.
 Print Assumptions tanh_half_sound.
 Print Assumptions tanh_sound.
+Print Assumptions tanh_half_sound_cmax_mass.
+Print Assumptions tanh_sound_cmax_mass.
 Print Assumptions meter_sound.
 Print Assumptions flawed_counterexample.
 Print Assumptions flawed_counterexample_values.

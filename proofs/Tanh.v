@@ -171,3 +171,70 @@ Proof. intros H. apply (tanh_half_sound_C n pt eps c H). intros. apply maxn_ge. 
 Theorem tanh_sound n pt eps c :
   cell n pt eps c -> TV n (p n pt eps) pt <= tanh (cmax n c).
 Proof. intros H. apply (tanh_sound_C n pt eps c H). intros. apply maxn_ge. assumption. Qed.
+
+(** Tokens of zero mass cannot move any mass, so C need only bound c_t where p̃_t > 0 (the
+    code's c_max skips tokens with p̃_t = 0). *)
+Definition mask (pt f : nat -> R) (t : nat) : R :=
+  if Rlt_dec 0 (pt t) then f t else 0.
+
+Lemma p_mask n pt eps :
+  (forall t, (t < n)%nat -> 0 <= pt t) ->
+  forall t, (t < n)%nat -> p n pt (mask pt eps) t = p n pt eps t.
+Proof.
+  intros Hpt.
+  assert (Hw : forall t, (t < n)%nat -> wt pt (mask pt eps) t = wt pt eps t).
+  { intros t Ht. unfold wt, mask. destruct Rlt_dec as [_|Hn]; [reflexivity|].
+    assert (pt t = 0) as -> by (pose proof (Hpt t Ht); lra). ring. }
+  intros t Ht. unfold p, Z. rewrite (Hw t Ht), (sum_ext n _ _ Hw). reflexivity.
+Qed.
+
+Lemma cell_mask n pt eps c : cell n pt eps c -> cell n pt (mask pt eps) (mask pt c).
+Proof.
+  intros [Hd Hc]. split; [exact Hd|]. intros t Ht. unfold mask.
+  destruct Rlt_dec; [apply Hc; exact Ht|rewrite Rabs_R0; lra].
+Qed.
+
+Theorem tanh_half_sound_mass n pt eps c C :
+  cell n pt eps c -> 0 <= C -> (forall t, (t < n)%nat -> 0 < pt t -> c t <= C) ->
+  TV n (p n pt eps) pt <= tanh (C / 2).
+Proof.
+  intros H HC0 HC.
+  assert (Hd := H). destruct Hd as [[Hpt _] _].
+  replace (TV n (p n pt eps) pt) with (TV n (p n pt (mask pt eps)) pt).
+  - apply (tanh_half_sound_C n pt (mask pt eps) (mask pt c) (cell_mask n pt eps c H) C).
+    intros t Ht. unfold mask. destruct Rlt_dec as [Hp|_]; [apply HC; assumption|exact HC0].
+  - unfold TV. f_equal. apply sum_ext. intros t Ht. rewrite p_mask by assumption.
+    reflexivity.
+Qed.
+
+Theorem tanh_sound_mass n pt eps c C :
+  cell n pt eps c -> 0 <= C -> (forall t, (t < n)%nat -> 0 < pt t -> c t <= C) ->
+  TV n (p n pt eps) pt <= tanh C.
+Proof.
+  intros. eapply Rle_trans; [apply (tanh_half_sound_mass n pt eps c C); assumption|].
+  apply tanh_half_le_tanh. assumption.
+Qed.
+
+(** c_max over the tokens of positive mass, as the code computes it. *)
+Definition cmax_mass (n : nat) (pt c : nat -> R) : R := maxn n (mask pt c).
+
+Lemma cmax_mass_ge n pt c t : (t < n)%nat -> 0 < pt t -> c t <= cmax_mass n pt c.
+Proof.
+  intros Ht Hp. unfold cmax_mass.
+  replace (c t) with (mask pt c t) by (unfold mask; destruct Rlt_dec; [reflexivity|lra]).
+  apply maxn_ge. exact Ht.
+Qed.
+
+Theorem tanh_half_sound_cmax_mass n pt eps c :
+  cell n pt eps c -> TV n (p n pt eps) pt <= tanh (cmax_mass n pt c / 2).
+Proof.
+  intros H. apply (tanh_half_sound_mass n pt eps c); [exact H|apply maxn_nonneg|].
+  intros. apply cmax_mass_ge; assumption.
+Qed.
+
+Theorem tanh_sound_cmax_mass n pt eps c :
+  cell n pt eps c -> TV n (p n pt eps) pt <= tanh (cmax_mass n pt c).
+Proof.
+  intros H. apply (tanh_sound_mass n pt eps c); [exact H|apply maxn_nonneg|].
+  intros. apply cmax_mass_ge; assumption.
+Qed.
