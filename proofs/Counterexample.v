@@ -4,7 +4,7 @@
     The flawed form is ½ e^{2 c_max} (E_p̃|c − c̄| + c̄ (e^{c_max} − 1)), c̄ = E_p̃[c].  For
     p̃ = (½, ½), c = (0.1, 0.1), ε = (0.1, −0.1) it is below the true TV by a factor above 7
     (true TV ≈ 0.049834, flawed form ≈ 0.006423).  The value of e^{0.1} is pinned down by
-    hand-made interval arithmetic: 1 + y ≤ e^y (standard library) at y = ±1/640, squared six
+    hand-made interval arithmetic: 1 + y ≤ e^y (standard library) at y = ±1/10240, squared ten
     times with the bounds rounded outward at each step. *)
 
 From Coq Require Import Reals Lra Lia.
@@ -38,54 +38,78 @@ Proof. rewrite <- exp_plus. f_equal. ring. Qed.
 Lemma sq_lb a a' e : 0 <= a -> a <= e -> a' <= a * a -> a' <= e * e.
 Proof. intros. nra. Qed.
 
-(** 1.105084626 ≤ e^{0.1} ≤ 1.105257385. *)
-Lemma exp_tenth_lower : 1105084626 / 1000000000 <= exp (1 / 10).
+(** 1.105165521306 ≤ e^{0.1} ≤ 1.105176315385. *)
+Lemma exp_tenth_lower : 1105165521306 / 1000000000000 <= exp (1 / 10).
 Proof.
-  assert (H0 : 1001562500 / 1000000000 <= exp ((1 / 640))) by (pose proof (exp_ineq1_le ((1 / 640))); lra).
-  assert (H1 : 1003127441 / 1000000000 <= exp ((1 / 320))).
+  assert (H0 : 1000097656250 / 1000000000000 <= exp ((1 / 10240))) by (pose proof (exp_ineq1_le ((1 / 10240))); lra).
+  assert (H1 : 1000195322036 / 1000000000000 <= exp ((1 / 5120))).
+  { replace ((1 / 5120)) with (2 * ((1 / 10240))) by field. rewrite exp_twice.
+    apply (sq_lb (1000097656250 / 1000000000000)); [lra|exact H0|lra]. }
+  assert (H2 : 1000390682222 / 1000000000000 <= exp ((1 / 2560))).
+  { replace ((1 / 2560)) with (2 * ((1 / 5120))) by field. rewrite exp_twice.
+    apply (sq_lb (1000195322036 / 1000000000000)); [lra|exact H1|lra]. }
+  assert (H3 : 1000781517076 / 1000000000000 <= exp ((1 / 1280))).
+  { replace ((1 / 1280)) with (2 * ((1 / 2560))) by field. rewrite exp_twice.
+    apply (sq_lb (1000390682222 / 1000000000000)); [lra|exact H2|lra]. }
+  assert (H4 : 1001563644920 / 1000000000000 <= exp ((1 / 640))).
+  { replace ((1 / 640)) with (2 * ((1 / 1280))) by field. rewrite exp_twice.
+    apply (sq_lb (1000781517076 / 1000000000000)); [lra|exact H3|lra]. }
+  assert (H5 : 1003129734825 / 1000000000000 <= exp ((1 / 320))).
   { replace ((1 / 320)) with (2 * ((1 / 640))) by field. rewrite exp_twice.
-    apply (sq_lb (1001562500 / 1000000000)); [lra|exact H0|lra]. }
-  assert (H2 : 1006264662 / 1000000000 <= exp ((1 / 160))).
+    apply (sq_lb (1001563644920 / 1000000000000)); [lra|exact H4|lra]. }
+  assert (H6 : 1006269264890 / 1000000000000 <= exp ((1 / 160))).
   { replace ((1 / 160)) with (2 * ((1 / 320))) by field. rewrite exp_twice.
-    apply (sq_lb (1003127441 / 1000000000)); [lra|exact H1|lra]. }
-  assert (H3 : 1012568569 / 1000000000 <= exp ((1 / 80))).
+    apply (sq_lb (1003129734825 / 1000000000000)); [lra|exact H5|lra]. }
+  assert (H7 : 1012577833462 / 1000000000000 <= exp ((1 / 80))).
   { replace ((1 / 80)) with (2 * ((1 / 160))) by field. rewrite exp_twice.
-    apply (sq_lb (1006264662 / 1000000000)); [lra|exact H2|lra]. }
-  assert (H4 : 1025295106 / 1000000000 <= exp ((1 / 40))).
+    apply (sq_lb (1006269264890 / 1000000000000)); [lra|exact H6|lra]. }
+  assert (H8 : 1025313868818 / 1000000000000 <= exp ((1 / 40))).
   { replace ((1 / 40)) with (2 * ((1 / 80))) by field. rewrite exp_twice.
-    apply (sq_lb (1012568569 / 1000000000)); [lra|exact H3|lra]. }
-  assert (H5 : 1051230054 / 1000000000 <= exp ((1 / 20))).
+    apply (sq_lb (1012577833462 / 1000000000000)); [lra|exact H7|lra]. }
+  assert (H9 : 1051268529590 / 1000000000000 <= exp ((1 / 20))).
   { replace ((1 / 20)) with (2 * ((1 / 40))) by field. rewrite exp_twice.
-    apply (sq_lb (1025295106 / 1000000000)); [lra|exact H4|lra]. }
-  assert (H6 : 1105084626 / 1000000000 <= exp ((1 / 10))).
+    apply (sq_lb (1025313868818 / 1000000000000)); [lra|exact H8|lra]. }
+  assert (H10 : 1105165521306 / 1000000000000 <= exp ((1 / 10))).
   { replace ((1 / 10)) with (2 * ((1 / 20))) by field. rewrite exp_twice.
-    apply (sq_lb (1051230054 / 1000000000)); [lra|exact H5|lra]. }
-  exact H6.
+    apply (sq_lb (1051268529590 / 1000000000000)); [lra|exact H9|lra]. }
+  exact H10.
 Qed.
 
-Lemma exp_tenth_upper : exp (1 / 10) <= 1105257385 / 1000000000.
+Lemma exp_tenth_upper : exp (1 / 10) <= 1105176315385 / 1000000000000.
 Proof.
-  assert (H0 : 998437500 / 1000000000 <= exp (- (1 / 640))) by (pose proof (exp_ineq1_le (- (1 / 640))); lra).
-  assert (H1 : 996877441 / 1000000000 <= exp (- (1 / 320))).
+  assert (H0 : 999902343750 / 1000000000000 <= exp (- (1 / 10240))) by (pose proof (exp_ineq1_le (- (1 / 10240))); lra).
+  assert (H1 : 999804697036 / 1000000000000 <= exp (- (1 / 5120))).
+  { replace (- (1 / 5120)) with (2 * (- (1 / 10240))) by field. rewrite exp_twice.
+    apply (sq_lb (999902343750 / 1000000000000)); [lra|exact H0|lra]. }
+  assert (H2 : 999609432215 / 1000000000000 <= exp (- (1 / 2560))).
+  { replace (- (1 / 2560)) with (2 * (- (1 / 5120))) by field. rewrite exp_twice.
+    apply (sq_lb (999804697036 / 1000000000000)); [lra|exact H1|lra]. }
+  assert (H3 : 999219016973 / 1000000000000 <= exp (- (1 / 1280))).
+  { replace (- (1 / 1280)) with (2 * (- (1 / 2560))) by field. rewrite exp_twice.
+    apply (sq_lb (999609432215 / 1000000000000)); [lra|exact H2|lra]. }
+  assert (H4 : 998438643880 / 1000000000000 <= exp (- (1 / 640))).
+  { replace (- (1 / 640)) with (2 * (- (1 / 1280))) by field. rewrite exp_twice.
+    apply (sq_lb (999219016973 / 1000000000000)); [lra|exact H3|lra]. }
+  assert (H5 : 996879725592 / 1000000000000 <= exp (- (1 / 320))).
   { replace (- (1 / 320)) with (2 * (- (1 / 640))) by field. rewrite exp_twice.
-    apply (sq_lb (998437500 / 1000000000)); [lra|exact H0|lra]. }
-  assert (H2 : 993764632 / 1000000000 <= exp (- (1 / 160))).
+    apply (sq_lb (998438643880 / 1000000000000)); [lra|exact H4|lra]. }
+  assert (H6 : 993769187296 / 1000000000000 <= exp (- (1 / 160))).
   { replace (- (1 / 160)) with (2 * (- (1 / 320))) by field. rewrite exp_twice.
-    apply (sq_lb (996877441 / 1000000000)); [lra|exact H1|lra]. }
-  assert (H3 : 987568143 / 1000000000 <= exp (- (1 / 80))).
+    apply (sq_lb (996879725592 / 1000000000000)); [lra|exact H5|lra]. }
+  assert (H7 : 987577197618 / 1000000000000 <= exp (- (1 / 80))).
   { replace (- (1 / 80)) with (2 * (- (1 / 160))) by field. rewrite exp_twice.
-    apply (sq_lb (993764632 / 1000000000)); [lra|exact H2|lra]. }
-  assert (H4 : 975290837 / 1000000000 <= exp (- (1 / 40))).
+    apply (sq_lb (993769187296 / 1000000000000)); [lra|exact H6|lra]. }
+  assert (H8 : 975308721255 / 1000000000000 <= exp (- (1 / 40))).
   { replace (- (1 / 40)) with (2 * (- (1 / 80))) by field. rewrite exp_twice.
-    apply (sq_lb (987568143 / 1000000000)); [lra|exact H3|lra]. }
-  assert (H5 : 951192216 / 1000000000 <= exp (- (1 / 20))).
+    apply (sq_lb (987577197618 / 1000000000000)); [lra|exact H7|lra]. }
+  assert (H9 : 951227101756 / 1000000000000 <= exp (- (1 / 20))).
   { replace (- (1 / 20)) with (2 * (- (1 / 40))) by field. rewrite exp_twice.
-    apply (sq_lb (975290837 / 1000000000)); [lra|exact H4|lra]. }
-  assert (H6 : 904766631 / 1000000000 <= exp (- (1 / 10))).
+    apply (sq_lb (975308721255 / 1000000000000)); [lra|exact H8|lra]. }
+  assert (H10 : 904832999115 / 1000000000000 <= exp (- (1 / 10))).
   { replace (- (1 / 10)) with (2 * (- (1 / 20))) by field. rewrite exp_twice.
-    apply (sq_lb (951192216 / 1000000000)); [lra|exact H5|lra]. }
+    apply (sq_lb (951227101756 / 1000000000000)); [lra|exact H9|lra]. }
   pose proof (exp_opp_mul (1 / 10)). pose proof (exp_pos (1 / 10)).
-  assert (exp (1 / 10) * (904766631 / 1000000000) <= 1) by nra.
+  assert (exp (1 / 10) * (904832999115 / 1000000000000) <= 1) by nra.
   lra.
 Qed.
 
@@ -140,9 +164,9 @@ Proof.
   apply Rmult_lt_compat_l; lra.
 Qed.
 
-(** The numbers: TV > 0.0497 and flawed form < 0.00643. *)
+(** The numbers: TV > 0.04983 and flawed form < 0.006424. *)
 Theorem flawed_counterexample_values :
-  TV 2 (p 2 ce_pt ce_eps) ce_pt > 497 / 10000 /\ flawed 2 ce_pt ce_c < 643 / 100000.
+  TV 2 (p 2 ce_pt ce_eps) ce_pt > 4983 / 100000 /\ flawed 2 ce_pt ce_c < 6424 / 1000000.
 Proof.
   rewrite ce_TV, ce_flawed.
   pose proof exp_tenth_lower. pose proof exp_tenth_upper.
@@ -152,10 +176,10 @@ Proof.
     replace ((x * x - 1) / (2 * (x * x + 1)) * (2 * (x * x + 1))) with (x * x - 1)
       by (field; nra).
     nra.
-  - assert (0 <= x - 1 <= 1105257385 / 1000000000 - 1) by lra.
-    assert (x * x <= 1105257385 / 1000000000 * (1105257385 / 1000000000)) by nra.
-    assert (x * x * (x - 1) <= 1105257385 / 1000000000 * (1105257385 / 1000000000)
-                               * (1105257385 / 1000000000 - 1)) by nra.
+  - assert (0 <= x - 1 <= 1105176315385 / 1000000000000 - 1) by lra.
+    assert (x * x <= 1105176315385 / 1000000000000 * (1105176315385 / 1000000000000)) by nra.
+    assert (x * x * (x - 1) <= 1105176315385 / 1000000000000 * (1105176315385 / 1000000000000)
+                               * (1105176315385 / 1000000000000 - 1)) by nra.
     lra.
 Qed.
 
