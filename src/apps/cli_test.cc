@@ -320,7 +320,7 @@ TEST(Cli, ValidFlagsParse) {
         kGen + "--kv q4_0 --gate 0.2 --exact-tier ram --bound eform",
         kRun + "--scheme-sweep dither-int8,q4_0 --dither shared-page --gate 0.2 --granularity head --n 1000000",
         kRun + "--kv q4_0 --tau 2 --tau-v 0.01 --coverage-tau 0.1 --bound two-sided --exact-tier ram --telemetry-stride 7",
-        kRun + "--kv q4_0 --backing-file /tmp/x --keep-backing-file --backing-file-overwrite --exact-tier file",
+        kRun + "--kv q4_0 --gate 0.2 --backing-file /tmp/x --keep-backing-file --backing-file-overwrite --exact-tier file",
         std::string("demo --model /nonexistent/m.gguf --tokens 64 --threads 1"),
         std::string("logits --model /nonexistent/m.gguf --prompt hi --top 5")}) {
     const Result r = run(args);
