@@ -282,9 +282,15 @@ Qed.
 Corollary band_norm_rotate_interleaved B P ang x b :
   (b < B)%nat ->
   band_norm interleaved P (rope_interleaved ang x) b = band_norm interleaved P x b.
-Proof. intros. apply (band_norm_rotate interleaved B P ang); [apply rope_interleaved_rotates|assumption]. Qed.
+Proof.
+  intros. apply (band_norm_rotate interleaved B P ang);
+    [apply rope_interleaved_rotates|assumption].
+Qed.
 
 Corollary band_norm_rotate_neox B P ang x b :
   (b < B)%nat ->
   band_norm (neox (B * P)) P (rope_neox (B * P) ang x) b = band_norm (neox (B * P)) P x b.
-Proof. intros. apply (band_norm_rotate (neox (B * P)) B P ang); [apply rope_neox_rotates|assumption]. Qed.
+Proof.
+  intros. apply (band_norm_rotate (neox (B * P)) B P ang);
+    [apply rope_neox_rotates|assumption].
+Qed.
