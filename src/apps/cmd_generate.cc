@@ -9,18 +9,14 @@
 
 #include "apps/commands.h"
 #include "apps/engine.h"
+#include "apps/run.h"
 #include "attn/certified_cache.h"
 #include "attn/exact_cache.h"
+#include "gate/telemetry.h"
 #include "model/generate.h"
 
 namespace witcert::apps {
 namespace {
-
-nlohmann::json json_number(double v) {
-  if (std::isnan(v)) return nullptr;
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -28,61 +24,76 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The meter summary of a run: decode-step cells only (positions at or after the prompt's end).
-void summarize(const attn::CertifiedKvCache& cache, const GenerateArgs& args, std::int64_t prompt_len,
+// The meter summary of a run: its decode-step cells, as the telemetry aggregated them.
+void summarize(const attn::CertifiedKvCache& cache, const gate::Telemetry& tel, const GenerateArgs& args,
                const model::LlamaConfig& cfg, std::ostream& err) {
-  std::vector<double> raw, v_meter;
-  long covered = 0, overflow = 0, checked = 0, violations = 0;
+  const gate::TelemetrySummary s = tel.summary();
+  const std::vector<attn::MeterCell> cells = tel.samples();
+  std::vector<double> v_meter;
   double worst_ratio = 0.0;
-  std::vector<attn::MeterCell> cells = cache.cells();
-  std::int64_t first = prompt_len;
-  if (std::none_of(cells.begin(), cells.end(), [&](const attn::MeterCell& c) { return c.pos >= first; })) first = 0;
   for (const attn::MeterCell& c : cells) {
-    if (c.pos < first) continue;
-    raw.push_back(c.eform_raw);
     v_meter.push_back(c.v_meter);
-    covered += c.meter <= args.coverage_tau;
-    overflow += std::isinf(c.eform_raw);
-    if (!std::isnan(c.tv)) {
-      ++checked;
-      if (!(c.tv <= c.meter * (1 + 1e-9) + 1e-12)) ++violations;
-      if (c.meter > 0) worst_ratio = std::max(worst_ratio, c.tv / c.meter);
-    }
+    if (!std::isnan(c.tv) && c.meter > 0) worst_ratio = std::max(worst_ratio, c.tv / c.meter);
   }
-  const std::size_t n = raw.size();
   const cache::KvStore& st = cache.store();
   const double k_bytes = st.bytes_per_token_head(quant::KvSide::key), v_bytes = st.bytes_per_token_head(quant::KvSide::value);
   const double per_token = (k_bytes + v_bytes) * cfg.layers * cfg.kv_heads;
   const double fp16_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
-  err << fmt::format("meter: K {} / V {}: {} (layer, query head, {}) cells\n", st.config().k_format,
-                     st.config().v_format, n, first == 0 ? "prompt position" : "decode step");
-  if (n > 0) {
-    err << fmt::format("  coverage at tau={}: {:.4f}   raw score median {:.4g}, max {:.4g}, overflow {:.2f}%\n", args.coverage_tau,
-                       static_cast<double>(covered) / n, median(raw), *std::max_element(raw.begin(), raw.end()),
-                       100.0 * overflow / n);
-    err << fmt::format("  V meter median {:.4g}\n", median(v_meter));
+  err << fmt::format("meter: K {} / V {}, bound {}: {} (layer, query head, decode step) cells\n", st.config().k_format,
+                     st.config().v_format, cert::bound_shape_label(s.bound), s.cells);
+  if (s.cells > 0) {
+    err << fmt::format("  coverage at tau_K={} tau_V={}: joint {:.4f}, K {:.4f}, V {:.4f}, e-form K {:.4f}\n", s.tau_k,
+                       s.tau_v, s.coverage.joint, s.coverage.k, s.coverage.v, s.coverage.eform);
+    err << fmt::format("  raw score median {:.4g}, max {:.4g}, overflow {:.2f}%; V meter median {:.4g}\n", s.raw_p50,
+                       s.raw_max, 100.0 * s.overflow / s.cells, median(v_meter));
+  }
+  if (args.gate > 0.0) {
+    const cache::KvStore::PageInStats pi = st.page_in_stats();
+    err << fmt::format("  gate tau_K={} tau_V={} {}: joint coverage before repair {:.4f}; {} cells repaired, {} pages "
+                       "({:.1f} KiB) paged in\n",
+                       args.gate, args.tau_v, args.granularity, s.coverage_before.joint, s.repaired, pi.page_ins,
+                       pi.page_in_bytes / 1024.0);
   }
   err << fmt::format("  KV bytes per token: {:.0f} (K {:.2f} + V {:.2f} per head; fp16 {:.0f}: {:.2f}x capacity)\n",
                      per_token, k_bytes, v_bytes, fp16_per_token, fp16_per_token / per_token);
   if (args.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
-                       checked, violations, worst_ratio);
+                       s.checked, s.violations, worst_ratio);
   if (st.config().k_format == cache::kDitherInt8)
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
+}
+
+attn::Granularity granularity(const std::string& s) {
+  if (s == "head") return attn::Granularity::head;
+  if (s == "block") return attn::Granularity::block;
+  if (s == "request") return attn::Granularity::request;
+  throw std::invalid_argument("--granularity must be head, block or request, got '" + s + "'");
+}
+
+// Writes every kept cell (prompt positions included) as JSON lines.
+void write_meter_json(const std::string& path, const std::vector<attn::MeterCell>& cells) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write '" + path + "'");
+  gate::write_cells_jsonl(f, cells);
 }
 
 }  // namespace
 
 int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err) {
-  Engine engine = Engine::load(args.model.empty() ? default_model_path() : args.model);
+  const std::string model_path = args.model.empty() ? default_model_path() : args.model;
+  if (!(args.coverage_tau > 0.0) || !std::isfinite(args.coverage_tau))
+    throw std::invalid_argument("--coverage-tau must be finite and positive");
+  if (!(args.gate >= 0.0) || !std::isfinite(args.gate)) throw std::invalid_argument("--gate must be finite and positive");
+  Engine engine = Engine::load(model_path);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
+  if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
   if (static_cast<std::int64_t>(prompt.size()) > cfg.context)
     throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
                             std::to_string(cfg.context));
   const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
-  if (!(args.coverage_tau > 0.0)) throw std::invalid_argument("--tau must be positive");
   std::unique_ptr<attn::KvCache> cache_owner;
+  std::unique_ptr<gate::Telemetry> tel;
   attn::CertifiedKvCache* certified = nullptr;
   if (args.kv_k.empty()) {
     cache_owner = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
@@ -92,12 +103,21 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     cc.outlier_pairs = args.outliers;
     cc.seed = args.dither_seed;
     cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::parse_dither_mode(args.dither);
-    cc.backing_file = args.backing_file;
     attn::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
     opts.delta_req = args.delta;
     opts.decode_budget = std::max(1, args.n);
     opts.check_soundness = args.check_soundness;
+    opts.bound = cert::parse_bound_shape(args.bound);
+    opts.gate = {args.gate, granularity(args.granularity), args.tau_v};
+    cc.backing = backing_place(args.backing_file, args.backing_file_overwrite, args.keep_backing_file, args.exact_tier,
+                               model_path, opts.gate.on() || opts.check_soundness);
+    // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
+    tel = std::make_unique<gate::Telemetry>(
+        cfg.layers, cfg.heads,
+        gate::Telemetry::Options{args.coverage_tau, args.tau_v, opts.bound, static_cast<std::int64_t>(prompt.size()), 1});
+    opts.sink = tel.get();
+    opts.keep_cells = !args.meter_json.empty();
     auto c = std::make_unique<attn::CertifiedKvCache>(cc, opts);
     certified = c.get();
     cache_owner = std::move(c);
@@ -118,16 +138,8 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
                      r.prompt_tokens, r.prompt_tokens / r.prefill_seconds, r.tokens.size(),
                      decoded > 0 ? decoded / r.decode_seconds : 0.0, pool.size());
   if (certified) {
-    summarize(*certified, args, r.prompt_tokens, cfg, err);
-    if (!args.meter_json.empty()) {
-      std::ofstream f(args.meter_json);
-      if (!f) throw std::runtime_error("cannot write '" + args.meter_json + "'");
-      for (const attn::MeterCell& c : certified->cells())
-        f << nlohmann::json{{"layer", c.layer}, {"head", c.q_head}, {"pos", c.pos}, {"raw", json_number(c.eform_raw)},
-                            {"meter", json_number(c.meter)}, {"v_meter", json_number(c.v_meter)},
-                            {"tv", json_number(c.tv)}}.dump()
-          << "\n";
-    }
+    summarize(*certified, *tel, args, cfg, err);
+    if (!args.meter_json.empty()) write_meter_json(args.meter_json, certified->cells());
   }
   return 0;
 }

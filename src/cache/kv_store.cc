@@ -345,6 +345,8 @@ double KvStore::bytes_per_token_head(quant::KvSide side) const {
   const double tokens = static_cast<double>(cfg_.layers) * cfg_.kv_heads * static_cast<double>(slots());
   if (s.kind == FormatKind::exact && exact_) return static_cast<double>(exact_->bytes()) / 2 / tokens;
   double b = static_cast<double>(s.bytes());
+  // A packed side's ring is a fixed staging buffer per stream, not a cost per token.
+  if (s.kind != FormatKind::exact) b -= static_cast<double>(s.rows.size() * sizeof(f16));
   if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += outlier_mask_.size();
   return b / tokens;
 }

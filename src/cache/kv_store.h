@@ -204,7 +204,8 @@ class KvStore {
   // Whether every token of [0, n_ctx) of (layer, kv_head) is served exact (unencoded, fp16 or
   // on a promoted page) on both sides.
   bool served_exact(int layer, int kv_head, std::int64_t n_ctx) const;
-  // Compressed bytes per token per KV head, per side, from the allocations.
+  // Compressed bytes per token per KV head, per side, from the allocations (without the ring of
+  // unencoded rows, a fixed buffer per stream that compressed_bytes counts).
   double bytes_per_token_head(quant::KvSide side) const;
 
  private:
