@@ -430,13 +430,13 @@ TEST(CliEngine, RunWritesAReportAndGatesWithinTau) {
   const Result r = run("run --model " + kModel + " --kv q4_0 --gate 0.2 --n 4 --check-soundness --report " + dir +
                        " 'The capital of France is'");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("certified tau=0.2 block"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cert 0.2/0.05 block"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", 0 violations"), std::string::npos) << r.out;
   std::ifstream json(dir + "/report.json");
   ASSERT_TRUE(json.good());
   const auto j = nlohmann::json::parse(json);
   ASSERT_EQ(j["runs"].size(), 1u);
-  EXPECT_GE(j["runs"][0]["meter"]["coverage"].get<double>(), 1.0) << "every served cell within tau";
+  EXPECT_GE(j["runs"][0]["meter"]["coverage"]["joint"].get<double>(), 1.0) << "every served cell within tau";
   EXPECT_TRUE(std::ifstream(dir + "/report.md").good());
   EXPECT_TRUE(std::ifstream(dir + "/heatmap-1.svg").good());
   // The telemetry's JSON lines: every decode-step cell (stride 1), each within tau as served.
@@ -472,8 +472,8 @@ TEST(CliEngine, DemoPrintsItsTableAndGatesWithinTau) {
       EXPECT_FALSE(run.contains("dither")) << run["label"];
     runs[run["label"]] = run;
   }
-  EXPECT_EQ(runs["fp8-e4m3 gated"]["meter"]["coverage"].get<double>(), 1.0);   // τ = 0.2
-  EXPECT_EQ(runs["dither-int8 gated"]["meter"]["coverage"].get<double>(), 1.0);
+  EXPECT_EQ(runs["fp8-e4m3 gated"]["meter"]["coverage"]["joint"].get<double>(), 1.0);   // τ = 0.2
+  EXPECT_EQ(runs["dither-int8 gated"]["meter"]["coverage"]["joint"].get<double>(), 1.0);
   EXPECT_EQ(runs["q4_0 raw"]["page_in_bytes"].get<std::int64_t>(), 0);
   EXPECT_GT(runs["q4_0 gated"]["page_in_bytes"].get<std::int64_t>(), 0);
   EXPECT_LT(runs["dither-int8 gated"]["page_in_bytes"].get<std::int64_t>(),
