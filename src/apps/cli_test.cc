@@ -511,6 +511,35 @@ TEST(CliEngine, SharedGateAndTierFlagsRun) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
+// No file is ever destroyed through --backing-file: the model and an existing file are refused and
+// left as they were; a new file is removed at exit unless kept.
+TEST(CliEngine, BackingFileNeverDestroysAFile) {
+  ASSERT_TRUE(std::filesystem::exists(kModel)) << "the real model is missing: run scripts/fetch-model.sh (" << kModel << ")";
+  const auto model_size = std::filesystem::file_size(kModel);
+  const std::string cmd = "run --model " + kModel + " --kv q4_0 --gate 0.2 --n 2 'The capital of France is' --backing-file ";
+  for (const std::string& extra : {std::string(), std::string(" --backing-file-overwrite")}) {
+    const Result r = run(cmd + kModel + extra);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.out.find("model"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(std::filesystem::file_size(kModel), model_size);
+  const std::string existing = scratch("existing_tier.bin");
+  std::ofstream(existing) << "keep me";
+  Result r = run(cmd + existing);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--backing-file-overwrite"), std::string::npos) << r.out;
+  std::string kept;
+  std::getline(std::ifstream(existing), kept);
+  EXPECT_EQ(kept, "keep me");
+  const std::string fresh = scratch("fresh_tier.bin");
+  r = run(cmd + fresh);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(fresh));  // removed at exit
+  r = run(cmd + fresh + " --keep-backing-file");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(fresh));
+}
+
 TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(run("run --model " + kModel + " --kv nope 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);
