@@ -10,7 +10,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -501,7 +500,7 @@ TEST(CliEngine, SharedGateAndTierFlagsRun) {
   Result r = run("generate --model " + kModel + " --prompt 'The capital of France is' --n 2 --kv q4_0 --gate 0.2 "
                  "--granularity head --tau-v 0.1 --coverage-tau 0.5 --bound tanh --exact-tier ram");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("coverage at tau(_K)?=0.5"))) << r.out;
+  EXPECT_NE(r.out.find("coverage at tau_K=0.5"), std::string::npos) << r.out;
   r = run("run --model " + kModel + " --kv dither-int8 --dither per-slot --tau 0.2 --tau-v 0.1 --coverage-tau 0.3 "
           "--bound min --exact-tier file --n 2 'The capital of France is'");
   EXPECT_EQ(r.exit_code, 0) << r.out;
