@@ -184,6 +184,7 @@ int run(const Args& args) {
       cc.rope_layout = cfg.rope_layout;
       cc.seed = seed;
       cc.dither = mode == "shared-page" ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
+      cc.exact_tier = true;  // the decode steps' soundness check reads it (set_check_soundness below)
       attn::CertifiedOptions opts;
       opts.q_heads = cfg.heads;
       opts.delta_req = args.delta;
