@@ -63,13 +63,6 @@ void summarize(const attn::CertifiedKvCache& cache, const gate::Telemetry& tel, 
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
 }
 
-attn::Granularity granularity(const std::string& s) {
-  if (s == "head") return attn::Granularity::head;
-  if (s == "block") return attn::Granularity::block;
-  if (s == "request") return attn::Granularity::request;
-  throw std::invalid_argument("--granularity must be head, block or request, got '" + s + "'");
-}
-
 // Writes every kept cell (prompt positions included) as JSON lines.
 void write_meter_json(const std::string& path, const std::vector<attn::MeterCell>& cells) {
   std::ofstream f(path);
@@ -109,7 +102,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     opts.decode_budget = std::max(1, args.n);
     opts.check_soundness = args.check_soundness;
     opts.bound = cert::parse_bound_shape(args.bound);
-    opts.gate = {args.gate, granularity(args.granularity), args.tau_v};
+    opts.gate = {args.gate, attn::parse_granularity(args.granularity), args.tau_v};
     cc.backing = backing_place(args.backing_file, args.backing_file_overwrite, args.keep_backing_file, args.exact_tier,
                                model_path, opts.gate.on() || opts.check_soundness);
     // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.

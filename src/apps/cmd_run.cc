@@ -8,14 +8,6 @@
 #include "apps/run.h"
 
 namespace witcert::apps {
-namespace {
-
-attn::Granularity parse_granularity(const std::string& s) {
-  if (s == "head") return attn::Granularity::head;
-  if (s == "block") return attn::Granularity::block;
-  if (s == "request") return attn::Granularity::request;
-  throw std::invalid_argument("--granularity must be head, block or request, got '" + s + "'");
-}
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -26,15 +18,13 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
 int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   if (!(a.gate >= 0.0) || !std::isfinite(a.gate)) throw std::invalid_argument("--gate tau must be finite and positive");
   if (!(a.delta > 0.0 && a.delta < 1.0)) throw std::invalid_argument("--delta must lie in (0, 1)");
   const std::string model = a.model.empty() ? default_model_path() : a.model;
   const cert::BoundShape bound = cert::parse_bound_shape(a.bound);
   const cache::DitherMode dither = cache::parse_dither_mode(a.dither);
-  const attn::GateOptions gate{a.gate, parse_granularity(a.granularity), a.tau_v};
+  const attn::GateOptions gate{a.gate, attn::parse_granularity(a.granularity), a.tau_v};
   const cache::BackingPlace backing = backing_place(a.backing_file, a.backing_file_overwrite, a.keep_backing_file,
                                                     a.exact_tier, model, gate.on() || a.check_soundness);
   Engine engine = Engine::load(model);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace witcert::apps {
 
@@ -93,6 +94,9 @@ struct RunArgs {
   std::string report;  // directory
   int threads = 2;
 };
+
+// The words of a comma-separated list, as `witcert run --scheme-sweep` splits it (empty words dropped).
+std::vector<std::string> split_list(const std::string& s);
 
 // `witcert run`: fp16 vs the given format(s), gated or not: texts, quality, meter, page-ins.
 int run_run(const RunArgs& args, std::ostream& out, std::ostream& err);

@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -117,16 +116,6 @@ CLI::Validator half_open_unit(const std::string& flag) {
 
 // Whether `opt` was given on the command line (not whether its value differs from the default).
 bool given(const CLI::Option* opt) { return opt->count() > 0; }
-
-// The words of a comma-separated list, as `witcert run --scheme-sweep` splits it.
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 // The options the exact backing tier shares between `run` and `generate`.
 struct TierOptions {
@@ -317,7 +306,7 @@ int main(int argc, char** argv) {
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
     if (*runc) {
-      check_dither_flags({run_dither}, given(run_sweep) ? split_list(ra.scheme_sweep) : std::vector{ra.kv},
+      check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
       check_tier(run_tier, ra.exact_tier);
       if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --gate");

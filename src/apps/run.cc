@@ -91,8 +91,7 @@ std::string fmt_bytes(double b) {
 
 std::string gate_label(const attn::GateOptions& g) {
   if (!g.on()) return "raw";
-  const char* gran = g.granularity == attn::Granularity::block ? "block" : g.granularity == attn::Granularity::head ? "head" : "request";
-  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau, g.tau_v, gran);
+  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau, g.tau_v, attn::granularity_name(g.granularity));
 }
 
 std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : "-"; }

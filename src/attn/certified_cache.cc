@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -20,6 +21,21 @@ cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opt
 }
 
 }  // namespace
+
+const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::head: return "head";
+    case Granularity::block: return "block";
+    case Granularity::request: return "request";
+  }
+  return "?";
+}
+
+Granularity parse_granularity(std::string_view name) {
+  for (Granularity g : {Granularity::head, Granularity::block, Granularity::request})
+    if (name == granularity_name(g)) return g;
+  throw std::invalid_argument("--granularity must be head, block or request, got '" + std::string(name) + "'");
+}
 
 CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts)
     : g_{cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity},
@@ -205,7 +221,8 @@ bool CertifiedKvCache::plan_blocks(cache::KvStore::Reader& reader, const float* 
 void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
                              std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) const {
   const int d = g_.head_dim;
-  const std::vector<HeadResult> before = g.results;
+  std::vector<HeadResult> before;  // the step's results before its repair; only a gate changes them
+  if (opts_.gate.on()) before = g.results;
   bool repaired = false;
   // Repair and recompute the step until the gate is satisfied (every page exact at worst).
   while (triggered(g) && repair(reader, layer, kv_head, q, group, n_ctx, g)) {
@@ -215,9 +232,10 @@ void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_h
   std::copy(g.out.begin(), g.out.end(), out);
   for (int h = 0; h < group; ++h) {
     const HeadResult& r = g.results[h];
+    const HeadResult& b = repaired ? before[h] : r;
     const double tv = opts_.check_soundness ? true_tv(reader, q + h * d, d, n_ctx) : NAN;
-    cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, before[h].eform_raw,
-                     before[h].meter, before[h].v_meter, repaired});
+    cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
+                     b.v_meter, repaired});
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -24,6 +25,10 @@ enum class Granularity {
   block,    // pages in decreasing order of their term of A, until the meter is under τ
   request,  // every page of every (layer, KV head) of the request
 };
+
+// "head", "block", "request"; parse_granularity throws std::invalid_argument on anything else.
+const char* granularity_name(Granularity g);
+Granularity parse_granularity(std::string_view name);
 
 struct GateOptions {
   double tau = 0.0;     // τ_K; 0: no gate

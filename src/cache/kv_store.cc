@@ -88,10 +88,6 @@ const f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t 
   return &side.rows[row * cfg_.head_dim];
 }
 
-const f16* KvStore::exact_page(quant::KvSide which, std::size_t st, std::int64_t page_begin) const {
-  return exact_row(which, st, page_begin);  // a page's slots, and its ring rows, are consecutive
-}
-
 bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
   const std::size_t st = stream(layer, kv_head);
   const std::int64_t k_end = packed_prefix(k_, quant::KvSide::key, st),
@@ -402,8 +398,9 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.table_.page_of(pos))];
     return v;
   };
-  r.k = view(s_.k_, quant::KvSide::key, s_.exact_page(quant::KvSide::key, stream_, r.begin));
-  r.v = view(s_.v_, quant::KvSide::value, s_.exact_page(quant::KvSide::value, stream_, r.begin));
+  // A page's slots, and its rows in a ring, follow one another from the row of its first position.
+  r.k = view(s_.k_, quant::KvSide::key, s_.exact_row(quant::KvSide::key, stream_, r.begin));
+  r.v = view(s_.v_, quant::KvSide::value, s_.exact_row(quant::KvSide::value, stream_, r.begin));
   return r;
 }
 

@@ -237,12 +237,10 @@ class KvStore {
     return at / P * P * cfg_.head_dim + static_cast<std::size_t>(c) * P + at % P;
   }
   void init_side(Side& side, const std::string& format, quant::KvSide which);
-  // The exact fp16 row of pos (written before anything reads it), and the row of a page's first
-  // slot, from which the page's rows follow one another: the tier's, the side's own fp16 rows or
-  // its ring of unencoded rows.
+  // The exact fp16 row of pos (written before anything reads it): the tier's, the side's own fp16
+  // rows or its ring of unencoded rows. A page's rows follow the row of its first position.
   f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos);
   const f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const;
-  const f16* exact_page(quant::KvSide which, std::size_t st, std::int64_t page_begin) const;
   std::size_t exact_index(const Side& side, std::size_t st, std::int64_t pos) const;
   void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
