@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "apps/engine.h"
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
 #include "model/sampler.h"
 
@@ -109,9 +109,9 @@ struct Tally {
 
 // Decode-step cells (positions ≥ the prompt's length) are the request's; prefill cells are
 // non-adaptive in every mode and are counted apart.
-Tally tally(const std::vector<attn::MeterCell>& cells, std::int64_t prompt_len, double tau) {
+Tally tally(const std::vector<gate::MeterCell>& cells, std::int64_t prompt_len, double tau) {
   Tally t;
-  for (const attn::MeterCell& c : cells) {
+  for (const gate::MeterCell& c : cells) {
     if (std::isnan(c.tv)) continue;  // not checked
     const bool violated = !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);  // the tolerance of `witcert generate`
     if (c.pos < prompt_len) {
@@ -142,13 +142,13 @@ json to_json(const Tally& t) {
           {"prefill_violations", t.prefill_violations}};
 }
 
-bool same_cells(std::vector<attn::MeterCell> a, std::vector<attn::MeterCell> b) {
-  const auto key = [](const attn::MeterCell& c) { return std::tuple(c.pos, c.layer, c.q_head); };
-  const auto by_key = [&](const attn::MeterCell& x, const attn::MeterCell& y) { return key(x) < key(y); };
+bool same_cells(std::vector<gate::MeterCell> a, std::vector<gate::MeterCell> b) {
+  const auto key = [](const gate::MeterCell& c) { return std::tuple(c.pos, c.layer, c.q_head); };
+  const auto by_key = [&](const gate::MeterCell& x, const gate::MeterCell& y) { return key(x) < key(y); };
   std::sort(a.begin(), a.end(), by_key);
   std::sort(b.begin(), b.end(), by_key);
   const auto same = [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); };  // NaN: unchecked
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [&](const attn::MeterCell& x, const attn::MeterCell& y) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [&](const gate::MeterCell& x, const gate::MeterCell& y) {
     return key(x) == key(y) && same(x.eform_raw, y.eform_raw) && same(x.meter, y.meter) && same(x.tv, y.tv);
   });
 }
@@ -174,7 +174,7 @@ int run(const Args& args) {
     const std::int64_t P = static_cast<std::int64_t>(prompt.size()), capacity = P + args.n;
     attn::ExactKvCache exact(cfg.kv_geometry(capacity));
 
-    const auto certified = [&](const std::string& mode, std::uint64_t seed) {
+    const auto certified = [&](const std::string& mode, std::uint64_t seed, gate::CellLog& log) {
       cache::CacheConfig cc;
       cc.layers = cfg.layers;
       cc.kv_heads = cfg.kv_heads;
@@ -185,12 +185,13 @@ int run(const Args& args) {
       cc.seed = seed;
       cc.dither = mode == "shared-page" ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
       cc.exact_tier = true;  // the decode steps' soundness check reads it (set_check_soundness below)
-      attn::CertifiedOptions opts;
+      gate::CertifiedOptions opts;
       opts.q_heads = cfg.heads;
       opts.delta_req = args.delta;
       opts.decode_budget = args.n;
       opts.check_soundness = args.check_prefill;
-      return std::make_unique<attn::CertifiedKvCache>(cc, opts);
+      opts.sinks = {&log};
+      return std::make_unique<gate::CertifiedKvCache>(cc, opts);
     };
 
     for (int k = 0; k < args.seeds; ++k) {
@@ -200,8 +201,9 @@ int run(const Args& args) {
       for (const std::string& mode : args.modes) {
         const auto t0 = std::chrono::steady_clock::now();
         const std::uint64_t free_seed = 0x5EED0000ull + k, forced_seed = 0xF0CED000ull + k;
-        auto free_cache = certified(mode, free_seed);
-        const auto check_decode = [&](attn::CertifiedKvCache& c) { return [&c] { c.set_check_soundness(true); }; };
+        gate::CellLog free_log;
+        auto free_cache = certified(mode, free_seed, free_log);
+        const auto check_decode = [&](gate::CertifiedKvCache& c) { return [&c] { c.set_check_soundness(true); }; };
         const Pass free = run_pass(m, *free_cache, pool, prompt, args.n, nullptr, sampling, false, args.chunk,
                                    check_decode(*free_cache));
         const auto diverged = std::mismatch(free.continuation.begin(), free.continuation.end(), fp16.continuation.begin());
@@ -213,23 +215,25 @@ int run(const Args& args) {
                     {"sample_seed", sampling.seed},
                     {"free_seed", free_seed},
                     {"forced_seed", forced_seed},
-                    {"free", to_json(tally(free_cache->cells(), P, args.tau))},
+                    {"free", to_json(tally(free_log.cells(), P, args.tau))},
                     {"diverged_at", diverged.first == free.continuation.end()
                                         ? json(nullptr)
                                         : json(diverged.first - free.continuation.begin())}};
         if (args.replay_check && k == 0) {
           // The free run is the forced run of its own trajectory under its own dither: the
           // premise of the union over trajectories in docs/dither-cost.md.
-          auto replay = certified(mode, free_seed);
+          gate::CellLog replay_log;
+          auto replay = certified(mode, free_seed, replay_log);
           run_pass(m, *replay, pool, prompt, args.n, &free.continuation, sampling, false, args.chunk,
                    check_decode(*replay));
-          rec["replay_identical"] = same_cells(free_cache->cells(), replay->cells());
+          rec["replay_identical"] = same_cells(free_log.cells(), replay_log.cells());
         }
         free_cache.reset();
 
         exact.clear();
         const Pass ref = run_pass(m, exact, pool, prompt, args.n, &free.continuation, sampling, true, args.chunk);
-        auto forced_cache = certified(mode, forced_seed);
+        gate::CellLog forced_log;
+        auto forced_cache = certified(mode, forced_seed, forced_log);
         const Pass forced = run_pass(m, *forced_cache, pool, prompt, args.n, &free.continuation, sampling, true,
                                      args.chunk, check_decode(*forced_cache));
         double kl_sum = 0.0, kl_max = 0.0;
@@ -244,7 +248,7 @@ int run(const Args& args) {
           kl_max = std::max(kl_max, kl);
           agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
         }
-        rec["forced"] = to_json(tally(forced_cache->cells(), P, args.tau));
+        rec["forced"] = to_json(tally(forced_log.cells(), P, args.tau));
         rec["quality"] = {{"positions", positions}, {"kl_mean", kl_sum / positions}, {"kl_max", kl_max},
                           {"top1_agree", agree}};
         rec["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -31,3 +31,4 @@ run q8_0-rtn-int4-gated --kv q8_0 --kv-v rtn-int4 --gate 0.2 --bound retention
 "$bin" demo --threads 2 --report "$out/demo-report" 2>/dev/null | sed -n '/^run /,$p' |
   sed -E -e 's/ +time$//' -e 's/ +[0-9.]+s$//' -e 's/ +\(total [0-9]+ s\)$//' -e '/^report: /d' >"$out/demo.txt"
 find "$out/demo-report" -type f ! -name 'meter-*.jsonl' ! -name 'heatmap-*.svg' -delete
+for f in "$out"/demo-report/meter-*.jsonl; do sort "$f" -o "$f"; done

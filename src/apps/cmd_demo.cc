@@ -55,7 +55,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
     RunConfig c;
     c.label = std::move(label);
     c.kv_k = std::move(kv);
-    c.gate = {tau, attn::Granularity::block};
+    c.gate = {tau, gate::Granularity::block};
     return c;
   };
   const std::vector<RunConfig> configs = {

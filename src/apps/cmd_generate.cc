@@ -10,7 +10,7 @@
 #include "apps/commands.h"
 #include "apps/engine.h"
 #include "apps/run.h"
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
 #include "gate/telemetry.h"
 #include "model/generate.h"
@@ -25,13 +25,13 @@ double median(std::vector<double> v) {
 }
 
 // The meter summary of a run: its decode-step cells, as the telemetry aggregated them.
-void summarize(const attn::CertifiedKvCache& cache, const gate::Telemetry& tel, const GenerateArgs& args,
+void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const GenerateArgs& args,
                const model::LlamaConfig& cfg, std::ostream& err) {
   const gate::TelemetrySummary s = tel.summary();
-  const std::vector<attn::MeterCell> cells = tel.samples();
+  const std::vector<gate::MeterCell> cells = tel.samples();
   std::vector<double> v_meter;
   double worst_ratio = 0.0;
-  for (const attn::MeterCell& c : cells) {
+  for (const gate::MeterCell& c : cells) {
     v_meter.push_back(c.v_meter);
     if (!std::isnan(c.tv) && c.meter > 0) worst_ratio = std::max(worst_ratio, c.tv / c.meter);
   }
@@ -64,7 +64,7 @@ void summarize(const attn::CertifiedKvCache& cache, const gate::Telemetry& tel, 
 }
 
 // Writes every kept cell (prompt positions included) as JSON lines.
-void write_meter_json(const std::string& path, const std::vector<attn::MeterCell>& cells) {
+void write_meter_json(const std::string& path, const std::vector<gate::MeterCell>& cells) {
   std::ofstream f(path);
   if (!f) throw std::runtime_error("cannot write '" + path + "'");
   gate::write_cells_jsonl(f, cells);
@@ -87,7 +87,8 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
   std::unique_ptr<attn::KvCache> cache_owner;
   std::unique_ptr<gate::Telemetry> tel;
-  attn::CertifiedKvCache* certified = nullptr;
+  gate::CellLog log;  // every cell, for --meter-json
+  gate::CertifiedKvCache* certified = nullptr;
   if (args.kv_k.empty()) {
     cache_owner = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
   } else {
@@ -96,22 +97,22 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     cc.outlier_pairs = args.outliers;
     cc.seed = args.dither_seed;
     cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::parse_dither_mode(args.dither);
-    attn::CertifiedOptions opts;
+    gate::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
     opts.delta_req = args.delta;
     opts.decode_budget = std::max(1, args.n);
     opts.check_soundness = args.check_soundness;
     opts.bound = cert::parse_bound_shape(args.bound);
-    opts.gate = {args.gate, attn::parse_granularity(args.granularity), args.tau_v};
+    opts.gate = {args.gate, gate::parse_granularity(args.granularity), args.tau_v};
     cc.backing = backing_place(args.backing_file, args.backing_file_overwrite, args.keep_backing_file, args.exact_tier,
                                model_path, opts.gate.on() || opts.check_soundness);
     // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
     tel = std::make_unique<gate::Telemetry>(
         cfg.layers, cfg.heads,
         gate::Telemetry::Options{args.coverage_tau, args.tau_v, opts.bound, static_cast<std::int64_t>(prompt.size()), 1});
-    opts.sink = tel.get();
-    opts.keep_cells = !args.meter_json.empty();
-    auto c = std::make_unique<attn::CertifiedKvCache>(cc, opts);
+    opts.sinks = {tel.get()};
+    if (!args.meter_json.empty()) opts.sinks.push_back(&log);
+    auto c = std::make_unique<gate::CertifiedKvCache>(cc, opts);
     certified = c.get();
     cache_owner = std::move(c);
   }
@@ -132,7 +133,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
                      decoded > 0 ? decoded / r.decode_seconds : 0.0, pool.size());
   if (certified) {
     summarize(*certified, *tel, args, cfg, err);
-    if (!args.meter_json.empty()) write_meter_json(args.meter_json, certified->cells());
+    if (!args.meter_json.empty()) write_meter_json(args.meter_json, log.cells());
   }
   return 0;
 }

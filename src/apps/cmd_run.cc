@@ -24,7 +24,7 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   const std::string model = a.model.empty() ? default_model_path() : a.model;
   const cert::BoundShape bound = cert::parse_bound_shape(a.bound);
   const cache::DitherMode dither = cache::parse_dither_mode(a.dither);
-  const attn::GateOptions gate{a.gate, attn::parse_granularity(a.granularity), a.tau_v};
+  const gate::Policy gate{a.gate, gate::parse_granularity(a.granularity), a.tau_v};
   const cache::BackingPlace backing = backing_place(a.backing_file, a.backing_file_overwrite, a.keep_backing_file,
                                                     a.exact_tier, model, gate.on() || a.check_soundness);
   Engine engine = Engine::load(model);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <ostream>
 
+#include "apps/report/heatmap.h"
 #include "attn/exact_cache.h"
 #include "model/sampler.h"
 
@@ -89,9 +90,9 @@ std::string fmt_bytes(double b) {
   return fmt::format("{:.0f} B", b);
 }
 
-std::string gate_label(const attn::GateOptions& g) {
+std::string gate_label(const gate::Policy& g) {
   if (!g.on()) return "raw";
-  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau, g.tau_v, attn::granularity_name(g.granularity));
+  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau_k, g.tau_v, gate::granularity_name(g.granularity));
 }
 
 std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : "-"; }
@@ -161,7 +162,7 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   cc.outlier_pairs = rc.outliers;
   cc.backing = rc.backing;
   cc.dither = rc.dither;
-  attn::CertifiedOptions opts;
+  gate::CertifiedOptions opts;
   opts.q_heads = cfg.heads;
   opts.delta_req = rc.delta;
   opts.decode_budget = std::max(1, n);
@@ -170,9 +171,8 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   opts.gate = rc.gate;
   // The telemetry aggregates the decode-step cells as they are served; the cache keeps no log.
   gate::Telemetry tel(cfg.layers, cfg.heads, {rc.coverage_tau, rc.gate.tau_v, rc.bound, len, rc.stride});
-  opts.sink = &tel;
-  opts.keep_cells = false;
-  attn::CertifiedKvCache cache(cc, opts);
+  opts.sinks = {&tel};
+  gate::CertifiedKvCache cache(cc, opts);
   ThreadPool pool(threads);
 
   RunOutcome r;
@@ -211,7 +211,7 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   r.meter = tel.summary();
   r.samples = tel.samples();
   r.heatmap = tel.heatmap();
-  r.heatmap_svg = tel.heatmap_svg("mean served meter: " + rc.label);
+  r.heatmap_svg = heatmap_svg(r.heatmap, tel.layers(), tel.heads(), "mean served meter: " + rc.label);
   const cache::KvStore::PageInStats pi = cache.store().page_in_stats();
   r.page_ins = pi.page_ins;
   r.page_in_bytes = pi.page_in_bytes;
@@ -265,7 +265,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_k", r.config.kv_k},
                           {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
                           {"gate", gate_label(r.config.gate)},
-                          {"tau_k", r.config.gate.tau},
+                          {"tau_k", r.config.gate.tau_k},
                           {"tau_v", r.config.gate.tau_v},
                           {"bound", cert::bound_shape_name(r.config.bound)},
                           {"bound_label", cert::bound_shape_label(r.config.bound)},

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "apps/engine.h"
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
 #include "gate/telemetry.h"
 
@@ -20,7 +20,7 @@ struct RunConfig {
   std::string label;
   std::string kv_k = "fp16";
   std::string kv_v;  // "" → kv_k
-  attn::GateOptions gate;  // τ_K, τ_V (also the V coverage threshold) and granularity
+  gate::Policy gate;  // τ_K, τ_V (also the V coverage threshold) and granularity
   cert::BoundShape bound = cert::BoundShape::min;
   int page_size = 16;
   int outliers = 4;
@@ -41,7 +41,7 @@ struct RunOutcome {
   gate::TelemetrySummary meter;
   std::vector<double> heatmap;  // mean served meter per (layer, head)
   std::string heatmap_svg;
-  std::vector<attn::MeterCell> samples;  // the telemetry's sampled cells (report: meter-<i>.jsonl)
+  std::vector<gate::MeterCell> samples;  // the telemetry's sampled cells (report: meter-<i>.jsonl)
   std::int64_t page_ins = 0, page_in_bytes = 0;
   double kv_bytes_per_token = 0.0;
   double seconds = 0.0;

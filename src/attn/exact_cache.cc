@@ -43,14 +43,14 @@ ExactKvCache::Rows ExactKvCache::rows(int layer, int kv_head, std::int64_t n) co
   return r;
 }
 
-void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const {
+void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
   const Rows r = rows(layer, kv_head, n_ctx);
   exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
-                                 std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
+                                 std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
   const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
   const Rows r = rows(layer, kv_head, pos0 + n);

@@ -19,10 +19,10 @@ class ExactKvCache final : public KvCache {
 
   const KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
-  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) const override;
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
   // The run's n·group queries in one pass over the rows, each bit for bit its own attend.
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
-                     std::int64_t n, float* out, std::int64_t out_stride) const override;
+                     std::int64_t n, float* out, std::int64_t out_stride) override;
   void clear() override {}
 
   // The stored key / value of one position (head_dim fp16 values).

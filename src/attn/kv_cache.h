@@ -32,16 +32,16 @@ class KvCache {
 
   // Attention of `group` query heads that share `kv_head` (GQA) over positions [0, n_ctx):
   // q holds group × head_dim post-RoPE queries, out receives group × head_dim outputs of
-  // softmax(sm · q·kᵀ)·V with sm = 1/sqrt(head_dim).
+  // softmax(sm · q·kᵀ)·V with sm = 1/sqrt(head_dim). Not const: a gated cache repairs pages here.
   virtual void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
-                      float* out) const = 0;
+                      float* out) = 0;
 
   // Causal attention of n consecutive query positions pos0 … pos0+n−1, all already written:
   // query i attends over [0, pos0 + i + 1). Position i's group × head_dim queries start at
   // q + i·q_stride, its outputs at out + i·out_stride. The default calls attend once per
   // position; a cache may share its reads of [0, pos0) across the n positions (prefill).
   virtual void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
-                             std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) const {
+                             std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
     for (std::int64_t i = 0; i < n; ++i) attend(layer, kv_head, q + i * q_stride, group, pos0 + i + 1, out + i * out_stride);
   }
 

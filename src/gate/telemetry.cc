@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -54,116 +53,116 @@ void Telemetry::Covered::add(double meter, double v_meter, double eform_raw, dou
   eform += std::min(1.0, eform_raw) <= tau_k;
 }
 
+void Telemetry::Covered::merge(const Covered& o) {
+  joint += o.joint;
+  k += o.k;
+  v += o.v;
+  eform += o.eform;
+}
+
 Coverage Telemetry::Covered::over(std::int64_t cells) const {
   if (cells == 0) return {};
   const double n = static_cast<double>(cells);
   return {joint / n, k / n, v / n, eform / n};
 }
 
-Telemetry::Telemetry(int layers, int heads, const Options& opts) : layers_(layers), heads_(heads), opts_(opts) {
+namespace {
+
+// The validated dimensions of a telemetry: throws before anything is sized from them.
+std::size_t heat_cells(int layers, int heads, double tau_k, double tau_v, int stride) {
   if (layers <= 0 || heads <= 0) throw std::invalid_argument("telemetry needs at least one layer and head");
-  if (!(opts.tau_k > 0.0) || !std::isfinite(opts.tau_k) || !(opts.tau_v > 0.0) || !std::isfinite(opts.tau_v))
+  if (!(tau_k > 0.0) || !std::isfinite(tau_k) || !(tau_v > 0.0) || !std::isfinite(tau_v))
     throw std::invalid_argument("the coverage thresholds tau and tau_v must be finite and positive");
-  if (opts.stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
-  sum_meter_.assign(static_cast<std::size_t>(layers) * heads, 0.0);
-  count_.assign(sum_meter_.size(), 0);
+  if (stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
+  return static_cast<std::size_t>(layers) * heads;
 }
 
-void Telemetry::record(std::span<const attn::MeterCell> cells) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const attn::MeterCell& c : cells) {
+}  // namespace
+
+Telemetry::Telemetry(int layers, int heads, const Options& opts)
+    : layers_(layers),
+      heads_(heads),
+      opts_(opts),
+      shards_([&] {
+        Shard s;
+        s.sum_meter.assign(heat_cells(layers, heads, opts.tau_k, opts.tau_v, opts.stride), 0.0);
+        s.count.assign(s.sum_meter.size(), 0);
+        return s;
+      }()) {}
+
+void Telemetry::record(std::span<const MeterCell> cells) {
+  Shard& s = shards_.local();
+  for (const MeterCell& c : cells) {
     if (c.pos < opts_.first_pos) continue;
     if (c.layer < 0 || c.layer >= layers_ || c.q_head < 0 || c.q_head >= heads_)
       throw std::out_of_range("telemetry: cell of layer " + std::to_string(c.layer) + ", head " +
                               std::to_string(c.q_head) + " outside " + std::to_string(layers_) + " x " +
                               std::to_string(heads_));
     const std::size_t at = static_cast<std::size_t>(c.layer) * heads_ + c.q_head;
-    ++cells_;
-    covered_.add(c.meter, c.v_meter, c.eform_raw, opts_.tau_k, opts_.tau_v);
-    covered_before_.add(c.meter_before, c.v_meter_before, c.raw_before, opts_.tau_k, opts_.tau_v);
-    overflow_ += std::isinf(c.raw_before);
-    repaired_ += c.repaired;
-    raw_max_ = std::max(raw_max_, c.raw_before);
+    ++s.cells;
+    s.covered.add(c.meter, c.v_meter, c.eform_raw, opts_.tau_k, opts_.tau_v);
+    s.covered_before.add(c.meter_before, c.v_meter_before, c.raw_before, opts_.tau_k, opts_.tau_v);
+    s.overflow += std::isinf(c.raw_before);
+    s.repaired += c.repaired;
+    s.raw_max = std::max(s.raw_max, c.raw_before);
     if (!std::isnan(c.tv)) {
-      ++checked_;
-      violations_ += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+      ++s.checked;
+      s.violations += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
     }
-    sum_meter_[at] += c.meter;
-    ++count_[at];
-    if ((c.pos - opts_.first_pos) % opts_.stride == 0) samples_.push_back(c);
+    s.sum_meter[at] += c.meter;
+    ++s.count[at];
+    if ((c.pos - opts_.first_pos) % opts_.stride == 0) s.samples.push_back(c);
   }
 }
 
 TelemetrySummary Telemetry::summary() const {
-  std::lock_guard<std::mutex> lock(mu_);
   TelemetrySummary s;
-  s.cells = cells_;
   s.bound = opts_.bound;
   s.tau_k = opts_.tau_k;
   s.tau_v = opts_.tau_v;
-  s.coverage = covered_.over(cells_);
-  s.coverage_before = covered_before_.over(cells_);
+  Covered covered, before;
+  shards_.for_each([&](const Shard& t) {
+    s.cells += t.cells;
+    covered.merge(t.covered);
+    before.merge(t.covered_before);
+    s.raw_max = std::max(s.raw_max, t.raw_max);
+    s.overflow += t.overflow;
+    s.repaired += t.repaired;
+    s.checked += t.checked;
+    s.violations += t.violations;
+  });
+  s.coverage = covered.over(s.cells);
+  s.coverage_before = before.over(s.cells);
   std::vector<double> raw;
-  raw.reserve(samples_.size());
-  for (const attn::MeterCell& c : samples_) raw.push_back(c.raw_before);
+  for (const MeterCell& c : samples()) raw.push_back(c.raw_before);
   s.raw_p50 = quantile(raw, 0.5);
   s.raw_p90 = quantile(raw, 0.9);
   s.raw_p99 = quantile(raw, 0.99);
-  s.raw_max = raw_max_;
-  s.overflow = overflow_;
-  s.repaired = repaired_;
-  s.checked = checked_;
-  s.violations = violations_;
   return s;
 }
 
-std::vector<attn::MeterCell> Telemetry::samples() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return samples_;
+std::vector<MeterCell> Telemetry::samples() const {
+  std::vector<MeterCell> all;
+  shards_.for_each([&](const Shard& t) { all.insert(all.end(), t.samples.begin(), t.samples.end()); });
+  sort_cells(all);
+  return all;
 }
 
 std::vector<double> Telemetry::heatmap() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<double> h(sum_meter_.size(), NAN);
-  for (std::size_t i = 0; i < h.size(); ++i)
-    if (count_[i] > 0) h[i] = sum_meter_[i] / count_[i];
+  const std::size_t n = static_cast<std::size_t>(layers_) * heads_;
+  std::vector<double> sum(n, 0.0);
+  std::vector<std::int64_t> count(n, 0);
+  shards_.for_each([&](const Shard& t) {
+    for (std::size_t i = 0; i < n; ++i) sum[i] += t.sum_meter[i], count[i] += t.count[i];
+  });
+  std::vector<double> h(n, NAN);
+  for (std::size_t i = 0; i < n; ++i)
+    if (count[i] > 0) h[i] = sum[i] / static_cast<double>(count[i]);
   return h;
 }
 
-std::string Telemetry::heatmap_svg(const std::string& title) const {
-  const std::vector<double> h = heatmap();
-  const int cell = 18, left = 60, top = 40;
-  std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + heads_ * cell + 140 << "' height='"
-      << top + layers_ * cell + 30 << "' font-family='sans-serif' font-size='11'>\n";
-  svg << "<text x='4' y='16' font-size='13'>" << title << "</text>\n";
-  svg << "<text x='" << left << "' y='32'>query head →</text>\n";
-  for (int l = 0; l < layers_; ++l) {
-    svg << "<text x='4' y='" << top + l * cell + 13 << "'>layer " << l << "</text>\n";
-    for (int q = 0; q < heads_; ++q) {
-      const double m = h[static_cast<std::size_t>(l) * heads_ + q];
-      // White (meter 0) to red (meter 1); grey where the cell was never seen.
-      const int shade = std::isnan(m) ? -1 : static_cast<int>(255.0 * (1.0 - std::clamp(m, 0.0, 1.0)));
-      svg << "<rect x='" << left + q * cell << "' y='" << top + l * cell << "' width='" << cell - 1 << "' height='"
-          << cell - 1 << "' fill='" << (shade < 0 ? std::string("#bbbbbb")
-                                                  : "rgb(255," + std::to_string(shade) + "," + std::to_string(shade) + ")")
-          << "'><title>layer " << l << " head " << q << ": mean meter " << m << "</title></rect>\n";
-    }
-  }
-  const int lx = left + heads_ * cell + 20;
-  for (int i = 0; i <= 10; ++i) {
-    const int shade = static_cast<int>(255.0 * (1.0 - i / 10.0));
-    svg << "<rect x='" << lx << "' y='" << top + (10 - i) * 12 << "' width='14' height='12' fill='rgb(255," << shade
-        << "," << shade << ")'/>\n";
-  }
-  svg << "<text x='" << lx + 18 << "' y='" << top + 10 << "'>meter 1</text>\n";
-  svg << "<text x='" << lx + 18 << "' y='" << top + 130 << "'>meter 0</text>\n";
-  svg << "</svg>\n";
-  return svg.str();
-}
-
-void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells) {
-  for (const attn::MeterCell& c : cells) {
+void write_cells_jsonl(std::ostream& out, std::span<const MeterCell> cells) {
+  for (const MeterCell& c : cells) {
     nlohmann::json j = {{"layer", c.layer},
                         {"q_head", c.q_head},
                         {"pos", c.pos},

@@ -1,9 +1,8 @@
-// Telemetry of the meter (DESIGN §2, layer 6): per (layer, query head) aggregates, coverage at
-// τ, raw-score quantiles, overflow and repair counts, written as JSON, JSON lines and a heatmap image.
+// Telemetry of the meter: per (layer, query head) aggregates, coverage at τ, raw-score quantiles,
+// overflow and repair counts, written as JSON and JSON lines (rendering lives in apps/report).
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <ostream>
 #include <span>
 #include <string>
@@ -11,8 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attn/certified_cache.h"
 #include "cert/meter.h"
+#include "gate/meter_cell.h"
+#include "gate/per_thread.h"
 
 namespace witcert::gate {
 
@@ -41,9 +41,10 @@ struct TelemetrySummary {
 // Aggregates the served cells of one request in place, as the cache serves them (it is the
 // cache's MeterSink): counts, coverage, overflow, repairs and the per-(layer, head) mean meter over
 // every decode-step cell; the cells of every stride-th decode step are kept as samples, from which
-// come the raw-score quantiles and the JSON lines. Memory is bounded by (layers × heads) plus the
-// samples, whatever the request's length.
-class Telemetry final : public attn::MeterSink {
+// come the raw-score quantiles and the JSON lines. Each thread accumulates into its own shard, with
+// no lock on the attention path; the readers merge the shards after the forward passes. Memory is
+// bounded by threads × (layers × heads) plus the samples, whatever the request's length.
+class Telemetry final : public MeterSink {
  public:
   // Cells at positions < first_pos (the prompt) are not counted; a cell's decode step is
   // pos − first_pos. Throws std::invalid_argument for no layers or heads, τ_K or τ_V not
@@ -56,37 +57,41 @@ class Telemetry final : public attn::MeterSink {
   };
   Telemetry(int layers, int heads, const Options& opts);
 
-  // Thread-safe; called by the cache with the cells of each attention call.
-  void record(std::span<const attn::MeterCell> cells) override;
+  // Called by the cache with the cells of each attention call, from several threads at once.
+  void record(std::span<const MeterCell> cells) override;
 
+  // The readers: call them between forward passes, not during one.
   TelemetrySummary summary() const;
-  // The sampled cells, in the order they were served.
-  std::vector<attn::MeterCell> samples() const;
-  // Mean served meter per (layer, head), row-major [layer][head].
+  // The sampled cells, ordered by (position, layer, query head).
+  std::vector<MeterCell> samples() const;
+  // Mean served meter per (layer, head), row-major [layer][head] (NaN where no cell was seen).
   std::vector<double> heatmap() const;
-  // An SVG heatmap: layers down, heads across, colour = mean meter in [0, 1].
-  std::string heatmap_svg(const std::string& title) const;
+  int layers() const { return layers_; }
+  int heads() const { return heads_; }
 
  private:
   struct Covered {
     std::int64_t joint = 0, k = 0, v = 0, eform = 0;
     void add(double meter, double v_meter, double eform_raw, double tau_k, double tau_v);
+    void merge(const Covered& o);
     Coverage over(std::int64_t cells) const;
+  };
+  struct Shard {
+    std::vector<double> sum_meter;     // [layer][head]
+    std::vector<std::int64_t> count;   // [layer][head]
+    std::vector<MeterCell> samples;
+    Covered covered, covered_before;
+    std::int64_t cells = 0, overflow = 0, repaired = 0, checked = 0, violations = 0;
+    double raw_max = 0.0;
   };
   int layers_, heads_;
   Options opts_;
-  mutable std::mutex mu_;
-  std::vector<double> sum_meter_;
-  std::vector<std::int64_t> count_;
-  std::vector<attn::MeterCell> samples_;
-  Covered covered_, covered_before_;
-  std::int64_t cells_ = 0, overflow_ = 0, repaired_ = 0, checked_ = 0, violations_ = 0;
-  double raw_max_ = 0.0;
+  PerThread<Shard> shards_;
 };
 
 // One JSON object per line for each cell: layer, q_head, pos, raw, meter, v_meter, their values
 // before the step's repair (raw_before, meter_before, v_meter_before), repaired and tv (where
 // computed); +inf as the string "inf".
-void write_cells_jsonl(std::ostream& out, std::span<const attn::MeterCell> cells);
+void write_cells_jsonl(std::ostream& out, std::span<const MeterCell> cells);
 
 }  // namespace witcert::gate

@@ -15,7 +15,7 @@ namespace {
 
 // A cell whose V meter is 0 and whose values before repair are `raw` (the K meter before repair
 // is min(1, raw), the e-form).
-attn::MeterCell cell(int layer, int head, std::int64_t pos, double raw, double meter, bool repaired = false,
+MeterCell cell(int layer, int head, std::int64_t pos, double raw, double meter, bool repaired = false,
                      double tv = NAN) {
   return {layer, head, pos, raw, meter, 0.0, tv, raw, std::min(1.0, raw), 0.0, repaired};
 }
@@ -30,7 +30,7 @@ Telemetry::Options options(double tau, std::int64_t first_pos = 0, int stride = 
 
 TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
   Telemetry t(2, 2, options(0.2, /*first_pos=*/10));
-  std::vector<attn::MeterCell> cells = {
+  std::vector<MeterCell> cells = {
       cell(0, 0, 9, 5.0, 1.0),                 // prompt: not counted
       cell(0, 0, 10, 0.1, 0.1),                // covered
       cell(0, 1, 10, 0.3, 0.3),                // not covered
@@ -65,7 +65,7 @@ TEST(Telemetry, JointKAndVCoverageWithKnownAnswers) {
   o.tau_v = 0.05;
   Telemetry t(1, 4, o);
   // layer, head, pos, raw, meter, v_meter, tv, raw_before, meter_before, v_meter_before, repaired
-  const std::vector<attn::MeterCell> cells = {
+  const std::vector<MeterCell> cells = {
       {0, 0, 0, 0.1, 0.1, 0.01, NAN, 0.1, 0.1, 0.01, false},  // both pass
       {0, 1, 0, 0.1, 0.1, 0.20, NAN, 0.1, 0.1, 0.20, false},  // V fails: not joint
       {0, 2, 0, 0.5, 0.15, 0.0, NAN, 0.5, 0.15, 0.0, false},  // K passes on the min shape, not on the e-form
@@ -91,13 +91,13 @@ TEST(Telemetry, JointKAndVCoverageWithKnownAnswers) {
 TEST(Telemetry, StrideKeepsEveryNthStepForQuantilesAndCountsAll) {
   Telemetry t(1, 1, options(0.5, /*first_pos=*/100, /*stride=*/4));
   for (int step = 0; step < 100; ++step) {
-    const attn::MeterCell c = cell(0, 0, 100 + step, step / 100.0, std::min(1.0, step / 100.0));
+    const MeterCell c = cell(0, 0, 100 + step, step / 100.0, std::min(1.0, step / 100.0));
     t.record({&c, 1});
   }
   const TelemetrySummary s = t.summary();
   EXPECT_EQ(s.cells, 100);
   EXPECT_DOUBLE_EQ(s.coverage.joint, 51.0 / 100);  // steps 0..50
-  const std::vector<attn::MeterCell> kept = t.samples();
+  const std::vector<MeterCell> kept = t.samples();
   ASSERT_EQ(kept.size(), 25u);
   for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i].pos, 100 + 4 * static_cast<std::int64_t>(i));
   // Samples are 0, 0.04, …, 0.96: the median is the 13th (index 12), 0.48.
@@ -111,7 +111,7 @@ TEST(Telemetry, ConcurrentRecordingLosesNothing) {
   for (int w = 0; w < 4; ++w)
     threads.emplace_back([&t, w] {
       for (int i = 0; i < 5000; ++i) {
-        const attn::MeterCell c[3] = {cell(w, 0, i, 0.1, 0.1), cell(w, 1, i, 0.3, 0.3), cell(w, 2, i, 0.1, 0.1)};
+        const MeterCell c[3] = {cell(w, 0, i, 0.1, 0.1), cell(w, 1, i, 0.3, 0.3), cell(w, 2, i, 0.1, 0.1)};
         t.record(c);
       }
     });
@@ -119,6 +119,42 @@ TEST(Telemetry, ConcurrentRecordingLosesNothing) {
   const TelemetrySummary s = t.summary();
   EXPECT_EQ(s.cells, 4 * 5000 * 3);
   EXPECT_DOUBLE_EQ(s.coverage.joint, 2.0 / 3);
+}
+
+TEST(Telemetry, ShardsOfManyThreadsAndTelemetriesMergeIntoTheirOwnTotals) {
+  // Each thread alternates between two telemetries and a cell log: every cell lands in the
+  // instance it was recorded into, the heatmap is the mean per (layer, head), and the log's cells
+  // come out ordered by (position, layer, head).
+  Telemetry a(4, 2, options(0.2)), b(4, 2, options(0.2));
+  CellLog log;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (int i = 0; i < 2000; ++i) {
+        const MeterCell c[2] = {cell(w, 0, i, 0.1, 0.1), cell(w, 1, i, 0.5, 0.5)};
+        a.record(c);
+        b.record({c, 1});
+        log.record(c);
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(a.summary().cells, 4 * 2000 * 2);
+  EXPECT_EQ(b.summary().cells, 4 * 2000);
+  EXPECT_DOUBLE_EQ(a.summary().coverage.k, 0.5);
+  EXPECT_DOUBLE_EQ(b.summary().coverage.k, 1.0);
+  const std::vector<double> heat = a.heatmap(), heat_b = b.heatmap();
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_NEAR(heat[l * 2], 0.1, 1e-12);
+    EXPECT_NEAR(heat[l * 2 + 1], 0.5, 1e-12);
+    EXPECT_TRUE(std::isnan(heat_b[l * 2 + 1]));
+  }
+  const std::vector<MeterCell> cells = log.cells();
+  ASSERT_EQ(cells.size(), 4u * 2000 * 2);
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    EXPECT_EQ(cells[i].pos, static_cast<std::int64_t>(i / 8));
+    EXPECT_EQ(cells[i].layer, static_cast<int>(i / 2 % 4));
+    EXPECT_EQ(cells[i].q_head, static_cast<int>(i % 2));
+  }
 }
 
 TEST(Telemetry, RejectsImpossibleArgumentsAndForeignCells) {
@@ -133,12 +169,12 @@ TEST(Telemetry, RejectsImpossibleArgumentsAndForeignCells) {
     EXPECT_THROW(Telemetry(1, 1, bad_v), std::invalid_argument) << tau_v;
   }
   Telemetry t(1, 1, options(0.2));
-  const attn::MeterCell c = cell(1, 0, 0, 0.1, 0.1);
+  const MeterCell c = cell(1, 0, 0, 0.1, 0.1);
   EXPECT_THROW(t.record({&c, 1}), std::out_of_range);
 }
 
 TEST(Telemetry, WritesOneJsonLinePerCellWithInfinityAsAString) {
-  std::vector<attn::MeterCell> cells = {cell(0, 1, 5, INFINITY, 1.0, true), cell(2, 0, 6, 0.25, 0.25, false, 0.1)};
+  std::vector<MeterCell> cells = {cell(0, 1, 5, INFINITY, 1.0, true), cell(2, 0, 6, 0.25, 0.25, false, 0.1)};
   std::ostringstream out;
   write_cells_jsonl(out, cells);
   std::istringstream in(out.str());

@@ -8,11 +8,14 @@
 #include <vector>
 
 #include "attn/certified_attention.h"
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
+#include "gate/test_log.h"
 #include "cache/test_config.h"
 
-namespace witcert::attn {
+namespace witcert::gate {
 namespace {
+
+using namespace witcert::attn;
 
 constexpr int kLayers = 2, kKvHeads = 2, kGroup = 3, kDim = 64, kN = 96;
 
@@ -28,12 +31,13 @@ cache::CacheConfig config(const std::string& fmt) {
 // Writes kN random tokens with one massive channel pair and asks every position's attention,
 // as a prefill would; `after` sees the cache before it is destroyed.
 template <class After>
-GateRun run(const std::string& fmt, GateOptions gate, bool check, After after) {
+GateRun run(const std::string& fmt, Policy gate, bool check, After after) {
   CertifiedOptions o;
   o.q_heads = kGroup * kKvHeads;
   o.gate = gate;
   o.check_soundness = check;
-  CertifiedKvCache cache(config(fmt), o);
+  CellLog log;
+  CertifiedKvCache cache(config(fmt), logged(o, log));
   std::mt19937_64 rng(21);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> k(kDim), v(kDim), q(kGroup * kDim), out(kGroup * kDim);
@@ -50,10 +54,10 @@ GateRun run(const std::string& fmt, GateOptions gate, bool check, After after) {
       }
   }
   after(cache);
-  return {cache.cells(), cache.store().page_in_stats()};
+  return {log.cells(), cache.store().page_in_stats()};
 }
 
-GateRun run(const std::string& fmt, GateOptions gate, bool check = false) {
+GateRun run(const std::string& fmt, Policy gate, bool check = false) {
   return run(fmt, gate, check, [](const CertifiedKvCache&) {});
 }
 
@@ -168,7 +172,8 @@ TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
       CertifiedOptions o;
       o.q_heads = kGroup * kKvHeads;
       o.gate = {0.2, Granularity::block};
-      CertifiedKvCache cache(config("q8_0"), o);
+      CellLog log;
+      CertifiedKvCache cache(config("q8_0"), logged(o, log));
       std::mt19937_64 rng(4);
       std::normal_distribution<float> g(0.0f, 1.0f);
       std::vector<float> k(kDim), v(kDim), q(kGroup * kDim), out(kGroup * kDim);
@@ -180,7 +185,7 @@ TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
       for (float& x : q) x = g(rng);
       if (in_query) q[kDim + 9] = bad;  // query head 1
       ASSERT_NO_THROW(cache.attend(0, 0, q.data(), kGroup, 40, out.data()));
-      const std::vector<MeterCell> cells = cache.cells();
+      const std::vector<MeterCell> cells = log.cells();
       ASSERT_EQ(cells.size(), static_cast<std::size_t>(kGroup));
       bool no_guarantee = false;
       for (const MeterCell& c : cells) {
@@ -196,9 +201,9 @@ TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
 
 TEST(Gate, RejectsImpossibleTau) {
   CertifiedOptions o;
-  o.gate.tau = -0.5;
+  o.gate.tau_k = -0.5;
   EXPECT_THROW(CertifiedKvCache(config("q8_0"), o), std::invalid_argument);
 }
 
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::gate

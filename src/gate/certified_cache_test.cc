@@ -1,4 +1,5 @@
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
+#include "gate/test_log.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +13,10 @@
 #include "cache/test_config.h"
 #include "quant/schemes.h"
 
-namespace witcert::attn {
+namespace witcert::gate {
 namespace {
+
+using namespace witcert::attn;
 
 constexpr int kLayers = 2, kKvHeads = 2, kGroup = 3, kDim = 64;
 
@@ -93,7 +96,8 @@ TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
 TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
   const Tokens t = draw_tokens(50, 2);
   ExactKvCache plain({kLayers, kKvHeads, kDim, 50});
-  CertifiedKvCache certified(config("fp16", "fp16", 50, 16, 3), heads(kGroup * kKvHeads));
+  CellLog log;
+  CertifiedKvCache certified(config("fp16", "fp16", 50, 16, 3), logged(heads(kGroup * kKvHeads), log));
   fill(plain, t);
   fill(certified, t);
   std::mt19937_64 rng(3);
@@ -105,7 +109,7 @@ TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
     certified.attend(trial % 2, trial % kKvHeads, q.data(), kGroup, 1 + trial * 2, b.data());
     ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   }
-  for (const MeterCell& c : certified.cells()) EXPECT_EQ(c.meter, 0.0);
+  for (const MeterCell& c : log.cells()) EXPECT_EQ(c.meter, 0.0);
 }
 
 // The dither regenerated at read time is the one used at write time: every non-outlier element
@@ -198,7 +202,8 @@ TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
         o.q_heads = kGroup * kKvHeads;
         o.splits = splits;
         o.check_soundness = true;
-        CertifiedKvCache cache(config(fmt, fmt, n, page, 100 + page), o);
+        CellLog log;
+        CertifiedKvCache cache(config(fmt, fmt, n, page, 100 + page), logged(o, log));
         fill(cache, t);
         std::mt19937_64 qrng(7);  // the same queries for every layout
         std::vector<float> q(kGroup * kDim), out(kGroup * kDim), all_out;
@@ -209,7 +214,7 @@ TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
           all_out.insert(all_out.end(), out.begin(), out.end());
         }
         std::vector<double> meters;
-        for (const MeterCell& c : cache.cells()) {
+        for (const MeterCell& c : log.cells()) {
           ++cells;
           meters.push_back(c.meter);
           if (c.meter < 1.0) ++informative;
@@ -272,11 +277,12 @@ TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
   Tokens t = draw_tokens(20, 9);
   t.k[((1 * kKvHeads + 0) * t.n + 5) * kDim + 3] = NAN;  // layer 1, head 0, position 5
   for (const std::string& fmt : {std::string("rtn-int8"), std::string(cache::kDitherInt8)}) {
-    CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), heads(kGroup * kKvHeads));
+    CellLog log;
+    CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), logged(heads(kGroup * kKvHeads), log));
     fill(cache, t);
     std::vector<float> q(kGroup * kDim, 0.1f), out(kGroup * kDim);
     cache.attend(1, 0, q.data(), kGroup, 20, out.data());
-    for (const MeterCell& c : cache.cells()) {
+    for (const MeterCell& c : log.cells()) {
       EXPECT_EQ(c.meter, 1.0) << fmt;
       EXPECT_TRUE(std::isinf(c.eform_raw)) << fmt;
     }
@@ -326,4 +332,4 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
 }
 
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::gate

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
+#include "gate/test_log.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/real_model_fixture.h"
@@ -40,10 +41,11 @@ class CertifiedRealModel : public RealModelFixture {
     const LlamaConfig& cfg = model_->config();
     cache::CacheConfig cc = cfg.cache_config(static_cast<std::int64_t>(tokens_.size()), k_fmt, v_fmt);
     cc.dither = dither;
-    attn::CertifiedOptions opts;
+    gate::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
     opts.check_soundness = true;
-    attn::CertifiedKvCache cache(cc, opts);
+    gate::CellLog log;
+    gate::CertifiedKvCache cache(cc, gate::logged(opts, log));
     ThreadPool pool(2);
     std::vector<float> logits(cfg.vocab);
     for (std::size_t p = 0; p < tokens_.size(); p += 16) {
@@ -52,7 +54,7 @@ class CertifiedRealModel : public RealModelFixture {
                       logits);
     }
     Outcome o;
-    for (const attn::MeterCell& c : cache.cells()) {
+    for (const gate::MeterCell& c : log.cells()) {
       ++o.cells;
       o.covered += c.meter <= 0.2;
       if (c.meter > 0) o.worst = std::max(o.worst, c.tv / c.meter);
@@ -107,24 +109,25 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
   std::vector<std::int32_t> prompt;
   for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), tokens_.begin(), tokens_.end());
   const LlamaConfig& cfg = model_->config();
-  for (const attn::Granularity gran : {attn::Granularity::block, attn::Granularity::request}) {
+  for (const gate::Granularity gran : {gate::Granularity::block, gate::Granularity::request}) {
     struct Result {
       std::vector<float> logits;
       std::int64_t page_in_bytes;
-      std::vector<attn::MeterCell> cells;
+      std::vector<gate::MeterCell> cells;
     };
     const auto prefill = [&](int threads) {
-      attn::CertifiedOptions opts;
+      gate::CertifiedOptions opts;
       opts.q_heads = cfg.heads;
       opts.gate = {0.3, gran};
-      attn::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), "q4_0"), opts);
+      gate::CellLog log;
+      gate::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), "q4_0"), gate::logged(opts, log));
       ThreadPool pool(threads);
       Result r;
       r.logits.resize(cfg.vocab);
       model_->forward(prompt, 0, cache, pool, r.logits);
       r.page_in_bytes = cache.store().page_in_stats().page_in_bytes;
-      r.cells = cache.cells();
-      std::sort(r.cells.begin(), r.cells.end(), [](const attn::MeterCell& a, const attn::MeterCell& b) {
+      r.cells = log.cells();
+      std::sort(r.cells.begin(), r.cells.end(), [](const gate::MeterCell& a, const gate::MeterCell& b) {
         return std::tie(a.layer, a.q_head, a.pos) < std::tie(b.layer, b.q_head, b.pos);
       });
       return r;

@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "attn/certified_attention.h"
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
+#include "gate/test_log.h"
 #include "attn/exact_cache.h"
 #include "cache/test_config.h"
 #include "quant/schemes.h"
 
-namespace witcert::attn {
+namespace witcert::gate {
 namespace {
+
+using namespace witcert::attn;
 
 constexpr int kLayers = 2, kKvHeads = 1, kGroup = 3, kDim = 64, kDecode = 4;
 constexpr std::int64_t kChunk = 8, kRun = 4;  // prefill chunks and attend_causal runs, as the model makes them
@@ -38,13 +41,13 @@ struct Case {
   int prompt = 1;
   cache::DitherMode dither = cache::DitherMode::per_slot;
   int outliers = 4;
-  GateOptions gate;
+  Policy gate;
   bool check = false;
   cert::BoundShape bound = cert::BoundShape::min;
 
   std::string name() const {
     return k + "/" + v + " page " + std::to_string(page) + " prompt " + std::to_string(prompt) + " " +
-           cache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau) +
+           cache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k) +
            (check ? " checked" : "") + " " + cert::bound_shape_name(bound);
   }
 };
@@ -87,7 +90,8 @@ Served serve(const Case& c) {
   o.gate = c.gate;
   o.check_soundness = c.check;
   o.bound = c.bound;
-  CertifiedKvCache cache(cfg, o);
+  CellLog log;
+  CertifiedKvCache cache(cfg, logged(o, log));
   ExactKvCache exact({kLayers, kKvHeads, kDim, n});
   cache.set_prompt_length(c.prompt);
   Stream s(1000 + c.prompt);
@@ -113,7 +117,7 @@ Served serve(const Case& c) {
   };
   for (std::int64_t p = 0; p < c.prompt; p += kChunk) step(p, std::min<std::int64_t>(kChunk, c.prompt - p));
   for (int i = 0; i < kDecode; ++i) step(c.prompt + i, 1);
-  r.cells = cache.cells();
+  r.cells = log.cells();
   r.page_in = cache.store().page_in_stats();
   return r;
 }
@@ -131,7 +135,7 @@ void expect_sound(const Case& c, const Served& r) {
       ASSERT_LE(cell.tv, cell.meter * (1 + 1e-9) + 1e-12) << c.name() << " pos " << cell.pos;
     }
     if (c.gate.on() && c.gate.certified()) {
-      ASSERT_LE(cell.meter, c.gate.tau) << c.name() << " pos " << cell.pos;
+      ASSERT_LE(cell.meter, c.gate.tau_k) << c.name() << " pos " << cell.pos;
       ASSERT_LE(cell.v_meter, c.gate.tau_v) << c.name() << " pos " << cell.pos;
     }
   }
@@ -275,7 +279,8 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
         CertifiedOptions o;
         o.q_heads = kGroup * kKvHeads;
         o.gate = {1e-12, Granularity::request, 1e-12};
-        CertifiedKvCache gated(cfg, o);
+        CellLog log;
+        CertifiedKvCache gated(cfg, logged(o, log));
         Stream s2(5);
         for (std::int64_t p = 0; p < n; ++p)
           for (int l = 0; l < kLayers; ++l) {
@@ -292,9 +297,9 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
             ASSERT_EQ(std::memcmp(a.data(), e.data(), a.size() * sizeof(float)), 0) << k << "/" << v << " ctx " << ctx;
           }
         }
-        for (const MeterCell& cell : gated.cells()) ASSERT_EQ(cell.meter, 0.0) << k << "/" << v;
+        for (const MeterCell& cell : log.cells()) ASSERT_EQ(cell.meter, 0.0) << k << "/" << v;
       }
 }
 
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::gate

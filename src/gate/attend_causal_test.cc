@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "attn/certified_cache.h"
+#include "gate/certified_cache.h"
+#include "gate/test_log.h"
 #include "attn/exact_cache.h"
 #include "cache/test_config.h"
 
-namespace witcert::attn {
+namespace witcert::gate {
 namespace {
+
+using namespace witcert::attn;
 
 constexpr int kGroup = 3, kDim = 64, kN = 80;
 
@@ -56,7 +59,8 @@ TEST(AttendCausal, EveryPositionGetsItsOwnAttentionAndAMeterAtLeastAsLarge) {
         CertifiedOptions o;
         o.q_heads = kGroup;
         o.check_soundness = true;
-        CertifiedKvCache run(config(fmt, page), o), single(config(fmt, page), o);
+        CellLog run_log, single_log;
+        CertifiedKvCache run(config(fmt, page), logged(o, run_log)), single(config(fmt, page), logged(o, single_log));
         fill(run, d);
         fill(single, d);
         std::vector<float> got(n * row), want(n * row);
@@ -72,7 +76,7 @@ TEST(AttendCausal, EveryPositionGetsItsOwnAttentionAndAMeterAtLeastAsLarge) {
             }
             ASSERT_LE(err, 1e-5 * scale) << "position " << pos0 + i << " head " << h;
           }
-        const std::vector<MeterCell> a = run.cells(), b = single.cells();
+        const std::vector<MeterCell> a = run_log.cells(), b = single_log.cells();
         ASSERT_EQ(a.size(), b.size());
         for (std::size_t j = 0; j < a.size(); ++j) {
           ASSERT_EQ(a[j].pos, b[j].pos);
@@ -96,12 +100,13 @@ TEST(AttendCausal, GatedRunServesEveryPositionWithinTau) {
     o.q_heads = kGroup;
     o.check_soundness = true;
     o.gate = {0.2, gran};
-    CertifiedKvCache cache(config("q4_0", 16), o);
+    CellLog log;
+    CertifiedKvCache cache(config("q4_0", 16), logged(o, log));
     fill(cache, d);
     std::vector<float> out(kN * row);
     for (int pos0 = 0; pos0 < kN; pos0 += 16)
       cache.attend_causal(0, 0, &d.q[pos0 * row], row, kGroup, pos0, std::min(16, kN - pos0), &out[pos0 * row], row);
-    const std::vector<MeterCell> cells = cache.cells();
+    const std::vector<MeterCell> cells = log.cells();
     ASSERT_EQ(cells.size(), static_cast<std::size_t>(kN * kGroup));
     int repaired = 0;
     for (const MeterCell& c : cells) {
@@ -126,4 +131,4 @@ TEST(AttendCausal, ExactCacheRunEqualsAttendBitForBit) {
 }
 
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::gate

@@ -1,0 +1,205 @@
+#include "gate/certified_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/certified_attention.h"
+#include "attn/certified_attention_fast.h"
+#include "attn/exact_attention_fast.h"
+#include "cert/subgaussian.h"
+#include "gate/repair_plan.h"
+
+namespace witcert::gate {
+
+using attn::HeadPartial;
+using attn::HeadResult;
+namespace {
+
+// The store's settings with the exact tier kept where the gate or the soundness check reads it.
+cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opts) {
+  cfg.exact_tier = cfg.exact_tier || opts.gate.on() || opts.check_soundness;
+  return cfg;
+}
+
+}  // namespace
+
+CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts)
+    : g_{cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity},
+      opts_(opts),
+      store_(with_tier(cfg, opts)),
+      delta_loc_(cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget)) {
+  if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
+  opts.gate.validate();
+}
+
+attn::BoundContext CertifiedKvCache::context(std::int64_t S) const {
+  return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_};
+}
+
+void CertifiedKvCache::set_check_soundness(bool on) {
+  if (on && !store_.has_exact_tier())
+    throw std::logic_error("the soundness check reads the exact backing tier: build the cache with check_soundness");
+  opts_.check_soundness = on;
+}
+
+struct CertifiedKvCache::Group {
+  std::vector<HeadPartial> partials;
+  std::vector<HeadResult> results;
+  std::vector<float> out;
+};
+
+void CertifiedKvCache::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
+  store_.write(layer, kv_head, pos, k, v);
+}
+
+void CertifiedKvCache::clear() { store_.clear(); }
+
+attn::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
+  if (!opts_.gate.on()) return attn::AttendConcurrency::any;
+  return opts_.gate.granularity == Granularity::request ? attn::AttendConcurrency::serial
+                                                        : attn::AttendConcurrency::per_head;
+}
+
+void CertifiedKvCache::compute_step(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
+                                    Group& g) {
+  if (!reader.served_exact(n_ctx)) {
+    compute(reader, q, group, n_ctx, g);
+    return;
+  }
+  // Every token exact (a fully repaired head): bit for bit the plain exact cache's output, meter 0.
+  const int d = g_.head_dim;
+  std::vector<const f16*> keys(n_ctx), values(n_ctx);
+  for (std::int64_t t = 0; t < n_ctx; ++t) {
+    keys[t] = reader.exact_key_row(t);
+    values[t] = reader.exact_value_row(t);
+  }
+  g.out.resize(static_cast<std::size_t>(group) * d);
+  attn::exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, g.out.data());
+  g.partials.assign(group, HeadPartial{});
+  g.results.assign(group, HeadResult{});
+}
+
+void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
+                               Group& g) {
+  const int d = g_.head_dim;
+  const attn::BoundContext ctx = context(n_ctx);
+  // Split-KV over page-aligned ranges; partials merge under the LSE weights.
+  const std::int64_t page = store_.config().page_size;
+  const std::int64_t pages = (n_ctx + page - 1) / page;
+  g.partials.assign(group, HeadPartial{});
+  std::vector<HeadPartial> part;
+  for (int s = 0; s < opts_.splits; ++s) {
+    const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
+    const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
+    if (b >= e) continue;
+    part.assign(group, HeadPartial{});
+    attn::attend_range_fast(reader, q, group, d, b, e, ctx, part);
+    for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
+  }
+  finish_group(reader, q, n_ctx, g);
+}
+
+void CertifiedKvCache::finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx,
+                                    Group& g) {
+  const int d = g_.head_dim;
+  const std::size_t group = g.partials.size();
+  g.out.resize(group * d);
+  g.results.resize(group);
+  for (std::size_t h = 0; h < group; ++h) g.results[h] = attn::finish(g.partials[h], d, &g.out[h * d], opts_.bound);
+  if (opts_.bound != cert::BoundShape::retention) return;
+  const std::vector<double> retention = attn::retention_raw(reader, q, static_cast<int>(group), d, n_ctx, context(n_ctx));
+  for (std::size_t h = 0; h < group; ++h)
+    g.results[h].meter = std::min(g.results[h].meter, cert::clamp_meter(retention[h]));  // both sound
+}
+
+bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q,
+                              std::int64_t n_ctx, const Group& g) {
+  const std::int64_t page = store_.config().page_size;
+  const std::int64_t pages = (n_ctx + page - 1) / page;
+  std::vector<std::int64_t> order;
+  for (std::int64_t j = 0; j < pages; ++j)
+    if (!store_.promoted(layer, kv_head, j)) order.push_back(j);
+  if (order.empty()) return false;
+  if (opts_.gate.granularity == Granularity::request) {
+    for (int l = 0; l < g_.layers; ++l)
+      for (int h = 0; h < g_.kv_heads; ++h)
+        for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) store_.promote(l, h, j);
+    return true;
+  }
+  if (opts_.gate.granularity == Granularity::block)
+    plan_blocks(reader, q, g_.head_dim, context(n_ctx), opts_.gate, g.partials, g.results, order);
+  for (std::int64_t j : order) store_.promote(layer, kv_head, j);
+  return true;
+}
+
+void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
+                             std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) {
+  const int d = g_.head_dim;
+  std::vector<HeadResult> before;  // the step's results before its repair; only a gate changes them
+  if (opts_.gate.on()) before = g.results;
+  bool repaired = false;
+  // Repair and recompute the step until the gate is satisfied (every page exact at worst).
+  while (opts_.gate.triggered(g.results) && repair(reader, layer, kv_head, q, n_ctx, g)) {
+    repaired = true;
+    compute_step(reader, q, group, n_ctx, g);
+  }
+  std::copy(g.out.begin(), g.out.end(), out);
+  for (int h = 0; h < group; ++h) {
+    const HeadResult& r = g.results[h];
+    const HeadResult& b = repaired ? before[h] : r;
+    const double tv = opts_.check_soundness ? attn::true_tv(reader, q + h * d, d, n_ctx) : NAN;
+    cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
+                     b.v_meter, repaired});
+  }
+}
+
+void CertifiedKvCache::log(const std::vector<MeterCell>& cells) {
+  for (MeterSink* sink : opts_.sinks) sink->record(cells);
+}
+
+void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+                              float* out) {
+  cache::KvStore::Reader reader(store_, layer, kv_head);
+  std::vector<MeterCell> local;
+  Group g;
+  compute_step(reader, q, group, n_ctx, g);
+  serve(reader, layer, kv_head, q, group, n_ctx, g, out, local);
+  log(local);
+}
+
+void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
+                                     std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
+  cache::KvStore::Reader reader(store_, layer, kv_head);
+  if (n == 1 || reader.served_exact(pos0 + n)) {  // one position, or the plain exact path for each
+    KvCache::attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
+    return;
+  }
+  const int d = g_.head_dim;
+  const std::size_t row = static_cast<std::size_t>(group) * d;
+  // The run's n·group queries as one block, so that every page of the shared prefix [0, pos0) is
+  // read and decoded once for all of them. Every query of the run takes the union bound over
+  // the run's longest context, S = pos0 + n: u_t grows with S, so it stays an upper bound for
+  // each query (the per-position path takes S = its own n_ctx).
+  std::vector<float> qs(n * row);
+  for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
+  const attn::BoundContext ctx = context(pos0 + n);
+  std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
+  if (pos0 > 0) attn::attend_range_fast(reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
+  std::vector<MeterCell> local;
+  for (std::int64_t i = 0; i < n; ++i) {
+    // The causal tail [pos0, pos0 + i] is this query's own.
+    tail.assign(group, HeadPartial{});
+    attn::attend_range_fast(reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
+    Group g;
+    g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
+    for (int h = 0; h < group; ++h) g.partials[h].merge(tail[h]);
+    finish_group(reader, &qs[i * row], pos0 + i + 1, g);
+    serve(reader, layer, kv_head, &qs[i * row], group, pos0 + i + 1, g, out + i * out_stride, local);
+  }
+  log(local);
+}
+
+}  // namespace witcert::gate

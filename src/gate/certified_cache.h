@@ -1,0 +1,80 @@
+// The certified KV cache behind the model's KvCache interface: it composes the store (packed
+// formats in a paged pool with an exact backing tier, cache/kv_store.h), the attention kernel whose
+// output and meter come from one pass, the gate's policy and repair plan, and the sinks that
+// receive every (layer, query head, position) meter.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/certified_attention.h"
+#include "attn/kv_cache.h"
+#include "cache/kv_store.h"
+#include "cert/meter.h"
+#include "gate/meter_cell.h"
+#include "gate/policy.h"
+
+namespace witcert::gate {
+
+struct CertifiedOptions {
+  int q_heads = 1;                  // query heads per layer (H in δ_loc = δ_req/(L·H·T))
+  double delta_req = 1e-2;          // request-level failure budget of Tier B
+  std::int64_t decode_budget = 256; // T
+  int splits = 1;                   // split-KV partitions per attention call, merged under LSE weights
+  bool check_soundness = false;     // also compute the true TV of every cell from the exact tier
+  cert::BoundShape bound = cert::BoundShape::min;  // the K meter's shape (retention: a second pass)
+  Policy gate;
+  std::vector<MeterSink*> sinks;    // receive every served cell (not owned; must outlive the cache)
+};
+
+class CertifiedKvCache final : public attn::KvCache {
+ public:
+  // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape. The
+  // exact backing tier is allocated only when the gate or the soundness check needs it
+  // (cfg.exact_tier is then set to at least ExactTier::ram).
+  CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts);
+
+  const attn::KvGeometry& geometry() const override { return g_; }
+  void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
+  // Reads the shared prefix [0, pos0) once for the run's n positions; the gate then acts on each
+  // position as attend does.
+  void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
+                     std::int64_t n, float* out, std::int64_t out_stride) override;
+  void clear() override;
+  void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
+  // Repairs promote pages that later calls read: per_head when gated by head or block, serial
+  // when a repair promotes every head (request granularity).
+  attn::AttendConcurrency attend_concurrency() const override;
+
+  const cache::KvStore& store() const { return store_; }
+  // Turns the true-TV check on or off for the cells that follow (between forward passes, not
+  // during one), so that a study can check only the cells it counts. Throws std::logic_error when
+  // the cache was built without the exact tier (construct it with check_soundness).
+  void set_check_soundness(bool on);
+
+ private:
+  struct Group;  // the results of one attention call
+  void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
+  // The step's attention over [0, n_ctx) from the stored formats, or the plain exact path when
+  // every token of the (layer, KV head) is served exact.
+  void compute_step(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
+  // Gates one position's computed attention (repairing and recomputing while triggered), writes
+  // its output and appends its cells.
+  void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+             Group& g, float* out, std::vector<MeterCell>& cells);
+  void log(const std::vector<MeterCell>& cells);
+  // The output and meters of every head from the group's merged partials (retention: with its
+  // second pass).
+  void finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g);
+  // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
+  bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, std::int64_t n_ctx, const Group& g);
+  attn::BoundContext context(std::int64_t S) const;
+
+  attn::KvGeometry g_;
+  CertifiedOptions opts_;
+  cache::KvStore store_;
+  double delta_loc_;
+};
+
+}  // namespace witcert::gate

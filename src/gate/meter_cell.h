@@ -1,0 +1,52 @@
+// What the certified cache reports for every (layer, query head, position) it serves, and the
+// sinks that receive it while the cache serves.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gate/per_thread.h"
+
+namespace witcert::gate {
+
+struct MeterCell {
+  int layer;
+  int q_head;
+  std::int64_t pos;     // the query's position; it attends over [0, pos]
+  double eform_raw;     // Theorem 1 unclamped: the risk score (+inf: no guarantee)
+  double meter;         // the K meter: the chosen bound shape, clamped to 1
+  double v_meter;       // the V meter
+  double tv;            // the true TV (NaN unless check_soundness)
+  double raw_before;    // the step's values before its own repair (= the served ones when not repaired)
+  double meter_before;
+  double v_meter_before;
+  bool repaired;
+};
+
+// Receives the cells of every attention call as it is served, from several threads at once.
+class MeterSink {
+ public:
+  virtual ~MeterSink() = default;
+  virtual void record(std::span<const MeterCell> cells) = 0;
+};
+
+// Keeps every cell (tests, `--meter-json`); memory grows with the request.
+class CellLog final : public MeterSink {
+ public:
+  void record(std::span<const MeterCell> cells) override {
+    std::vector<MeterCell>& mine = shards_.local();
+    mine.insert(mine.end(), cells.begin(), cells.end());
+  }
+  // Every cell recorded, ordered by (position, layer, query head); cells of one (layer, query
+  // head, position) recorded more than once keep their order.
+  std::vector<MeterCell> cells() const;
+
+ private:
+  PerThread<std::vector<MeterCell>> shards_;
+};
+
+// Orders cells by (position, layer, query head), stably.
+void sort_cells(std::vector<MeterCell>& cells);
+
+}  // namespace witcert::gate

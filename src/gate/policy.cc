@@ -1,0 +1,38 @@
+#include "gate/policy.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace witcert::gate {
+
+const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::head: return "head";
+    case Granularity::block: return "block";
+    case Granularity::request: return "request";
+  }
+  return "?";
+}
+
+Granularity parse_granularity(std::string_view name) {
+  for (Granularity g : {Granularity::head, Granularity::block, Granularity::request})
+    if (name == granularity_name(g)) return g;
+  throw std::invalid_argument("--granularity must be head, block or request, got '" + std::string(name) + "'");
+}
+
+void Policy::validate() const {
+  if (!(tau_k >= 0.0) || std::isinf(tau_k))
+    throw std::invalid_argument("the gate threshold tau must be finite and positive");
+  if (on() && !(tau_v > 0.0 && std::isfinite(tau_v)))
+    throw std::invalid_argument("the gate threshold tau_v must be finite and positive");
+}
+
+bool Policy::triggered(std::span<const attn::HeadResult> heads) const {
+  if (!on()) return false;
+  for (const attn::HeadResult& r : heads)
+    if (!pass_k(r) || !pass_v(r)) return true;
+  return false;
+}
+
+}  // namespace witcert::gate
