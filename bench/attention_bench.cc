@@ -122,7 +122,7 @@ cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t 
   c.kv_heads = 1;
   c.head_dim = d;
   c.capacity = S;
-  c.k_format = c.v_format = v.format;
+  c.k_format = c.v_format = quant::KvFormat::parse(v.format);
   c.dither = v.dither;
   store = std::make_unique<cache::KvStore>(c);
   std::mt19937_64 rng(1);
@@ -297,7 +297,7 @@ void BM_KvBytes(benchmark::State& state) {
   c.layers = c.kv_heads = 1;
   c.head_dim = static_cast<int>(state.range(0));
   c.capacity = 32768;
-  c.k_format = c.v_format = cache::kDitherInt8;
+  c.k_format = c.v_format = quant::KvFormat::dither_int8();
   c.outlier_pairs = static_cast<int>(state.range(1));
   const cache::KvStore store(c);
   for (auto _ : state) benchmark::DoNotOptimize(store.compressed_bytes());

@@ -180,7 +180,7 @@ int run(const Args& args) {
       cc.kv_heads = cfg.kv_heads;
       cc.head_dim = cfg.head_dim;
       cc.capacity = capacity;
-      cc.k_format = cc.v_format = cache::kDitherInt8;
+      cc.k_format = cc.v_format = quant::KvFormat::dither_int8();
       cc.rope_layout = cfg.rope_layout;
       cc.seed = seed;
       cc.dither = mode == "shared-page" ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;

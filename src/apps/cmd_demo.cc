@@ -54,7 +54,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
   auto config = [](std::string label, std::string kv, double tau) {
     RunConfig c;
     c.label = std::move(label);
-    c.kv_k = std::move(kv);
+    c.kv_k = c.kv_v = quant::KvFormat::parse(kv);
     c.gate = {tau, gate::Granularity::block};
     return c;
   };

@@ -39,8 +39,8 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
   const double k_bytes = st.bytes_per_token_head(quant::KvSide::key), v_bytes = st.bytes_per_token_head(quant::KvSide::value);
   const double per_token = (k_bytes + v_bytes) * cfg.layers * cfg.kv_heads;
   const double fp16_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
-  err << fmt::format("meter: K {} / V {}, bound {}: {} (layer, query head, decode step) cells\n", st.config().k_format,
-                     st.config().v_format, cert::bound_shape_label(s.bound), s.cells);
+  err << fmt::format("meter: K {} / V {}, bound {}: {} (layer, query head, decode step) cells\n", st.config().k_format.name(),
+                     st.config().v_format.name(), cert::bound_shape_label(s.bound), s.cells);
   if (s.cells > 0) {
     err << fmt::format("  coverage at tau_K={} tau_V={}: joint {:.4f}, K {:.4f}, V {:.4f}, e-form K {:.4f}\n", s.tau_k,
                        s.tau_v, s.coverage.joint, s.coverage.k, s.coverage.v, s.coverage.eform);
@@ -59,7 +59,7 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
   if (args.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
                        s.checked, s.violations, worst_ratio);
-  if (st.config().k_format == cache::kDitherInt8)
+  if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
 }
 
@@ -92,7 +92,8 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   if (args.kv_k.empty()) {
     cache_owner = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
   } else {
-    cache::CacheConfig cc = cfg.cache_config(capacity, args.kv_k, args.kv_v);
+    cache::CacheConfig cc = cfg.cache_config(capacity, quant::KvFormat::parse(args.kv_k),
+                                             quant::KvFormat::parse(args.kv_v.empty() ? args.kv_k : args.kv_v));
     cc.page_size = args.page_size;
     cc.outlier_pairs = args.outliers;
     cc.seed = args.dither_seed;

@@ -36,8 +36,8 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   std::vector<RunOutcome> runs;
   for (const std::string& s : schemes) {
     RunConfig rc;
-    rc.kv_k = s;
-    rc.kv_v = a.kv_v;
+    rc.kv_k = quant::KvFormat::parse(s);
+    rc.kv_v = quant::KvFormat::parse(a.kv_v.empty() ? s : a.kv_v);
     rc.gate = gate;
     rc.bound = bound;
     rc.coverage_tau = a.coverage_tau;

@@ -46,7 +46,7 @@ double dither_bytes_per_token(quant::KvSide side, int d, int outlier_pairs) {
     cc.kv_heads = 1;
     cc.head_dim = d;
     cc.capacity = capacity;
-    cc.k_format = cc.v_format = cache::kDitherInt8;
+    cc.k_format = cc.v_format = quant::KvFormat::dither_int8();
     cc.outlier_pairs = outlier_pairs;
     return cache::KvStore(cc).bytes_per_token_head(side) * static_cast<double>(capacity);
   };

@@ -262,8 +262,8 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
   j["runs"] = nlohmann::json::array();
   for (const RunOutcome& r : runs) {
     nlohmann::json run = {{"label", r.config.label},
-                          {"kv_k", r.config.kv_k},
-                          {"kv_v", r.config.kv_v.empty() ? r.config.kv_k : r.config.kv_v},
+                          {"kv_k", r.config.kv_k.name()},
+                          {"kv_v", r.config.kv_v.name()},
                           {"gate", gate_label(r.config.gate)},
                           {"tau_k", r.config.gate.tau_k},
                           {"tau_v", r.config.gate.tau_v},
@@ -278,7 +278,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
-    if (r.config.kv_k == cache::kDitherInt8) run["dither"] = cache::dither_mode_name(r.config.dither);
+    if (r.config.kv_k.kind() == quant::FormatKind::dither_int8) run["dither"] = cache::dither_mode_name(r.config.dither);
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
     const std::string n = std::to_string(j["runs"].size());

@@ -10,16 +10,17 @@
 #include <vector>
 
 #include "apps/engine.h"
-#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
+#include "gate/certified_cache.h"
 #include "gate/telemetry.h"
+#include "quant/kv_format.h"
 
 namespace witcert::apps {
 
 struct RunConfig {
   std::string label;
-  std::string kv_k = "fp16";
-  std::string kv_v;  // "" → kv_k
+  quant::KvFormat kv_k;  // the keys' format
+  quant::KvFormat kv_v;  // the values' format
   gate::Policy gate;  // τ_K, τ_V (also the V coverage threshold) and granularity
   cert::BoundShape bound = cert::BoundShape::min;
   int page_size = 16;

@@ -92,8 +92,8 @@ struct Store {
     c.head_dim = d;
     c.capacity = n;
     c.page_size = page;
-    c.k_format = f.k;
-    c.v_format = f.v;
+    c.k_format = quant::KvFormat::parse(f.k);
+    c.v_format = quant::KvFormat::parse(f.v);
     c.dither = f.dither;
     c.calibration_tokens = 8;
     c.shuffle_pages = seed;

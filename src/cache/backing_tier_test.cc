@@ -141,8 +141,8 @@ TEST(BackingTier, FileTierAfterPageReuse) {
   c.head_dim = 64;
   c.capacity = 40;
   c.page_size = 16;
-  c.k_format = "q4_0";
-  c.v_format = "dither-int8";
+  c.k_format = quant::KvFormat::parse("q4_0");
+  c.v_format = quant::KvFormat::dither_int8();
   c.shuffle_pages = 5;
   c.exact_tier = true;
   c.backing.path = scratch("store.bin");

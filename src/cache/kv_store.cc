@@ -98,15 +98,15 @@ bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
   return true;
 }
 
-void KvStore::init_side(Side& side, const std::string& format, quant::KvSide which) {
+void KvStore::init_side(Side& side, const quant::KvFormat& format, quant::KvSide which) {
   const std::size_t streams = static_cast<std::size_t>(cfg_.layers) * cfg_.kv_heads;
   const int d = cfg_.head_dim;
   const bool key = which == quant::KvSide::key;
-  if (format == "fp16") {
+  if (format.kind() == FormatKind::exact) {
     side.kind = FormatKind::exact;
     return;
   }
-  if (format == kDitherInt8) {
+  if (format.kind() == FormatKind::dither_int8) {
     quant::check_group(d, kDitherGroup);
     if (key && (cfg_.outlier_pairs < 0 || 2 * cfg_.outlier_pairs >= d))
       throw config_error("outlier pairs must lie in [0, " + std::to_string(d / 2) + "), got " +
@@ -120,7 +120,7 @@ void KvStore::init_side(Side& side, const std::string& format, quant::KvSide whi
     return;
   }
   side.kind = FormatKind::scheme;
-  side.scheme = &quant::kv_scheme(format, which);  // throws, listing the known names
+  side.scheme = format.scheme(which);
   side.scheme->check_head_dim(d);
   side.T = side.scheme->tokens_per_block();
   side.block_bytes = side.scheme->block_bytes(d);

@@ -31,6 +31,7 @@
 #include "cache/page_pool.h"
 #include "cert/witness.h"
 #include "quant/dither_int8.h"
+#include "quant/kv_format.h"
 #include "quant/schemes.h"
 
 namespace witcert::cache {
@@ -47,7 +48,8 @@ enum class DitherMode {
 const char* dither_mode_name(DitherMode mode);
 DitherMode parse_dither_mode(const std::string& name);
 
-inline constexpr const char* kDitherInt8 = "dither-int8";
+using quant::kDitherInt8;
+using quant::FormatKind;
 
 struct CacheConfig {
   int layers = 0;
@@ -55,8 +57,8 @@ struct CacheConfig {
   int head_dim = 0;
   std::int64_t capacity = 0;  // positions of the one sequence
   int page_size = 16;
-  std::string k_format = "fp16";
-  std::string v_format = "fp16";
+  quant::KvFormat k_format;  // fp16 unless set
+  quant::KvFormat v_format;
   int outlier_pairs = 4;        // m (dither-int8 keys)
   int calibration_tokens = 16;  // dither-int8 keys stay exact until the outlier pairs are fixed
   int bands = cert::kDefaultBands;
@@ -71,8 +73,6 @@ struct CacheConfig {
   bool exact_tier = false;
   BackingPlace backing;  // where the tier lives (default: a private memory-mapped temporary file)
 };
-
-enum class FormatKind { exact, scheme, dither_int8 };
 
 // ‖v̂‖ + ρ of a dither-int8 value from its group scales s_g and code squares C_g = Σ_{c∈g} code_c²
 // (G of each): sqrt(Σ_g s_g²·C_g) + sqrt(Σ_g 32·(s_g·(½ + 2^-17))²)·kRoundUpMargin, in double, the
@@ -236,7 +236,7 @@ class KvStore {
     const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     return at / P * P * cfg_.head_dim + static_cast<std::size_t>(c) * P + at % P;
   }
-  void init_side(Side& side, const std::string& format, quant::KvSide which);
+  void init_side(Side& side, const quant::KvFormat& format, quant::KvSide which);
   // The exact fp16 row of pos (written before anything reads it): the tier's, the side's own fp16
   // rows or its ring of unencoded rows. A page's rows follow the row of its first position.
   f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos);

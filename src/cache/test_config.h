@@ -1,4 +1,4 @@
-// Test support: a CacheConfig from its geometry, formats, page size and page shuffle.
+// Test support: a CacheConfig from its geometry, format names, page size and page shuffle.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,8 @@ inline CacheConfig test_config(int layers, int kv_heads, int head_dim, std::int6
   c.head_dim = head_dim;
   c.capacity = capacity;
   c.page_size = page_size;
-  c.k_format = k_format;
-  c.v_format = v_format;
+  c.k_format = quant::KvFormat::parse(k_format);
+  c.v_format = quant::KvFormat::parse(v_format);
   c.shuffle_pages = shuffle;
   return c;
 }

@@ -39,7 +39,8 @@ class CertifiedRealModel : public RealModelFixture {
   Outcome run(const std::string& k_fmt, const std::string& v_fmt,
               cache::DitherMode dither = cache::DitherMode::per_slot) {
     const LlamaConfig& cfg = model_->config();
-    cache::CacheConfig cc = cfg.cache_config(static_cast<std::int64_t>(tokens_.size()), k_fmt, v_fmt);
+    cache::CacheConfig cc = cfg.cache_config(static_cast<std::int64_t>(tokens_.size()), quant::KvFormat::parse(k_fmt),
+                                             quant::KvFormat::parse(v_fmt));
     cc.dither = dither;
     gate::CertifiedOptions opts;
     opts.q_heads = cfg.heads;
@@ -120,7 +121,7 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
       opts.q_heads = cfg.heads;
       opts.gate = {0.3, gran};
       gate::CellLog log;
-      gate::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), "q4_0"), gate::logged(opts, log));
+      gate::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), quant::KvFormat::parse("q4_0"), quant::KvFormat::parse("q4_0")), gate::logged(opts, log));
       ThreadPool pool(threads);
       Result r;
       r.logits.resize(cfg.vocab);
