@@ -32,9 +32,11 @@
 #include <tuple>
 #include <vector>
 
-#include "apps/engine.h"
-#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
+#include "engine/cache_factory.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "gate/certified_cache.h"
 #include "model/sampler.h"
 
 namespace witcert {
@@ -78,25 +80,17 @@ Pass run_pass(const model::LlamaModel& m, attn::KvCache& cache, ThreadPool& pool
   const int V = m.config().vocab;
   const std::int64_t P = static_cast<std::int64_t>(prompt.size());
   model::Sampler sampler(sampling);
+  engine::Session session(m, cache, pool, chunk);
   Pass pass;
   if (keep_log_probs) pass.log_probs.resize(static_cast<std::size_t>(P + n) * V);
-  std::vector<float> logits(static_cast<std::size_t>(chunk) * V);
-  std::span<const float> last;
-  for (std::int64_t p = 0; p < P; p += chunk) {
-    const std::int64_t len = std::min<std::int64_t>(chunk, P - p);
-    m.forward(std::span<const std::int32_t>(prompt).subspan(p, len), p, cache, pool, logits, /*all_logits=*/true);
-    if (keep_log_probs)
-      for (std::int64_t i = 0; i < len; ++i) log_softmax({&logits[i * V], static_cast<std::size_t>(V)}, &pass.log_probs[(p + i) * V]);
-    last = {&logits[(len - 1) * V], static_cast<std::size_t>(V)};
-  }
+  const auto keep = [&](std::int64_t pos, std::span<const float> row) { log_softmax(row, &pass.log_probs[pos * V]); };
+  std::span<const float> last = session.prefill(prompt, {}, keep_log_probs ? engine::LogitsSink(keep) : engine::LogitsSink());
   if (on_decode) on_decode();
-  std::vector<float> step(V);
   for (int i = 0; i < n; ++i) {
     const std::int32_t next = forced ? (*forced)[i] : sampler.sample(last);
     pass.continuation.push_back(next);
-    m.forward(std::span<const std::int32_t>(&next, 1), P + i, cache, pool, step, /*all_logits=*/true);
-    if (keep_log_probs) log_softmax(step, &pass.log_probs[(P + i) * V]);
-    last = step;
+    last = session.step(next);
+    if (keep_log_probs) keep(P + i, last);
   }
   return pass;
 }
@@ -154,7 +148,7 @@ bool same_cells(std::vector<gate::MeterCell> a, std::vector<gate::MeterCell> b) 
 }
 
 int run(const Args& args) {
-  apps::Engine engine = apps::Engine::load(args.model.empty() ? apps::default_model_path() : args.model);
+  engine::Model engine = engine::Model::load(args.model.empty() ? engine::default_model_path() : args.model);
   const model::LlamaModel& m = *engine.model;
   const model::LlamaConfig& cfg = m.config();
   std::ifstream in(args.prompts);
@@ -162,8 +156,8 @@ int run(const Args& args) {
   std::vector<json> prompts;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) prompts.push_back(json::parse(line));
-  for (const std::string& mode : args.modes)
-    if (mode != "per-slot" && mode != "shared-page") throw std::invalid_argument("unknown dither mode '" + mode + "'");
+  std::vector<cache::DitherMode> modes;
+  for (const std::string& mode : args.modes) modes.push_back(cache::parse_dither_mode(mode));
   ThreadPool pool(args.threads);
   const int V = cfg.vocab;
 
@@ -174,41 +168,36 @@ int run(const Args& args) {
     const std::int64_t P = static_cast<std::int64_t>(prompt.size()), capacity = P + args.n;
     attn::ExactKvCache exact(cfg.kv_geometry(capacity));
 
-    const auto certified = [&](const std::string& mode, std::uint64_t seed, gate::CellLog& log) {
-      cache::CacheConfig cc;
-      cc.layers = cfg.layers;
-      cc.kv_heads = cfg.kv_heads;
-      cc.head_dim = cfg.head_dim;
-      cc.capacity = capacity;
-      cc.k_format = cc.v_format = quant::KvFormat::dither_int8();
-      cc.rope_layout = cfg.rope_layout;
-      cc.seed = seed;
-      cc.dither = mode == "shared-page" ? cache::DitherMode::shared_page : cache::DitherMode::per_slot;
-      cc.exact_tier = true;  // the decode steps' soundness check reads it (set_check_soundness below)
-      gate::CertifiedOptions opts;
-      opts.q_heads = cfg.heads;
-      opts.delta_req = args.delta;
-      opts.decode_budget = args.n;
-      opts.check_soundness = args.check_prefill;
-      opts.sinks = {&log};
-      return std::make_unique<gate::CertifiedKvCache>(cc, opts);
+    // The decode steps' soundness check reads the exact tier: built with the check on, which is
+    // then off for the prompt unless --check-prefill (set_check_soundness before each decode).
+    const auto certified = [&](cache::DitherMode mode, std::uint64_t seed, gate::CellLog& log) {
+      engine::CacheOptions o;
+      o.certified = true;
+      o.k_format = o.v_format = quant::KvFormat::dither_int8();
+      o.dither_seed = seed;
+      o.dither = mode;
+      o.delta = args.delta;
+      o.check_soundness = true;
+      engine::Cache c = engine::make_cache(cfg, capacity, args.n, o, {&log});
+      c.certified->set_check_soundness(args.check_prefill);
+      return c;
     };
 
     for (int k = 0; k < args.seeds; ++k) {
       const model::SamplerConfig sampling{args.temperature, 1.0f, args.sample_seed + static_cast<std::uint64_t>(k)};
       exact.clear();
       const Pass fp16 = run_pass(m, exact, pool, prompt, args.n, nullptr, sampling, false, args.chunk);
-      for (const std::string& mode : args.modes) {
+      for (const cache::DitherMode mode : modes) {
         const auto t0 = std::chrono::steady_clock::now();
         const std::uint64_t free_seed = 0x5EED0000ull + k, forced_seed = 0xF0CED000ull + k;
         gate::CellLog free_log;
         auto free_cache = certified(mode, free_seed, free_log);
         const auto check_decode = [&](gate::CertifiedKvCache& c) { return [&c] { c.set_check_soundness(true); }; };
-        const Pass free = run_pass(m, *free_cache, pool, prompt, args.n, nullptr, sampling, false, args.chunk,
-                                   check_decode(*free_cache));
+        const Pass free = run_pass(m, *free_cache.kv, pool, prompt, args.n, nullptr, sampling, false, args.chunk,
+                                   check_decode(*free_cache.certified));
         const auto diverged = std::mismatch(free.continuation.begin(), free.continuation.end(), fp16.continuation.begin());
         json rec = {{"prompt", prompts[pi].value("name", std::to_string(pi))},
-                    {"mode", mode},
+                    {"mode", cache::dither_mode_name(mode)},
                     {"prompt_tokens", P},
                     {"decode_steps", args.n},
                     {"temperature", args.temperature},
@@ -224,18 +213,18 @@ int run(const Args& args) {
           // premise of the union over trajectories in docs/dither-cost.md.
           gate::CellLog replay_log;
           auto replay = certified(mode, free_seed, replay_log);
-          run_pass(m, *replay, pool, prompt, args.n, &free.continuation, sampling, false, args.chunk,
-                   check_decode(*replay));
+          run_pass(m, *replay.kv, pool, prompt, args.n, &free.continuation, sampling, false, args.chunk,
+                   check_decode(*replay.certified));
           rec["replay_identical"] = same_cells(free_log.cells(), replay_log.cells());
         }
-        free_cache.reset();
+        free_cache.kv.reset();
 
         exact.clear();
         const Pass ref = run_pass(m, exact, pool, prompt, args.n, &free.continuation, sampling, true, args.chunk);
         gate::CellLog forced_log;
         auto forced_cache = certified(mode, forced_seed, forced_log);
-        const Pass forced = run_pass(m, *forced_cache, pool, prompt, args.n, &free.continuation, sampling, true,
-                                     args.chunk, check_decode(*forced_cache));
+        const Pass forced = run_pass(m, *forced_cache.kv, pool, prompt, args.n, &free.continuation, sampling, true,
+                                     args.chunk, check_decode(*forced_cache.certified));
         double kl_sum = 0.0, kl_max = 0.0;
         long agree = 0;
         const std::int64_t positions = P + args.n;
@@ -254,7 +243,7 @@ int run(const Args& args) {
         rec["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::cout << rec.dump() << std::endl;
         std::cerr << fmt::format("{} {} seed {}: free {} / {} cells violated (diverged at {}), forced {} / {}, {:.0f} s\n",
-                                 rec["prompt"].get<std::string>(), mode, k, rec["free"]["violations"].get<long>(),
+                                 rec["prompt"].get<std::string>(), cache::dither_mode_name(mode), k, rec["free"]["violations"].get<long>(),
                                  rec["free"]["cells"].get<long>(), rec["diverged_at"].dump(),
                                  rec["forced"]["violations"].get<long>(), rec["forced"]["cells"].get<long>(),
                                  rec["seconds"].get<double>());
@@ -273,7 +262,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", args.model, "GGUF model file (default: the fetched SmolLM2-135M)");
   app.add_option("--prompts", args.prompts, "JSON lines {\"name\": ..., \"prompt\": ...}")->required();
   app.add_option("--select", args.select, "prompt indices to run (default: all)");
-  app.add_option("--modes", args.modes, "dither modes: per-slot, shared-page");
+  app.add_option("--modes", args.modes, "dither modes: per-slot, shared-page, shared-prompt");
   app.add_option("--seeds", args.seeds, "dither seeds per prompt and mode")->check(CLI::PositiveNumber);
   app.add_option("--n", args.n, "decode steps per request")->check(CLI::PositiveNumber);
   app.add_option("--temp", args.temperature, "sampling temperature of the free runs (0: greedy)");

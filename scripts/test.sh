@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/fetch-model.sh  # the real-model tests fail without it
+tools/check_layers.py  # no file includes a layer above its own
 build_dir=${1:-build}
 shift || true
 scripts/build.sh "$build_dir" -DWITCERT_WERROR=ON "$@"

@@ -13,7 +13,7 @@ constexpr const char* kNeedle = "The secret passphrase for the archive is orange
 constexpr const char* kAnswer = "orange-falcon-17";
 
 // A haystack of ordinary sentences with the needle about 40 % of the way in, and the question.
-std::string needle_prompt(const Engine& e, int target_tokens) {
+std::string needle_prompt(const engine::Model& e, int target_tokens) {
   static const char* const kFiller[] = {
       "The river flows slowly through the valley, past farms and old stone bridges.",
       "In the spring the orchards bloom, and the air smells of apples and cut grass.",
@@ -42,7 +42,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
              std::ostream& err) {
   if (tokens < 64 || tokens > 7000) throw std::invalid_argument("--tokens must lie in [64, 7000]");
   const auto t0 = std::chrono::steady_clock::now();
-  Engine engine = Engine::load(model.empty() ? default_model_path() : model);
+  engine::Model engine = engine::Model::load(model.empty() ? engine::default_model_path() : model);
   const std::string text = needle_prompt(engine, tokens);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(text, /*chat=*/true);
   const int n = 24;
@@ -54,8 +54,9 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
   auto config = [](std::string label, std::string kv, double tau) {
     RunConfig c;
     c.label = std::move(label);
-    c.kv_k = c.kv_v = quant::KvFormat::parse(kv);
-    c.gate = {tau, gate::Granularity::block};
+    c.cache.certified = true;
+    c.cache.k_format = c.cache.v_format = quant::KvFormat::parse(kv);
+    c.cache.gate = {tau, gate::Granularity::block};
     return c;
   };
   const std::vector<RunConfig> configs = {

@@ -8,12 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "apps/engine.h"
 #include "apps/run.h"
-#include "gate/certified_cache.h"
 #include "attn/exact_cache.h"
+#include "engine/cache_factory.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "gate/certified_cache.h"
 #include "gate/telemetry.h"
-#include "model/generate.h"
 
 namespace witcert::apps {
 namespace {
@@ -25,7 +26,7 @@ double median(std::vector<double> v) {
 }
 
 // The meter summary of a run: its decode-step cells, as the telemetry aggregated them.
-void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const GenerateArgs& args,
+void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const engine::CacheOptions& opts,
                const model::LlamaConfig& cfg, std::ostream& err) {
   const gate::TelemetrySummary s = tel.summary();
   const std::vector<gate::MeterCell> cells = tel.samples();
@@ -47,16 +48,16 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
     err << fmt::format("  raw score median {:.4g}, max {:.4g}, overflow {:.2f}%; V meter median {:.4g}\n", s.raw_p50,
                        s.raw_max, 100.0 * s.overflow / s.cells, median(v_meter));
   }
-  if (args.gate > 0.0) {
+  if (opts.gate.on()) {
     const cache::KvStore::PageInStats pi = st.page_in_stats();
     err << fmt::format("  gate tau_K={} tau_V={} {}: joint coverage before repair {:.4f}; {} cells repaired, {} pages "
                        "({:.1f} KiB) paged in\n",
-                       args.gate, args.tau_v, args.granularity, s.coverage_before.joint, s.repaired, pi.page_ins,
+                       opts.gate.tau_k, opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, pi.page_ins,
                        pi.page_in_bytes / 1024.0);
   }
   err << fmt::format("  KV bytes per token: {:.0f} (K {:.2f} + V {:.2f} per head; fp16 {:.0f}: {:.2f}x capacity)\n",
                      per_token, k_bytes, v_bytes, fp16_per_token, fp16_per_token / per_token);
-  if (args.check_soundness)
+  if (opts.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
                        s.checked, s.violations, worst_ratio);
   if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
@@ -73,11 +74,9 @@ void write_meter_json(const std::string& path, const std::vector<gate::MeterCell
 }  // namespace
 
 int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err) {
-  const std::string model_path = args.model.empty() ? default_model_path() : args.model;
-  if (!(args.coverage_tau > 0.0) || !std::isfinite(args.coverage_tau))
-    throw std::invalid_argument("--coverage-tau must be finite and positive");
-  if (!(args.gate >= 0.0) || !std::isfinite(args.gate)) throw std::invalid_argument("--gate must be finite and positive");
-  Engine engine = Engine::load(model_path);
+  const std::string model_path = args.model.empty() ? engine::default_model_path() : args.model;
+  const engine::CacheOptions cache_opts = cache_options(args.cache, args.cache.kv, model_path);
+  engine::Model engine = engine::Model::load(model_path);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
@@ -85,46 +84,22 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
     throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
                             std::to_string(cfg.context));
   const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
-  std::unique_ptr<attn::KvCache> cache_owner;
-  std::unique_ptr<gate::Telemetry> tel;
-  gate::CellLog log;  // every cell, for --meter-json
-  gate::CertifiedKvCache* certified = nullptr;
-  if (args.kv_k.empty()) {
-    cache_owner = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
-  } else {
-    cache::CacheConfig cc = cfg.cache_config(capacity, quant::KvFormat::parse(args.kv_k),
-                                             quant::KvFormat::parse(args.kv_v.empty() ? args.kv_k : args.kv_v));
-    cc.page_size = args.page_size;
-    cc.outlier_pairs = args.outliers;
-    cc.seed = args.dither_seed;
-    cc.dither = args.shared_page_dither ? cache::DitherMode::shared_page : cache::parse_dither_mode(args.dither);
-    gate::CertifiedOptions opts;
-    opts.q_heads = cfg.heads;
-    opts.delta_req = args.delta;
-    opts.decode_budget = std::max(1, args.n);
-    opts.check_soundness = args.check_soundness;
-    opts.bound = cert::parse_bound_shape(args.bound);
-    opts.gate = {args.gate, gate::parse_granularity(args.granularity), args.tau_v};
-    cc.backing = backing_place(args.backing_file, args.backing_file_overwrite, args.keep_backing_file, args.exact_tier,
-                               model_path, opts.gate.on() || opts.check_soundness);
-    // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
-    tel = std::make_unique<gate::Telemetry>(
-        cfg.layers, cfg.heads,
-        gate::Telemetry::Options{args.coverage_tau, args.tau_v, opts.bound, static_cast<std::int64_t>(prompt.size()), 1});
-    opts.sinks = {tel.get()};
-    if (!args.meter_json.empty()) opts.sinks.push_back(&log);
-    auto c = std::make_unique<gate::CertifiedKvCache>(cc, opts);
-    certified = c.get();
-    cache_owner = std::move(c);
-  }
-  attn::KvCache& cache = *cache_owner;
+  // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
+  gate::Telemetry tel(cfg.layers, cfg.heads,
+                      gate::Telemetry::Options{args.cache.coverage_tau, args.cache.tau_v, cache_opts.bound,
+                                               static_cast<std::int64_t>(prompt.size()), 1});
+  gate::CellLog log;
+  std::vector<gate::MeterSink*> sinks = {&tel};
+  if (!args.meter_json.empty()) sinks.push_back(&log);
+  const engine::Cache cache = engine::make_cache(cfg, capacity, args.n, cache_opts, sinks);
   ThreadPool pool(args.threads);
 
-  model::GenerateOptions opts;
+  engine::GenerateOptions opts;
   opts.max_new_tokens = args.n;
   opts.sampler = {args.temperature, args.top_p, args.seed};
   opts.stop_tokens = engine.stop_tokens();
-  const model::GenerateResult r = model::generate(*engine.model, prompt, cache, pool, opts, [&](std::int32_t t) {
+  engine::Session session(*engine.model, *cache.kv, pool);
+  const engine::GenerateResult r = engine::generate(session, prompt, opts, [&](std::int32_t t) {
     out << engine.tokenizer->token_piece(t) << std::flush;
   });
   out << "\n";
@@ -132,15 +107,15 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   err << fmt::format("prefill: {} tokens, {:.1f} tok/s; decode: {} tokens, {:.1f} tok/s ({} threads)\n",
                      r.prompt_tokens, r.prompt_tokens / r.prefill_seconds, r.tokens.size(),
                      decoded > 0 ? decoded / r.decode_seconds : 0.0, pool.size());
-  if (certified) {
-    summarize(*certified, *tel, args, cfg, err);
+  if (cache.certified) {
+    summarize(*cache.certified, tel, cache_opts, cfg, err);
     if (!args.meter_json.empty()) write_meter_json(args.meter_json, log.cells());
   }
   return 0;
 }
 
 int run_logits(const LogitsArgs& args, std::ostream& out) {
-  Engine engine = Engine::load(args.model.empty() ? default_model_path() : args.model);
+  engine::Model engine = engine::Model::load(args.model.empty() ? engine::default_model_path() : args.model);
   const std::vector<std::int32_t> prompt = engine.prompt_tokens(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
@@ -150,12 +125,8 @@ int run_logits(const LogitsArgs& args, std::ostream& out) {
   if (args.top < 1) throw std::invalid_argument("--top must be at least 1");
   attn::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size())));
   ThreadPool pool(args.threads);
-  std::vector<float> logits(cfg.vocab);
-  for (std::size_t p = 0; p < prompt.size(); p += 64) {
-    const std::size_t m = std::min<std::size_t>(64, prompt.size() - p);
-    engine.model->forward(std::span<const std::int32_t>(prompt).subspan(p, m), static_cast<std::int64_t>(p), cache, pool,
-                          logits);
-  }
+  engine::Session session(*engine.model, cache, pool);
+  const std::span<const float> logits = session.prefill(prompt);
   std::vector<std::int32_t> order(cfg.vocab);
   for (int i = 0; i < cfg.vocab; ++i) order[i] = i;
   const int k = std::min(args.top, cfg.vocab);

@@ -19,36 +19,25 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
-  if (!(a.gate >= 0.0) || !std::isfinite(a.gate)) throw std::invalid_argument("--gate tau must be finite and positive");
-  if (!(a.delta > 0.0 && a.delta < 1.0)) throw std::invalid_argument("--delta must lie in (0, 1)");
-  const std::string model = a.model.empty() ? default_model_path() : a.model;
-  const cert::BoundShape bound = cert::parse_bound_shape(a.bound);
-  const cache::DitherMode dither = cache::parse_dither_mode(a.dither);
-  const gate::Policy gate{a.gate, gate::parse_granularity(a.granularity), a.tau_v};
-  const cache::BackingPlace backing = backing_place(a.backing_file, a.backing_file_overwrite, a.keep_backing_file,
-                                                    a.exact_tier, model, gate.on() || a.check_soundness);
-  Engine engine = Engine::load(model);
-  const std::vector<std::int32_t> prompt = engine.prompt_tokens(a.prompt, a.chat);
-  std::vector<std::string> schemes = a.scheme_sweep.empty() ? std::vector<std::string>{a.kv} : split_list(a.scheme_sweep);
+  const std::string model = a.model.empty() ? engine::default_model_path() : a.model;
+  std::vector<std::string> schemes = a.scheme_sweep.empty() ? std::vector<std::string>{a.cache.kv} : split_list(a.scheme_sweep);
   if (schemes.empty() || schemes[0].empty()) throw std::invalid_argument("give --kv SCHEME or --scheme-sweep A,B,...");
+  std::vector<RunConfig> configs;
+  for (const std::string& s : schemes) {
+    RunConfig rc;
+    rc.cache = cache_options(a.cache, s, model);
+    rc.coverage_tau = a.cache.coverage_tau;
+    rc.stride = a.stride;
+    rc.label = s + (a.cache.kv_v.empty() ? "" : "/" + a.cache.kv_v);
+    configs.push_back(rc);
+  }
+  engine::Model engine = engine::Model::load(model);
+  const std::vector<std::int32_t> prompt = engine.prompt_tokens(a.prompt, a.chat);
   err << fmt::format("prompt: {} tokens; generating up to {} tokens per run\n", prompt.size(), a.n);
   const Fp16Reference fp16 = run_fp16(engine, prompt, a.n, a.threads, progress_bar(err, "fp16"));
   std::vector<RunOutcome> runs;
-  for (const std::string& s : schemes) {
-    RunConfig rc;
-    rc.kv_k = quant::KvFormat::parse(s);
-    rc.kv_v = quant::KvFormat::parse(a.kv_v.empty() ? s : a.kv_v);
-    rc.gate = gate;
-    rc.bound = bound;
-    rc.coverage_tau = a.coverage_tau;
-    rc.delta = a.delta;
-    rc.check_soundness = a.check_soundness;
-    rc.stride = a.stride;
-    rc.backing = backing;
-    rc.dither = dither;
-    rc.label = s + (a.kv_v.empty() ? "" : "/" + a.kv_v);
+  for (const RunConfig& rc : configs)
     runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, fp16, progress_bar(err, rc.label)));
-  }
   out << "fp16:        " << fp16.run.text << "\n";
   for (const RunOutcome& r : runs) out << fmt::format("{:<12} {}\n", r.config.label + ":", r.text);
   out << "\n";

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/options.h"
+
 namespace witcert::apps {
 
 // `witcert bound`: JSON lines {"p_tilde": [...], "c": [...], "eps": [...]?} → one JSON line of
@@ -28,18 +30,11 @@ int run_schemes(std::ostream& out);
 // `witcert selfcheck`: the counterexample table of paper §3 and the known-answer checks.
 int run_selfcheck(std::ostream& out);
 
-struct GenerateArgs {
-  std::string model;  // "" → default_model_path()
-  std::string prompt;
-  bool chat = false;
-  int n = 128;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  std::uint64_t seed = 0;
-  int threads = 2;
-  // The certified cache; an empty kv_k keeps the plain exact cache.
-  std::string kv_k;
-  std::string kv_v;  // "" → the same as kv_k
+// The command line's cache, meter and gate flags, shared by generate and run, as typed into
+// engine::CacheOptions by cache_options (the one place their words are parsed).
+struct CacheFlags {
+  std::string kv;    // "" → the plain exact cache (generate) or an error (run)
+  std::string kv_v;  // "" → the same as kv
   int outliers = 4;
   int page_size = 16;
   double delta = 1e-2;
@@ -52,11 +47,28 @@ struct GenerateArgs {
   std::string dither = "shared-prompt";  // cache::parse_dither_mode
   std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
-  std::string meter_json;
-  std::string backing_file;  // "" keeps the exact tier in RAM
+  std::string backing_file;  // "" keeps the exact tier in a private temporary file (or RAM)
   bool backing_file_overwrite = false;  // replace an existing backing_file
   bool keep_backing_file = false;       // leave backing_file in place at exit
   std::string exact_tier = "file";      // where an unnamed exact tier lives: "file" (private temp dir) or "ram"
+};
+
+// The cache options of `flags` with keys in `kv` (a run of --scheme-sweep names its own) and the
+// exact tier placed away from the model file. Throws std::invalid_argument for an unknown format,
+// mode or shape and for settings CacheOptions::validate rejects.
+engine::CacheOptions cache_options(const CacheFlags& flags, const std::string& kv, const std::string& model_path);
+
+struct GenerateArgs {
+  std::string model;  // "" → default_model_path()
+  std::string prompt;
+  bool chat = false;
+  int n = 128;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  std::uint64_t seed = 0;
+  int threads = 2;
+  CacheFlags cache;  // an empty kv keeps the plain exact cache
+  std::string meter_json;
 };
 
 // `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.
@@ -75,22 +87,9 @@ struct RunArgs {
   std::string prompt;
   bool chat = false;
   int n = 32;
-  std::string kv;
-  std::string kv_v;
+  CacheFlags cache;
   std::string scheme_sweep;  // comma-separated formats: one run each, one table
-  double gate = 0.0;         // τ_K of the gate; 0: no gate
-  std::string granularity = "block";
-  double tau_v = 0.05;        // the V-side threshold of the joint gate and of the V coverage figure
-  double coverage_tau = 0.2;  // the meter threshold of the coverage figure
-  std::string bound = "min";  // the meter's bound shape
-  double delta = 1e-2;
-  bool check_soundness = false;
   int stride = 1;      // telemetry sampling stride in decode steps
-  std::string dither = "shared-prompt";  // cache::parse_dither_mode
-  std::string backing_file;  // "" keeps the exact tier in RAM
-  bool backing_file_overwrite = false;  // replace an existing backing_file
-  bool keep_backing_file = false;       // leave backing_file in place at exit
-  std::string exact_tier = "file";      // where an unnamed exact tier lives: "file" (private temp dir) or "ram"
   std::string report;  // directory
   int threads = 2;
 };

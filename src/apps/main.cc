@@ -207,33 +207,33 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.seed, "sampling seed")->check(seed("--seed"));
   generate->add_option("--threads", gen.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
   auto* gen_kv = generate->add_option(
-      "--kv", gen.kv_k, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
-  auto* gen_kv_v = generate->add_option("--kv-v", gen.kv_v, "KV-cache format of the values (default: --kv)");
-  auto* gen_outliers = generate->add_option("--outliers", gen.outliers, "dither-int8: outlier RoPE pairs kept in fp16")
+      "--kv", gen.cache.kv, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
+  auto* gen_kv_v = generate->add_option("--kv-v", gen.cache.kv_v, "KV-cache format of the values (default: --kv)");
+  auto* gen_outliers = generate->add_option("--outliers", gen.cache.outliers, "dither-int8: outlier RoPE pairs kept in fp16")
                            ->transform(whole_in("--outliers", 0, 31));
-  auto* gen_page_size = generate->add_option("--page-size", gen.page_size, "tokens per cache page")
+  auto* gen_page_size = generate->add_option("--page-size", gen.cache.page_size, "tokens per cache page")
                             ->transform(whole_in("--page-size", 1, 4096));
-  auto* gen_delta = generate->add_option("--delta", gen.delta,
+  auto* gen_delta = generate->add_option("--delta", gen.cache.delta,
                                          "request-level failure budget of the Tier-B certificate, in (0, 1)")
                         ->check(real<double>("--delta", [](double v) { return v > 0 && v < 1; }, "in (0, 1)"));
-  auto* gen_gate = add_meter_options(generate, gen);
-  auto* gen_granularity = generate->add_option("--granularity", gen.granularity,
+  auto* gen_gate = add_meter_options(generate, gen.cache);
+  auto* gen_granularity = generate->add_option("--granularity", gen.cache.granularity,
                                                "repair granularity of the gate: head, block or request")
                               ->check(choice("--granularity", {"head", "block", "request"}));
   auto* gen_dither = generate->add_option(
-      "--dither", gen.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+      "--dither", gen.cache.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
                          ->check(dither_mode("--dither"));
-  auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.shared_page_dither,
+  auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.cache.shared_page_dither,
                                              "the same as --dither shared-page")
                               ->excludes(gen_dither);
-  auto* gen_dither_seed = generate->add_option("--dither-seed", gen.dither_seed,
+  auto* gen_dither_seed = generate->add_option("--dither-seed", gen.cache.dither_seed,
                                                "dither-int8: seed of the key dither's Philox stream")
                               ->check(seed("--dither-seed"));
-  auto* gen_check = generate->add_flag("--check-soundness", gen.check_soundness,
+  auto* gen_check = generate->add_flag("--check-soundness", gen.cache.check_soundness,
                                        "compare every meter with the true TV from the exact tier");
   auto* gen_meter_json = generate->add_option("--meter-json", gen.meter_json,
                                               "write every (layer, head, position) meter as JSON lines");
-  const TierOptions gen_tier = add_tier_options(generate, gen);
+  const TierOptions gen_tier = add_tier_options(generate, gen.cache);
 
   witcert::apps::LogitsArgs lg;
   auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");
@@ -247,23 +247,23 @@ int main(int argc, char** argv) {
   auto* runc = app.add_subcommand("run", "One request under a KV format, gated or not, against fp16: quality, meter, page-ins");
   runc->add_option("prompt", ra.prompt, "prompt text")->required();
   runc->add_option("--model", ra.model, "GGUF model file (default: the fetched SmolLM2-135M)");
-  auto* run_kv = runc->add_option("--kv", ra.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
-  runc->add_option("--kv-v", ra.kv_v, "format of the values (default: --kv)");
+  auto* run_kv = runc->add_option("--kv", ra.cache.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
+  runc->add_option("--kv-v", ra.cache.kv_v, "format of the values (default: --kv)");
   auto* run_sweep = runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table")
                         ->excludes(run_kv);
-  auto* run_gate = add_meter_options(runc, ra);
-  auto* run_granularity = runc->add_option("--granularity", ra.granularity, "repair granularity: head, block or request")
+  auto* run_gate = add_meter_options(runc, ra.cache);
+  auto* run_granularity = runc->add_option("--granularity", ra.cache.granularity, "repair granularity: head, block or request")
                               ->check(choice("--granularity", {"head", "block", "request"}));
-  runc->add_option("--delta", ra.delta, "Tier-B request-level failure budget in (0, 1)")->check(real<double>("--delta", [](double v) { return v > 0 && v < 1; }, "in (0, 1)"));
+  runc->add_option("--delta", ra.cache.delta, "Tier-B request-level failure budget in (0, 1)")->check(real<double>("--delta", [](double v) { return v > 0 && v < 1; }, "in (0, 1)"));
   runc->add_option("--n", ra.n, "tokens to generate")->transform(whole_in("--n", 1, kMaxTokens));
   runc->add_flag("--chat", ra.chat, "wrap the prompt as a user turn of the chat template");
-  runc->add_flag("--check-soundness", ra.check_soundness, "compare every meter with the true TV from the exact tier");
+  runc->add_flag("--check-soundness", ra.cache.check_soundness, "compare every meter with the true TV from the exact tier");
   runc->add_option("--report", ra.report, "directory for report.json, report.md, heatmaps and meter JSON lines");
   runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
       ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
-  const TierOptions run_tier = add_tier_options(runc, ra);
+  const TierOptions run_tier = add_tier_options(runc, ra.cache);
   auto* run_dither = runc->add_option(
-      "--dither", ra.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+      "--dither", ra.cache.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
                          ->check(dither_mode("--dither"));
   runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
@@ -301,14 +301,14 @@ int main(int argc, char** argv) {
               gen_meter_json, gen_delta})
           if (given(opt))
             throw UsageError(opt->get_name() + " needs --kv: without it generate keeps a plain exact cache");
-      check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.kv_k}, "--kv");
-      check_tier(gen_tier, gen.exact_tier);
+      check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.cache.kv}, "--kv");
+      check_tier(gen_tier, gen.cache.exact_tier);
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
     if (*runc) {
-      check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.kv},
+      check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
-      check_tier(run_tier, ra.exact_tier);
+      check_tier(run_tier, ra.cache.exact_tier);
       if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
   } catch (const UsageError& e) {

@@ -13,6 +13,7 @@
 
 #include "apps/report/heatmap.h"
 #include "attn/exact_cache.h"
+#include "engine/cache_factory.h"
 #include "model/sampler.h"
 
 namespace witcert::apps {
@@ -24,44 +25,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Prefills the prompt in chunks; logits receives the last position's.
-void prefill(const Engine& e, const std::vector<std::int32_t>& prompt, attn::KvCache& cache, ThreadPool& pool,
-             std::vector<float>& logits, const Progress& progress) {
-  const std::int64_t len = static_cast<std::int64_t>(prompt.size());
-  logits.resize(e.model->config().vocab);
-  cache.set_prompt_length(len);
-  for (std::int64_t p = 0; p < len; p += kChunk) {
-    const std::int64_t c = std::min<std::int64_t>(kChunk, len - p);
-    e.model->forward(std::span<const std::int32_t>(prompt).subspan(p, c), p, cache, pool, logits);
-    if (progress) progress(p + c, len);
-  }
-}
-
-// Decodes greedily from a prefilled cache whose last logits are `logits`; rows receives the
+// Greedy decoding from a prefilled session, up to n tokens or a stop token; rows receives the
 // logits that chose each token.
-std::vector<std::int32_t> greedy(const Engine& e, std::int64_t len, int n, attn::KvCache& cache, ThreadPool& pool,
-                                 std::vector<float> logits, std::vector<std::vector<float>>* rows) {
-  const std::vector<std::int32_t> stops = e.stop_tokens();
-  std::vector<std::int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    if (rows) rows->push_back(logits);
-    const std::int32_t next = model::argmax(logits);
-    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
-    out.push_back(next);
-    if (i + 1 == n) break;
-    e.model->forward(std::span<const std::int32_t>(&next, 1), len + i, cache, pool, logits);
-  }
-  return out;
-}
-
-std::vector<double> log_softmax(const std::vector<float>& z) {
-  const double mx = *std::max_element(z.begin(), z.end());
-  double s = 0.0;
-  for (float v : z) s += std::exp(v - mx);
-  const double lse = mx + std::log(s);
-  std::vector<double> out(z.size());
-  for (std::size_t i = 0; i < z.size(); ++i) out[i] = z[i] - lse;
-  return out;
+std::vector<std::int32_t> greedy(const engine::Model& e, engine::Session& session, int n,
+                                 std::vector<std::vector<float>>* rows) {
+  engine::GenerateOptions opts;
+  opts.max_new_tokens = n;
+  opts.stop_tokens = e.stop_tokens();
+  return engine::decode(session, opts, {}, [&](std::span<const float> logits) {
+           if (rows) rows->emplace_back(logits.begin(), logits.end());
+         }).tokens;
 }
 
 void check_request(const model::LlamaConfig& cfg, std::int64_t len, int n) {
@@ -82,7 +55,7 @@ bool contains_answer(std::string text, std::string answer) {
   return text.find(answer) != std::string::npos;
 }
 
-std::string join_text(const Engine& e, const std::vector<std::int32_t>& t) { return e.tokenizer->decode(t); }
+std::string join_text(const engine::Model& e, const std::vector<std::int32_t>& t) { return e.tokenizer->decode(t); }
 
 std::string fmt_bytes(double b) {
   if (b >= 1 << 20) return fmt::format("{:.1f} MiB", b / (1 << 20));
@@ -99,25 +72,6 @@ std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : 
 
 }  // namespace
 
-cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
-                                  const std::string& model_path, bool needed) {
-  namespace fs = std::filesystem;
-  if (exact_tier != "ram" && exact_tier != "file")
-    throw std::invalid_argument("--exact-tier must be ram or file, got '" + exact_tier + "'");
-  cache::BackingPlace place;
-  place.ram = exact_tier == "ram" && file.empty();
-  if (file.empty()) return place;
-  if (!needed)
-    throw std::invalid_argument("--backing-file: nothing reads the exact tier without --gate or --check-soundness");
-  std::error_code ec;
-  if (fs::exists(fs::symlink_status(file, ec)) && fs::equivalent(file, model_path, ec))
-    throw std::invalid_argument("--backing-file '" + file + "' is the model file; choose another path");
-  place.path = file;
-  place.overwrite = overwrite;
-  place.keep = keep;
-  return place;
-}
-
 Progress progress_bar(std::ostream& err, const std::string& label) {
   return [&err, label](std::int64_t done, std::int64_t total) {
     const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
@@ -127,7 +81,7 @@ Progress progress_bar(std::ostream& err, const std::string& label) {
   };
 }
 
-Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
+Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
                        const Progress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::LlamaConfig& cfg = engine.model->config();
@@ -136,12 +90,16 @@ Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& pr
   auto cache = std::make_shared<attn::ExactKvCache>(cfg.kv_geometry(len + n));
   ThreadPool pool(threads);
   Fp16Reference ref;
-  prefill(engine, prompt, *cache, pool, ref.logits, progress);
+  engine::Session prefill(*engine.model, *cache, pool, kChunk);
+  const std::span<const float> last = prefill.prefill(prompt, progress);
+  ref.logits.assign(last.begin(), last.end());
   ref.prefilled = cache;
   attn::ExactKvCache decode = *cache;
+  engine::Session session(*engine.model, decode, pool, kChunk);
+  session.resume(len, ref.logits);
   RunOutcome& r = ref.run;
   r.config.label = "fp16 (plain)";
-  r.tokens = greedy(engine, len, n, decode, pool, ref.logits, nullptr);
+  r.tokens = greedy(engine, session, n, nullptr);
   r.text = join_text(engine, r.tokens);
   r.top1 = r.top5 = 1.0;
   r.kv_bytes_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
@@ -149,7 +107,7 @@ Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& pr
   return ref;
 }
 
-RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& rc,
+RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& rc,
                        int threads, const Fp16Reference& ref, const Progress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::LlamaConfig& cfg = engine.model->config();
@@ -157,40 +115,31 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
   check_request(cfg, len, n);
   if (!ref.prefilled || ref.prefilled->geometry().capacity < len + n)
     throw std::invalid_argument("run_request: the fp16 reference was not prefilled for this request");
-  cache::CacheConfig cc = cfg.cache_config(len + n, rc.kv_k, rc.kv_v);
-  cc.page_size = rc.page_size;
-  cc.outlier_pairs = rc.outliers;
-  cc.backing = rc.backing;
-  cc.dither = rc.dither;
-  gate::CertifiedOptions opts;
-  opts.q_heads = cfg.heads;
-  opts.delta_req = rc.delta;
-  opts.decode_budget = std::max(1, n);
-  opts.check_soundness = rc.check_soundness;
-  opts.bound = rc.bound;
-  opts.gate = rc.gate;
+  if (!rc.cache.certified) throw std::invalid_argument("run_request: the run needs a certified cache");
   // The telemetry aggregates the decode-step cells as they are served; the cache keeps no log.
-  gate::Telemetry tel(cfg.layers, cfg.heads, {rc.coverage_tau, rc.gate.tau_v, rc.bound, len, rc.stride});
-  opts.sinks = {&tel};
-  gate::CertifiedKvCache cache(cc, opts);
+  gate::Telemetry tel(cfg.layers, cfg.heads, {rc.coverage_tau, rc.cache.gate.tau_v, rc.cache.bound, len, rc.stride});
+  const engine::Cache made = engine::make_cache(cfg, len + n, std::max(1, n), rc.cache, {&tel});
+  gate::CertifiedKvCache& cache = *made.certified;
   ThreadPool pool(threads);
 
   RunOutcome r;
   r.config = rc;
   std::vector<std::vector<float>> rows;
-  std::vector<float> logits;
-  prefill(engine, prompt, cache, pool, logits, progress);
-  r.tokens = greedy(engine, len, n, cache, pool, logits, &rows);
+  engine::Session session(*engine.model, cache, pool, kChunk);
+  session.prefill(prompt, progress);
+  r.tokens = greedy(engine, session, n, &rows);
   r.text = join_text(engine, r.tokens);
 
   // fp16 teacher-forced on the same tokens, from a copy of the reference's prefilled cache: the
   // distribution each generated token was drawn from.
   attn::ExactKvCache exact = *ref.prefilled;
-  logits = ref.logits;
+  engine::Session forced(*engine.model, exact, pool, kChunk);
+  forced.resume(len, ref.logits);
+  std::span<const float> logits = forced.logits();
   double kl = 0.0;
   int top1 = 0, top5 = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::vector<double> lp = log_softmax(logits), lq = log_softmax(rows[i]);
+    const std::vector<double> lp = engine::log_softmax(logits), lq = engine::log_softmax(rows[i]);
     double d = 0.0;
     for (std::size_t v = 0; v < lp.size(); ++v) d += std::exp(lp[v]) * (lp[v] - lq[v]);
     kl += d;
@@ -199,9 +148,7 @@ RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& pr
     int rank = 0;
     for (float x : rows[i]) rank += x > rows[i][want];
     top5 += rank < 5;
-    if (i < r.tokens.size() && i + 1 < rows.size())
-      engine.model->forward(std::span<const std::int32_t>(&r.tokens[i], 1), len + static_cast<std::int64_t>(i), exact,
-                            pool, logits);
+    if (i < r.tokens.size() && i + 1 < rows.size()) logits = forced.step(r.tokens[i]);
   }
   if (!rows.empty()) {
     r.kl = kl / rows.size();
@@ -231,7 +178,7 @@ void print_table(std::ostream& out, const std::vector<RunOutcome>& runs, const s
     const std::string correct = answer.empty() ? "-" : (contains_answer(r.text, answer) ? "yes" : "NO");
     out << fmt::format(
         "{:<22} {:<22} {:<9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.4f} {:>6.2f} {:>6.2f} {:>6} {:>10} {:>8.0f} {:>6.1f}s\n",
-        r.config.label, m ? gate_label(r.config.gate) : "-", m ? cert::bound_shape_name(r.config.bound) : "-",
+        r.config.label, m ? gate_label(r.config.cache.gate) : "-", m ? cert::bound_shape_name(r.config.cache.bound) : "-",
         ratio(m, r.meter.coverage.joint), ratio(m, r.meter.coverage.k), ratio(m, r.meter.coverage.v),
         ratio(m, r.meter.coverage.eform), ratio(m, r.meter.coverage_before.joint), r.kl, r.top1, r.top5, correct,
         fmt_bytes(static_cast<double>(r.page_in_bytes)), r.kv_bytes_per_token, r.seconds);
@@ -262,13 +209,13 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
   j["runs"] = nlohmann::json::array();
   for (const RunOutcome& r : runs) {
     nlohmann::json run = {{"label", r.config.label},
-                          {"kv_k", r.config.kv_k.name()},
-                          {"kv_v", r.config.kv_v.name()},
-                          {"gate", gate_label(r.config.gate)},
-                          {"tau_k", r.config.gate.tau_k},
-                          {"tau_v", r.config.gate.tau_v},
-                          {"bound", cert::bound_shape_name(r.config.bound)},
-                          {"bound_label", cert::bound_shape_label(r.config.bound)},
+                          {"kv_k", r.config.cache.k_format.name()},
+                          {"kv_v", r.config.cache.v_format.name()},
+                          {"gate", gate_label(r.config.cache.gate)},
+                          {"tau_k", r.config.cache.gate.tau_k},
+                          {"tau_v", r.config.cache.gate.tau_v},
+                          {"bound", cert::bound_shape_name(r.config.cache.bound)},
+                          {"bound_label", cert::bound_shape_label(r.config.cache.bound)},
                           {"text", r.text},
                           {"kl_vs_fp16", r.kl},
                           {"top1_agreement", r.top1},
@@ -278,7 +225,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
-    if (r.config.kv_k.kind() == quant::FormatKind::dither_int8) run["dither"] = cache::dither_mode_name(r.config.dither);
+    if (r.config.cache.k_format.kind() == quant::FormatKind::dither_int8) run["dither"] = cache::dither_mode_name(r.config.cache.dither);
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
     const std::string n = std::to_string(j["runs"].size());
@@ -293,8 +240,8 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
   md << "```\n\n" << coverage_legend(runs) << "\n## fp16 text\n\n" << fp16.text << "\n";
   int i = 0;
   for (const RunOutcome& r : runs) {
-    md << "\n## " << r.config.label << " (" << gate_label(r.config.gate) << ", bound: "
-       << cert::bound_shape_label(r.config.bound) << ")\n\n" << r.text << "\n\n![heatmap](heatmap-"
+    md << "\n## " << r.config.label << " (" << gate_label(r.config.cache.gate) << ", bound: "
+       << cert::bound_shape_label(r.config.cache.bound) << ")\n\n" << r.text << "\n\n![heatmap](heatmap-"
        << ++i << ".svg)\n";
   }
 }

@@ -9,27 +9,20 @@
 #include <string>
 #include <vector>
 
-#include "apps/engine.h"
 #include "attn/exact_cache.h"
 #include "gate/certified_cache.h"
 #include "gate/telemetry.h"
+#include "engine/model.h"
+#include "engine/options.h"
+#include "engine/session.h"
 #include "quant/kv_format.h"
 
 namespace witcert::apps {
 
 struct RunConfig {
   std::string label;
-  quant::KvFormat kv_k;  // the keys' format
-  quant::KvFormat kv_v;  // the values' format
-  gate::Policy gate;  // τ_K, τ_V (also the V coverage threshold) and granularity
-  cert::BoundShape bound = cert::BoundShape::min;
-  int page_size = 16;
-  int outliers = 4;
-  double delta = 1e-2;
-  double coverage_tau = 0.2;  // the K threshold of the coverage figures
-  bool check_soundness = false;
-  cache::BackingPlace backing;  // where the exact tier lives when the gate or the check keeps one
-  cache::DitherMode dither = cache::DitherMode::shared_prompt;  // dither-int8 keys
+  engine::CacheOptions cache;  // certified: the gate's τ_V is also the V coverage threshold
+  double coverage_tau = 0.2;   // the K threshold of the coverage figures
   int stride = 1;  // telemetry: keep the cells of every stride-th decode step for quantiles and JSON lines
 };
 
@@ -54,7 +47,7 @@ struct RunOutcome {
 cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
                                   const std::string& model_path, bool needed);
 
-using Progress = std::function<void(std::int64_t, std::int64_t)>;
+using engine::Progress;
 
 // The fp16 reference of a request: the prompt prefilled once on the exact cache, the logits of its
 // last position, and the greedy fp16 run from there. Each run_request compares against a copy of
@@ -66,13 +59,13 @@ struct Fp16Reference {
 };
 
 // The fp16 run (plain exact cache). progress(done, total) reports prefill chunks.
-Fp16Reference run_fp16(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
+Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
                        const Progress& progress = {});
 
 // Greedy generation of up to n tokens under `cfg`, then fp16 teacher-forced on the same tokens
 // from ref (run_fp16 of the same prompt and n). Throws for an empty prompt or one that does not
 // fit the context with n new tokens.
-RunOutcome run_request(const Engine& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
+RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
                        int threads, const Fp16Reference& ref, const Progress& progress = {});
 
 // A progress bar on stderr for one run's prefill.

@@ -11,7 +11,6 @@
 
 #include "attn/kv_cache.h"
 #include "base/thread_pool.h"
-#include "cache/kv_store.h"
 #include "cert/witness.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
@@ -36,20 +35,6 @@ struct LlamaConfig {
 
   int group() const { return heads / kv_heads; }  // query heads per KV head
   attn::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
-  // A certified cache of this model's geometry and RoPE layout holding `capacity` positions,
-  // keys in k_format and values in v_format; every other setting at its default.
-  cache::CacheConfig cache_config(std::int64_t capacity, const quant::KvFormat& k_format,
-                                  const quant::KvFormat& v_format) const {
-    cache::CacheConfig c;
-    c.layers = layers;
-    c.kv_heads = kv_heads;
-    c.head_dim = head_dim;
-    c.capacity = capacity;
-    c.k_format = k_format;
-    c.v_format = v_format;
-    c.rope_layout = rope_layout;
-    return c;
-  }
 };
 
 // The post-RoPE q, k, v of one token at one layer, for offline studies.

@@ -9,21 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache_factory.h"
+#include "engine/session.h"
 #include "gate/certified_cache.h"
-#include "gate/test_log.h"
-#include "model/gguf.h"
-#include "model/llama.h"
 #include "model/real_model_fixture.h"
-#include "model/tokenizer.h"
-#include "quant/schemes.h"
 
-namespace witcert::model {
+namespace witcert::engine {
 namespace {
 
-class CertifiedRealModel : public RealModelFixture {
+class CertifiedRealModel : public model::RealModelFixture {
  protected:
   void SetUp() override {
-    RealModelFixture::SetUp();
+    model::RealModelFixture::SetUp();
     if (HasFatalFailure()) return;
     tokens_ = tok_->encode(
         "Gutenberg's press spread across Europe within decades. Scholars could now compare identical copies "
@@ -38,22 +35,17 @@ class CertifiedRealModel : public RealModelFixture {
 
   Outcome run(const std::string& k_fmt, const std::string& v_fmt,
               cache::DitherMode dither = cache::DitherMode::per_slot) {
-    const LlamaConfig& cfg = model_->config();
-    cache::CacheConfig cc = cfg.cache_config(static_cast<std::int64_t>(tokens_.size()), quant::KvFormat::parse(k_fmt),
-                                             quant::KvFormat::parse(v_fmt));
-    cc.dither = dither;
-    gate::CertifiedOptions opts;
-    opts.q_heads = cfg.heads;
+    const model::LlamaConfig& cfg = model_->config();
+    CacheOptions opts;
+    opts.certified = true;
+    opts.k_format = quant::KvFormat::parse(k_fmt);
+    opts.v_format = quant::KvFormat::parse(v_fmt);
+    opts.dither = dither;
     opts.check_soundness = true;
     gate::CellLog log;
-    gate::CertifiedKvCache cache(cc, gate::logged(opts, log));
+    const Cache cache = make_cache(cfg, static_cast<std::int64_t>(tokens_.size()), 256, opts, {&log});
     ThreadPool pool(2);
-    std::vector<float> logits(cfg.vocab);
-    for (std::size_t p = 0; p < tokens_.size(); p += 16) {
-      const std::size_t m = std::min<std::size_t>(16, tokens_.size() - p);
-      model_->forward(std::span<const std::int32_t>(tokens_).subspan(p, m), static_cast<std::int64_t>(p), cache, pool,
-                      logits);
-    }
+    Session(*model_, *cache.kv, pool, 16).prefill(tokens_);
     Outcome o;
     for (const gate::MeterCell& c : log.cells()) {
       ++o.cells;
@@ -97,11 +89,7 @@ TEST_F(CertifiedRealModel, SharedPageDitherHasZeroViolationsTeacherForced) {
   EXPECT_GT(static_cast<double>(o.covered) / o.cells, 0.5);
 }
 
-}  // namespace
-}  // namespace witcert::model
 
-namespace witcert::model {
-namespace {
 
 // A gated prefill repairs pages that later positions of the same head read; with the cache's
 // per-head (and, for request granularity, serial) concurrency the result does not depend on the
@@ -109,7 +97,7 @@ namespace {
 TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
   std::vector<std::int32_t> prompt;
   for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), tokens_.begin(), tokens_.end());
-  const LlamaConfig& cfg = model_->config();
+  const model::LlamaConfig& cfg = model_->config();
   for (const gate::Granularity gran : {gate::Granularity::block, gate::Granularity::request}) {
     struct Result {
       std::vector<float> logits;
@@ -117,16 +105,18 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
       std::vector<gate::MeterCell> cells;
     };
     const auto prefill = [&](int threads) {
-      gate::CertifiedOptions opts;
-      opts.q_heads = cfg.heads;
+      CacheOptions opts;
+      opts.certified = true;
+      opts.k_format = opts.v_format = quant::KvFormat::parse("q4_0");
       opts.gate = {0.3, gran};
       gate::CellLog log;
-      gate::CertifiedKvCache cache(cfg.cache_config(static_cast<std::int64_t>(prompt.size()), quant::KvFormat::parse("q4_0"), quant::KvFormat::parse("q4_0")), gate::logged(opts, log));
+      const Cache cache = make_cache(cfg, static_cast<std::int64_t>(prompt.size()), 256, opts, {&log});
       ThreadPool pool(threads);
       Result r;
-      r.logits.resize(cfg.vocab);
-      model_->forward(prompt, 0, cache, pool, r.logits);
-      r.page_in_bytes = cache.store().page_in_stats().page_in_bytes;
+      Session session(*model_, *cache.kv, pool, static_cast<int>(prompt.size()));
+      const std::span<const float> last = session.prefill(prompt);
+      r.logits.assign(last.begin(), last.end());
+      r.page_in_bytes = cache.certified->store().page_in_stats().page_in_bytes;
       r.cells = log.cells();
       std::sort(r.cells.begin(), r.cells.end(), [](const gate::MeterCell& a, const gate::MeterCell& b) {
         return std::tie(a.layer, a.q_head, a.pos) < std::tie(b.layer, b.q_head, b.pos);
@@ -147,4 +137,4 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
 }
 
 }  // namespace
-}  // namespace witcert::model
+}  // namespace witcert::engine

@@ -1,4 +1,4 @@
-#include "apps/engine.h"
+#include "engine/model.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-namespace witcert::apps {
+namespace witcert::engine {
 
 std::string default_model_path() {
   if (const char* env = std::getenv("WITCERT_MODEL"); env && *env) return env;
@@ -20,10 +20,10 @@ std::string default_model_path() {
   return (fs::path("models") / kDefaultModelFile).string();
 }
 
-Engine Engine::load(const std::string& path) {
+Model Model::load(const std::string& path) {
   if (!std::filesystem::exists(path))
     throw std::runtime_error("model file '" + path + "' does not exist (run scripts/fetch-model.sh, or pass --model)");
-  Engine e;
+  Model e;
   e.file = std::make_unique<model::GgufFile>(model::GgufFile::open(path));
   e.tokenizer = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(*e.file));
   e.model = std::make_unique<model::LlamaModel>(*e.file);
@@ -33,18 +33,18 @@ Engine Engine::load(const std::string& path) {
   return e;
 }
 
-std::vector<std::int32_t> Engine::prompt_tokens(const std::string& text, bool chat) const {
+std::vector<std::int32_t> Model::prompt_tokens(const std::string& text, bool chat) const {
   if (!chat) return tokenizer->encode(text, /*parse_special=*/false);
   const model::ChatMessage turn{"user", text};
   return tokenizer->encode(tokenizer->apply_chat_template({&turn, 1}, /*add_generation_prompt=*/true),
                            /*parse_special=*/true);
 }
 
-std::vector<std::int32_t> Engine::stop_tokens() const {
+std::vector<std::int32_t> Model::stop_tokens() const {
   std::vector<std::int32_t> stops;
   for (std::int32_t id = 0; id < tokenizer->vocab_size(); ++id)
     if (tokenizer->is_end_of_generation(id)) stops.push_back(id);
   return stops;
 }
 
-}  // namespace witcert::apps
+}  // namespace witcert::engine

@@ -1,4 +1,5 @@
-// What the engine subcommands share: locating and loading the model, and building the prompt.
+// The loaded model: its GGUF file, tokenizer and forward pass, found and checked once, and the
+// prompt built from text.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 
-namespace witcert::apps {
+namespace witcert::engine {
 
 inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -18,17 +19,17 @@ inline constexpr const char* kDefaultModelFile = "SmolLM2-135M-Instruct.Q4_1.ggu
 // else models/<default> under the current directory.
 std::string default_model_path();
 
-struct Engine {
+struct Model {
   std::unique_ptr<model::GgufFile> file;
   std::unique_ptr<model::Tokenizer> tokenizer;
   std::unique_ptr<model::LlamaModel> model;
 
   // Throws std::runtime_error with a clear message when the file is missing or unusable.
-  static Engine load(const std::string& path);
+  static Model load(const std::string& path);
 
   // The prompt's token ids: the text as is, or wrapped as one user turn of the chat template.
   std::vector<std::int32_t> prompt_tokens(const std::string& text, bool chat) const;
   std::vector<std::int32_t> stop_tokens() const;
 };
 
-}  // namespace witcert::apps
+}  // namespace witcert::engine

@@ -1,0 +1,72 @@
+// What a request runs with, as typed values: parsed once where the user gives them (the command
+// line, a JSON body) and validated here, in one place; nothing below compares option strings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cache/backing_tier.h"
+#include "cache/kv_store.h"
+#include "cert/meter.h"
+#include "gate/policy.h"
+#include "model/sampler.h"
+#include "quant/kv_format.h"
+
+namespace witcert::engine {
+
+// The KV cache: the plain exact cache, or the certified cache with its formats, meter and gate.
+struct CacheOptions {
+  bool certified = false;  // false: the plain exact fp16 cache (no meter); everything below is ignored
+  quant::KvFormat k_format, v_format;
+  int page_size = 16;
+  int outliers = 4;  // m, dither-int8 keys
+  cache::DitherMode dither = cache::DitherMode::shared_prompt;
+  std::uint64_t dither_seed = 0x5EED;
+  double delta = 1e-2;  // δ_req of Tier B
+  cert::BoundShape bound = cert::BoundShape::min;
+  gate::Policy gate;
+  bool check_soundness = false;
+  cache::BackingPlace backing;  // where the exact tier lives when the gate or the check keeps one
+
+  // Throws std::invalid_argument naming the setting: page size not in [1, 4096], outliers not in
+  // [0, 31], δ not in (0, 1), an impossible τ_K or τ_V, a named backing file nothing reads.
+  void validate() const;
+  // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
+  // bound, gate (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
+  // ("ram" or "file"). Unknown keys, wrong types and bad values throw std::invalid_argument.
+  static CacheOptions from_json(const nlohmann::json& j);
+};
+
+// One request: the prompt, the token budget, sampling, and how its meter is summarised.
+struct RequestOptions {
+  std::string prompt;
+  bool chat = false;  // wrap the prompt as a user turn of the chat template
+  int max_new_tokens = 128;
+  model::SamplerConfig sampler;
+  double coverage_tau = 0.2;  // τ_K of the coverage figures
+  double coverage_tau_v = 0.05;  // τ_V of the coverage figures
+  int stride = 1;             // telemetry: keep the cells of every stride-th decode step
+
+  // Throws std::invalid_argument: an empty prompt, a budget outside [0, 1e6], a temperature not
+  // finite and ≥ 0, top_p ∉ (0, 1], a coverage τ ∉ (0, 1], τ_V not finite and > 0, stride < 1.
+  void validate() const;
+  // Keys: prompt (required), chat, max_tokens, temperature, top_p, seed, coverage_tau,
+  // coverage_tau_v, stride; as CacheOptions::from_json for anything else.
+  static RequestOptions from_json(const nlohmann::json& j);
+};
+
+// The engine: the model, its threads and its cache.
+struct EngineOptions {
+  std::string model;  // GGUF path; "" → default_model_path()
+  int threads = 2;
+  CacheOptions cache;
+
+  // Throws std::invalid_argument for threads ∉ [1, 256] or a bad cache setting.
+  void validate() const;
+  // Keys: model, threads, cache (an object for CacheOptions::from_json).
+  static EngineOptions from_json(const nlohmann::json& j);
+};
+
+}  // namespace witcert::engine
