@@ -2,8 +2,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "apps/commands.h"
-#include "apps/run.h"
+#include "apps/cli/commands.h"
 
 namespace witcert::apps {
 

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <iostream>
 
-#include "apps/commands.h"
-#include "apps/run.h"
+#include "apps/cli/commands.h"
+#include "apps/report/run.h"
 
 namespace witcert::apps {
 namespace {

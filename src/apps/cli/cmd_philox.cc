@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "apps/commands.h"
+#include "apps/cli/commands.h"
 #include "quant/philox.h"
 
 namespace witcert::apps {

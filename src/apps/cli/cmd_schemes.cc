@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "apps/commands.h"
+#include "apps/cli/commands.h"
 #include "base/fp16.h"
 #include "cache/kv_store.h"
 #include "quant/schemes.h"

@@ -1,5 +1,5 @@
 // `witcert run` and the demo: one request under a KV-cache format, optionally gated, compared
-// with an fp16 run of the same tokens (paper §6.3.4, §6.3.9).
+// with an fp16 run of the same tokens (paper §6.3.4, §6.3.9), and its table and report.
 #pragma once
 
 #include <cstdint>
@@ -40,12 +40,6 @@ struct RunOutcome {
   double kv_bytes_per_token = 0.0;
   double seconds = 0.0;
 };
-
-// Where the exact tier lives, from the command line: `file` "" → a private temporary file (or RAM
-// when exact_tier is "ram"). Throws std::invalid_argument when a named file would be useless (no
-// gate or soundness check reads the tier: `needed` false) or is the model itself.
-cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
-                                  const std::string& model_path, bool needed);
 
 using engine::Progress;
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <ostream>
 
-#include "apps/commands.h"
+#include "apps/cli/commands.h"
 #include "cert/meter.h"
 #include "quant/philox.h"
 

@@ -1,4 +1,4 @@
-#include "apps/run.h"
+#include "apps/report/run.h"
 
 #include <fmt/format.h>
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "apps/commands.h"
-#include "apps/run.h"
+#include "apps/cli/commands.h"
+#include "apps/report/run.h"
 #include "attn/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/model.h"

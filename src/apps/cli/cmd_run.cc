@@ -4,8 +4,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "apps/commands.h"
-#include "apps/run.h"
+#include "apps/cli/commands.h"
+#include "apps/report/run.h"
 
 namespace witcert::apps {
 

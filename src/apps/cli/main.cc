@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "apps/commands.h"
+#include "apps/cli/commands.h"
 #include "cache/kv_store.h"
 
 namespace {

@@ -53,6 +53,12 @@ struct CacheFlags {
   std::string exact_tier = "file";      // where an unnamed exact tier lives: "file" (private temp dir) or "ram"
 };
 
+// Where the exact tier lives, from the command line: `file` "" → a private temporary file (or RAM
+// when exact_tier is "ram"). Throws std::invalid_argument when a named file would be useless (no
+// gate or soundness check reads the tier: `needed` false) or is the model itself.
+cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
+                                  const std::string& model_path, bool needed);
+
 // The cache options of `flags` with keys in `kv` (a run of --scheme-sweep names its own) and the
 // exact tier placed away from the model file. Throws std::invalid_argument for an unknown format,
 // mode or shape and for settings CacheOptions::validate rejects.

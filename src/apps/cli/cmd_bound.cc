@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "apps/commands.h"
+#include "apps/cli/commands.h"
 #include "cert/meter.h"
 
 namespace witcert::apps {
