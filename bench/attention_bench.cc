@@ -1,7 +1,7 @@
 // Decode attention of one KV head's GQA group over S cached tokens (one thread), per cache format:
 // fp16 through the exact path (exact_attention_group, what CertifiedKvCache runs; its scalar
 // oracle exact_attention) and through the fast kernel, rtn-int8, q8_0 (Tier A) and dither-int8 with
-// per-slot and shared-page dither (Tier B), each with the meter on and off (attend_range_fast's
+// per-slot and shared-page dither (Tier B), each with the meter on and off (kernel::attend_range's
 // switch). Counters: GB/s of cache bytes read (K + V as measured from the KvStore allocations:
 // payload and meter metadata), B/tok/head (K + V) and the KV capacity at equal memory relative to
 // fp16. BM_StreamRead measures the machine's read bandwidth from cache-resident to DRAM-sized sets.
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "attn/certified_attention.h"
-#include "attn/certified_attention_fast.h"
+#include "kernel/attend.h"
 #include "attn/exact_attention_fast.h"
 #include "attn/exact_cache.h"
 #include "cache/kv_store.h"
@@ -46,7 +46,7 @@ namespace witcert::attn {
 namespace {
 
 enum class Path {
-  fast,          // attend_range_fast
+  fast,          // kernel::attend_range
   exact_group,   // exact_attention_group: what CertifiedKvCache runs for fp16
   exact_scalar,  // exact_attention per query head: the scalar oracle (ExactKvCache)
 };
@@ -158,8 +158,9 @@ void decode_call(const Variant& v, cache::KvStore& store, std::int64_t streams, 
           &q[h * d], [&](std::int64_t t) { return reader.exact_key_row(t); },
           [&](std::int64_t t) { return reader.exact_value_row(t); }, S, d, &out[h * d]);
   } else {
+    static kernel::Workspace work;  // reused, as the cache's per-thread workspace is
     std::vector<HeadPartial> partials(group);
-    attend_range_fast(reader, q.data(), group, d, 0, S, ctx, partials, v.meter);
+    kernel::attend_range(work, reader, q.data(), group, d, 0, S, ctx, partials, v.meter);
     for (int h = 0; h < group; ++h) finish(partials[h], d, &out[h * d]);
   }
   benchmark::DoNotOptimize(out.data());

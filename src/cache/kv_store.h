@@ -137,7 +137,7 @@ class KvStore {
     const std::uint8_t* outlier_mask() const;  // dither-int8 keys: 1 on the m outlier pairs
     int non_outlier_channels() const;
 
-    // Raw views for the fast attention kernel (attn/certified_attention_fast.cc), which decodes a
+    // Raw views for the fast attention kernel (src/kernel/), which decodes a
     // page at a time. The slots of one page are consecutive, so every per-slot array of a page is
     // one run starting at the page's first slot: row i of a view belongs to position begin + i.
     struct RawSide {

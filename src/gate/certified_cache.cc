@@ -7,16 +7,22 @@
 #include <vector>
 
 #include "attn/certified_attention.h"
-#include "attn/certified_attention_fast.h"
 #include "attn/exact_attention_fast.h"
 #include "cert/subgaussian.h"
 #include "gate/repair_plan.h"
+#include "kernel/attend.h"
 
 namespace witcert::gate {
 
 using attn::HeadPartial;
 using attn::HeadResult;
 namespace {
+
+// The kernel's buffers: one per thread, since attend runs on several threads at once.
+kernel::Workspace& workspace() {
+  thread_local kernel::Workspace work;
+  return work;
+}
 
 // The store's settings with the exact tier kept where the gate or the soundness check reads it.
 cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opts) {
@@ -96,7 +102,7 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
     const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
     if (b >= e) continue;
     part.assign(group, HeadPartial{});
-    attn::attend_range_fast(reader, q, group, d, b, e, ctx, part);
+    kernel::attend_range(workspace(), reader, q, group, d, b, e, ctx, part);
     for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
   }
   finish_group(reader, q, n_ctx, g);
@@ -187,12 +193,12 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
   for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
   const attn::BoundContext ctx = context(pos0 + n);
   std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
-  if (pos0 > 0) attn::attend_range_fast(reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
+  if (pos0 > 0) kernel::attend_range(workspace(), reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
   std::vector<MeterCell> local;
   for (std::int64_t i = 0; i < n; ++i) {
     // The causal tail [pos0, pos0 + i] is this query's own.
     tail.assign(group, HeadPartial{});
-    attn::attend_range_fast(reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
+    kernel::attend_range(workspace(), reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
     Group g;
     g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
     for (int h = 0; h < group; ++h) g.partials[h].merge(tail[h]);

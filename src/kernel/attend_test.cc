@@ -1,4 +1,4 @@
-#include "attn/certified_attention_fast.h"
+#include "kernel/attend.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -7,6 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -17,8 +19,31 @@
 #include "cert/subgaussian.h"
 #include "quant/schemes.h"
 
-namespace witcert::attn {
+// Every allocation of this test binary passes here, so that a test can count those a call makes
+// on its own thread (NoAllocationsOnceWarm).
 namespace {
+thread_local long allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  ++allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+// GCC takes the free below for a mismatch with the operator new it pairs with; it is this new's.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+namespace witcert::kernel {
+namespace {
+
+using namespace witcert::attn;
 
 // Runs fn once per SIMD target compiled in and supported by this CPU, each forced in turn.
 template <class Fn>
@@ -105,6 +130,14 @@ struct Store {
 
 using RangeKernel = void (*)(cache::KvStore::Reader&, const float*, int, int, std::int64_t, std::int64_t,
                              const BoundContext&, std::vector<HeadPartial>&, bool);
+
+// The kernel with one workspace for the whole test binary: every test also checks that a
+// workspace left by calls of other formats and sizes serves the next call as a fresh one would.
+void attend_range_fast(cache::KvStore::Reader& r, const float* q, int group, int d, std::int64_t b, std::int64_t e,
+                       const BoundContext& ctx, std::vector<HeadPartial>& p, bool meter) {
+  static Workspace work;
+  attend_range(work, r, q, group, d, b, e, ctx, p, meter);
+}
 
 void reference_kernel(cache::KvStore::Reader& r, const float* q, int group, int d, std::int64_t b, std::int64_t e,
                       const BoundContext& ctx, std::vector<HeadPartial>& p, bool) {
@@ -461,5 +494,54 @@ TEST(CertifiedFast, HoistedRadiusIsTheSubgaussianRadius) {
         }
 }
 
+// Whether the registry scheme `name` allocates to decode a token on either side (dither-int8: no
+// scheme).
+bool decode_allocates(const std::string& name) {
+  if (name == cache::kDitherInt8) return false;
+  for (const quant::KvSide side : {quant::KvSide::key, quant::KvSide::value}) {
+    const quant::KvScheme& scheme = quant::kv_scheme(name, side);
+    const int d = 64;
+    std::vector<float> x(static_cast<std::size_t>(scheme.tokens_per_block()) * d, 0.5f), out(x.size());
+    std::vector<std::uint8_t> packed(scheme.block_bytes(d));
+    scheme.encode(x.data(), d, packed.data());
+    const long before = allocations;
+    scheme.decode(packed.data(), d, out.data());
+    if (allocations != before) return true;
+  }
+  return false;
+}
+
+// The workspace is the kernel's only memory: once it and the partials have served a call, calls of
+// any format (double and float paths, per-token and group schemes), meter on or off, on every
+// SIMD target, allocate nothing.
+TEST(CertifiedFast, NoAllocationsOnceWarm) {
+  const int d = 64, group = 3;
+  const std::int64_t n = 300;
+  for (const Format& f : all_formats()) {
+    // Some research schemes' black-box decoders allocate inside quant::KvScheme::decode: not the
+    // kernel's allocations, so the formats that use one are left out.
+    if (decode_allocates(f.k) || decode_allocates(f.v)) continue;
+    Store s(f, d, n, 16, 5);
+    cache::KvStore::Reader r(s.store, 0, 0);
+    std::vector<float> q(group * d);
+    for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
+    const BoundContext ctx{0.125, n, 1e-6};
+    for_each_target([&](std::int64_t) {
+      Workspace work;
+      std::vector<HeadPartial> partials;
+      for (bool meter : {true, false}) {
+        attend_range(work, r, q.data(), group, d, 0, n, ctx, partials, meter);  // grows work and partials
+        for (const auto& [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {17, 250}, {n - 1, n}}) {
+          const HeadPartial fresh;
+          for (HeadPartial& p : partials) p = fresh;  // a copy keeps each acc's capacity
+          const long before = allocations;
+          attend_range(work, r, q.data(), group, d, b, e, ctx, partials, meter);
+          EXPECT_EQ(allocations - before, 0) << f.name() << " meter " << meter << " [" << b << ", " << e << ")";
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::kernel

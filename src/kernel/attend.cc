@@ -1,0 +1,78 @@
+#include "kernel/attend.h"
+
+#include <algorithm>
+#include <vector>
+
+// The kernel keeps small arrays of vectors, which sizeless vector types (SVE, RVV) do not allow.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernel/attend.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernel/keys-inl.h"
+#include "kernel/softmax-inl.h"
+#include "kernel/values-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace witcert::kernel {
+namespace HWY_NAMESPACE {
+
+void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, float* xi, int d) {
+  std::vector<std::uint32_t> words(static_cast<std::size_t>(d) + 4 * hn::MaxLanes(hn::ScalableTag<std::uint32_t>()));
+  std::vector<float> out(words.size());
+  DitherRow(stream, counter, d, out.data(), words.data());
+  std::copy_n(out.begin(), d, xi);
+}
+
+// One driver per pair of key and value formats, chosen once per call.
+template <class Keys, class Values>
+void AttendWith(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
+         std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials, bool meter) {
+  Attention<Keys, Values>(work, reader, q, group, head_dim, ctx, meter).Run(begin, end, partials);
+}
+
+template <class Keys>
+void AttendWithKeys(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+             std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
+             bool meter) {
+  if (reader.kind(quant::KvSide::value) == cache::FormatKind::dither_int8)
+    AttendWith<Keys, DitherInt8Values>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  else
+    AttendWith<Keys, DecodedValues>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+void AttendRange(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                 std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
+                 bool meter) {
+  if (reader.kind(quant::KvSide::key) == cache::FormatKind::dither_int8)
+    AttendWithKeys<DitherInt8Keys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  else
+    AttendWithKeys<DecodedKeys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace witcert::kernel
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace witcert::kernel {
+
+HWY_EXPORT(AttendRange);
+HWY_EXPORT(DitherValuesFast);
+
+void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
+                  std::int64_t begin, std::int64_t end, const attn::BoundContext& ctx,
+                  std::vector<attn::HeadPartial>& partials, bool meter) {
+  HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {
+  HWY_DYNAMIC_DISPATCH(DitherValuesFast)(stream, counter, xi.data(), static_cast<int>(xi.size()));
+}
+
+}  // namespace witcert::kernel
+#endif  // HWY_ONCE
