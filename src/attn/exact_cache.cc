@@ -10,22 +10,40 @@
 
 namespace witcert::attn {
 
-ExactKvCache::ExactKvCache(const KvGeometry& g) : g_(g) {
+namespace {
+
+std::int64_t checked_pages(const KvGeometry& g, int page_size) {
   if (g.layers <= 0 || g.kv_heads <= 0 || g.head_dim <= 0 || g.capacity <= 0)
     throw std::invalid_argument("KV cache geometry must be positive");
-  const std::size_t n = static_cast<std::size_t>(g.layers) * g.kv_heads * g.capacity * g.head_dim;
+  if (page_size <= 0) throw std::invalid_argument("page size must be positive, got " + std::to_string(page_size));
+  return (g.capacity + page_size - 1) / page_size;
+}
+
+}  // namespace
+
+ExactKvCache::ExactKvCache(const KvGeometry& g, int page_size)
+    : g_(g), pool_(checked_pages(g, page_size), page_size), table_(pool_) {
+  const std::size_t n = static_cast<std::size_t>(g.layers) * g.kv_heads * pool_.pages() * page_size * g.head_dim;
   k_.assign(n, 0);
   v_.assign(n, 0);
 }
 
+ExactKvCache::ExactKvCache(const ExactKvCache& other)
+    : KvCache(other), g_(other.g_), pool_(other.pool_), table_(other.table_, pool_), k_(other.k_), v_(other.v_) {}
+
 std::size_t ExactKvCache::index(int layer, int kv_head, std::int64_t pos) const {
-  return ((static_cast<std::size_t>(layer) * g_.kv_heads + kv_head) * g_.capacity + pos) * g_.head_dim;
+  const std::size_t slots = static_cast<std::size_t>(pool_.pages()) * pool_.page_size();
+  return ((static_cast<std::size_t>(layer) * g_.kv_heads + kv_head) * slots + table_.slot(pos)) * g_.head_dim;
 }
 
 void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
   if (pos < 0 || pos >= g_.capacity)
     throw std::out_of_range("KV cache position " + std::to_string(pos) + " outside capacity " +
                             std::to_string(g_.capacity));
+  if (layer < 0 || layer >= g_.layers || kv_head < 0 || kv_head >= g_.kv_heads)
+    throw std::out_of_range("KV cache: no stream for layer " + std::to_string(layer) + ", KV head " +
+                            std::to_string(kv_head));
+  if (pos >= table_.positions_mapped()) table_.slot_for_write(pos);  // throws when a page is skipped
   f16* kd = &k_[index(layer, kv_head, pos)];
   f16* vd = &v_[index(layer, kv_head, pos)];
   for (int i = 0; i < g_.head_dim; ++i) {

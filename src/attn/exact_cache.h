@@ -1,6 +1,6 @@
-// The exact KV cache: keys and values stored as the fp16 values the model produced, with a
-// plain softmax attention over them. This is the reference every compressed format is
-// measured against.
+// The exact KV cache: keys and values stored as the fp16 values the model produced, in pages of a
+// pool as the certified cache keeps them, with a plain softmax attention over them. This is the
+// reference every compressed format is measured against.
 #pragma once
 
 #include <algorithm>
@@ -10,12 +10,16 @@
 
 #include "attn/kv_cache.h"
 #include "base/fp16.h"
+#include "cache/page_pool.h"
 
 namespace witcert::attn {
 
 class ExactKvCache final : public KvCache {
  public:
-  explicit ExactKvCache(const KvGeometry& g);
+  explicit ExactKvCache(const KvGeometry& g, int page_size = 16);
+  // A copy of the positions written so far, with its own pages (a prefilled prompt reused).
+  ExactKvCache(const ExactKvCache& other);
+  ExactKvCache& operator=(const ExactKvCache&) = delete;
 
   const KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
@@ -23,9 +27,9 @@ class ExactKvCache final : public KvCache {
   // The run's n·group queries in one pass over the rows, each bit for bit its own attend.
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
                      std::int64_t n, float* out, std::int64_t out_stride) override;
-  void clear() override {}
+  void clear() override { table_.clear(); }
 
-  // The stored key / value of one position (head_dim fp16 values).
+  // The stored key / value of one written position (head_dim fp16 values).
   const f16* key(int layer, int kv_head, std::int64_t pos) const { return &k_[index(layer, kv_head, pos)]; }
   const f16* value(int layer, int kv_head, std::int64_t pos) const { return &v_[index(layer, kv_head, pos)]; }
 
@@ -40,7 +44,9 @@ class ExactKvCache final : public KvCache {
   Rows rows(int layer, int kv_head, std::int64_t n) const;
 
   KvGeometry g_;
-  std::vector<f16> k_, v_;
+  cache::PagePool pool_;
+  cache::PageTable table_;
+  std::vector<f16> k_, v_;  // [layer][KV head][slot][head_dim]
 };
 
 // softmax(sm · q·kᵀ)·V for one query over n_ctx fp16 keys and values; key_row(t) and

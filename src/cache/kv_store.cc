@@ -27,7 +27,7 @@ double dither_value_rho(const f16* scales, int groups) {
 
 }  // namespace
 
-std::size_t KvStore::Side::bytes() const {
+std::size_t KvPool::Side::bytes() const {
   return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16) +
          norm_max.size() * sizeof(float) + rows.size() * sizeof(f16);
 }
@@ -41,40 +41,57 @@ double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int
   return std::sqrt(norm2) + dither_value_rho(scales, groups);
 }
 
-KvStore::KvStore(const CacheConfig& cfg)
+KvPool::KvPool(const CacheConfig& cfg)
     : cfg_(cfg),
       bands_(cfg.head_dim, cfg.bands, cfg.rope_layout),
-      pool_((cfg.capacity + cfg.page_size - 1) / std::max(1, cfg.page_size), cfg.page_size, cfg.shuffle_pages),
-      table_(pool_) {
+      pages_((cfg.capacity + cfg.page_size - 1) / std::max(1, cfg.page_size), cfg.page_size, cfg.shuffle_pages) {
   if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
     throw config_error("layers, KV heads, head dimension and capacity must be positive");
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   if (cfg.exact_tier) exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing);
+  init_side(k_, cfg.k_format, quant::KvSide::key);
+  init_side(v_, cfg.v_format, quant::KvSide::value);
+  if (exact_) return;
+  for (Side* sd : {&k_, &v_})
+    if (sd->kind == FormatKind::exact) sd->rows.assign(streams * slots() * cfg.head_dim, 0);
+}
+
+SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
+  const CacheConfig& cfg = pool.cfg_;
+  const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   outlier_mask_.assign(streams * cfg.head_dim, 0);
   outliers_fixed_.assign(streams, 0);
   written_.assign(streams, 0);
   logical_pages_ = (cfg.capacity + cfg.page_size - 1) / cfg.page_size;
   promoted_ = std::make_unique<std::atomic<std::uint8_t>[]>(streams * logical_pages_);
-  init_side(k_, cfg.k_format, quant::KvSide::key);
-  init_side(v_, cfg.v_format, quant::KvSide::value);
-  if (exact_) return;
+  for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
+    if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
+      side->groups.assign(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes, 0);
+  if (pool.exact_) return;
   // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
   // dither-int8 keys before calibration, one row otherwise; whole pages, so that a page's rows
   // follow one another.
   std::int64_t unencoded = 1;
-  for (const Side* sd : {&k_, &v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
-  if (k_.kind == FormatKind::dither_int8) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
+  for (const KvPool::Side* sd : {&pool.k_, &pool.v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
+  if (pool.k_.kind == FormatKind::dither_int8) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
   ring_ = (unencoded + cfg.page_size - 1) / cfg.page_size * cfg.page_size;
-  for (Side* sd : {&k_, &v_}) {
-    const std::size_t per_stream = sd->kind == FormatKind::exact ? slots() : static_cast<std::size_t>(ring_);
-    sd->rows.assign(streams * per_stream * cfg.head_dim, 0);
-  }
+  for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
+    if (pool_side->kind != FormatKind::exact) side->ring.assign(streams * ring_ * cfg.head_dim, 0);
 }
 
-std::size_t KvStore::exact_index(const Side& side, std::size_t st, std::int64_t pos) const {
-  if (exact_ || side.kind == FormatKind::exact) return st * slots() + table_.slot(pos);
-  return st * ring_ + static_cast<std::size_t>(pos % ring_);
+void SequenceState::clear() {
+  const std::size_t streams = written_.size();
+  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
+  page_ins_ = 0;
+  page_in_bytes_ = 0;
+  prompt_length_ = 0;
+  table_.clear();
+  std::fill(written_.begin(), written_.end(), 0);
+  std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
+  std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
 }
+
+KvStore::KvStore(const CacheConfig& cfg) : pool_(cfg), seq_(pool_) {}
 
 f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) {
   return const_cast<f16*>(std::as_const(*this).exact_row(which, st, pos));
@@ -82,23 +99,25 @@ f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) {
 
 const f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const {
   const bool key = which == quant::KvSide::key;
-  const Side& side = key ? k_ : v_;
-  const std::size_t row = exact_index(side, st, pos);
-  if (exact_) return key ? exact_->key_row(row) : exact_->value_row(row);
-  return &side.rows[row * cfg_.head_dim];
+  const std::size_t d = static_cast<std::size_t>(cfg().head_dim);
+  const std::size_t slot_row = st * slots() + static_cast<std::size_t>(seq_.table_.slot(pos));
+  if (pool_.exact_) return key ? pool_.exact_->key_row(slot_row) : pool_.exact_->value_row(slot_row);
+  const Side& side = key ? pool_.k_ : pool_.v_;
+  if (side.kind == FormatKind::exact) return &side.rows[slot_row * d];
+  return &seq_side(which).ring[(st * seq_.ring_ + static_cast<std::size_t>(pos % seq_.ring_)) * d];
 }
 
 bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
   const std::size_t st = stream(layer, kv_head);
-  const std::int64_t k_end = packed_prefix(k_, quant::KvSide::key, st),
-                     v_end = packed_prefix(v_, quant::KvSide::value, st);
+  const std::int64_t k_end = packed_prefix(pool_.k_, quant::KvSide::key, st),
+                     v_end = packed_prefix(pool_.v_, quant::KvSide::value, st);
   const std::int64_t packed = std::min(n_ctx, std::max(k_end, v_end));
-  for (std::int64_t pos = 0; pos < packed; pos += cfg_.page_size)
+  for (std::int64_t pos = 0; pos < packed; pos += cfg().page_size)
     if (!page_promoted(st, pos)) return false;
   return true;
 }
 
-void KvStore::init_side(Side& side, const quant::KvFormat& format, quant::KvSide which) {
+void KvPool::init_side(Side& side, const quant::KvFormat& format, quant::KvSide which) {
   const std::size_t streams = static_cast<std::size_t>(cfg_.layers) * cfg_.kv_heads;
   const int d = cfg_.head_dim;
   const bool key = which == quant::KvSide::key;
@@ -116,7 +135,7 @@ void KvStore::init_side(Side& side, const quant::KvFormat& format, quant::KvSide
     side.meta_per_token = d / kDitherGroup;
     side.meta.assign(streams * slots() * side.meta_per_token, 0);
     if (key) side.outlier_values.assign(streams * slots() * 2 * cfg_.outlier_pairs, 0);
-    if (!key) side.norm_max.assign(streams * pool_.pages(), 0.0f);
+    if (!key) side.norm_max.assign(streams * pages_.pages(), 0.0f);
     return;
   }
   side.kind = FormatKind::scheme;
@@ -124,35 +143,24 @@ void KvStore::init_side(Side& side, const quant::KvFormat& format, quant::KvSide
   side.scheme->check_head_dim(d);
   side.T = side.scheme->tokens_per_block();
   side.block_bytes = side.scheme->block_bytes(d);
-  const std::size_t blocks = side.T == 1 ? slots() : static_cast<std::size_t>((cfg_.capacity + side.T - 1) / side.T);
-  side.packed.assign(streams * blocks * side.block_bytes, 0);
+  if (side.T == 1) side.packed.assign(streams * slots() * side.block_bytes, 0);  // group blocks follow the sequence
   side.meta_per_token = key ? cfg_.bands : 1;  // Tier-A witness, or ρ_t
   side.meta.assign(streams * slots() * side.meta_per_token, 0);
 }
 
-void KvStore::clear() {
-  const std::size_t streams = static_cast<std::size_t>(cfg_.layers) * cfg_.kv_heads;
-  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
-  page_ins_ = 0;
-  page_in_bytes_ = 0;
-  prompt_length_ = 0;
-  table_.clear();
-  std::fill(written_.begin(), written_.end(), 0);
-  std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
-  std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
-}
+void KvStore::clear() { seq_.clear(); }
 
 std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
   // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
-  if (shared_dither(pos)) return static_cast<std::uint32_t>(table_.page_of(pos)) | 0x80000000u;
-  return static_cast<std::uint32_t>(table_.slot(pos));
+  if (shared_dither(pos)) return static_cast<std::uint32_t>(seq_.table_.page_of(pos)) | 0x80000000u;
+  return static_cast<std::uint32_t>(seq_.table_.slot(pos));
 }
 
 void KvStore::set_prompt_length(std::int64_t n) {
   if (n < 0) throw std::invalid_argument("the prompt length is negative");
-  if (std::any_of(written_.begin(), written_.end(), [](std::int64_t w) { return w > 0; }))
+  if (std::any_of(seq_.written_.begin(), seq_.written_.end(), [](std::int64_t w) { return w > 0; }))
     throw std::logic_error("the prompt length is set before anything is written to the cache");
-  prompt_length_ = n;
+  seq_.prompt_length_ = n;
 }
 
 const char* dither_mode_name(DitherMode mode) {
@@ -171,19 +179,19 @@ DitherMode parse_dither_mode(const std::string& name) {
 }
 
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
-  if (!exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
+  if (!pool_.exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
   std::uint8_t expected = 0;
-  if (!promoted_[stream(layer, kv_head) * logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
+  if (!seq_.promoted_[stream(layer, kv_head) * seq_.logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
     return false;
-  const std::int64_t first = logical_page * cfg_.page_size;
-  const std::int64_t tokens = std::clamp<std::int64_t>(written_[stream(layer, kv_head)] - first, 0, cfg_.page_size);
-  page_ins_ += 1;
-  page_in_bytes_ += tokens * cfg_.head_dim * 2 * static_cast<std::int64_t>(sizeof(f16));
+  const std::int64_t first = logical_page * cfg().page_size;
+  const std::int64_t tokens = std::clamp<std::int64_t>(seq_.written_[stream(layer, kv_head)] - first, 0, cfg().page_size);
+  seq_.page_ins_ += 1;
+  seq_.page_in_bytes_ += tokens * cfg().head_dim * 2 * static_cast<std::int64_t>(sizeof(f16));
   return true;
 }
 
 bool KvStore::promoted(int layer, int kv_head, std::int64_t logical_page) const {
-  return page_promoted(stream(layer, kv_head), logical_page * cfg_.page_size);
+  return page_promoted(stream(layer, kv_head), logical_page * cfg().page_size);
 }
 
 std::int64_t KvStore::packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const {
@@ -191,75 +199,75 @@ std::int64_t KvStore::packed_prefix(const Side& side, quant::KvSide which, std::
     case FormatKind::exact:
       return 0;
     case FormatKind::scheme:
-      return written_[st] / side.T * side.T;  // whole blocks only
+      return seq_.written_[st] / side.T * side.T;  // whole blocks only
     case FormatKind::dither_int8:
-      return which == quant::KvSide::value || outliers_fixed_[st] ? written_[st] : 0;
+      return which == quant::KvSide::value || seq_.outliers_fixed_[st] ? seq_.written_[st] : 0;
   }
   return 0;
 }
 
 void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
-  if (layer < 0 || layer >= cfg_.layers || kv_head < 0 || kv_head >= cfg_.kv_heads)
+  if (layer < 0 || layer >= cfg().layers || kv_head < 0 || kv_head >= cfg().kv_heads)
     throw std::out_of_range("KV cache: no stream for layer " + std::to_string(layer) + ", KV head " +
                             std::to_string(kv_head));
-  if (pos < 0 || pos >= cfg_.capacity)
+  if (pos < 0 || pos >= cfg().capacity)
     throw std::out_of_range("KV cache: position " + std::to_string(pos) + " outside the capacity of " +
-                            std::to_string(cfg_.capacity));
+                            std::to_string(cfg().capacity));
   const std::size_t st = stream(layer, kv_head);
-  if (pos != written_[st])
+  if (pos != seq_.written_[st])
     throw std::invalid_argument("KV cache: position " + std::to_string(pos) + " written out of order (expected " +
-                                std::to_string(written_[st]) + ")");
-  if (pos >= table_.positions_mapped()) table_.slot_for_write(pos);
-  const int d = cfg_.head_dim;
+                                std::to_string(seq_.written_[st]) + ")");
+  if (pos >= seq_.table_.positions_mapped()) seq_.table_.slot_for_write(pos);
+  const int d = cfg().head_dim;
   f16* ek = exact_row(quant::KvSide::key, st, pos);
   f16* ev = exact_row(quant::KvSide::value, st, pos);
   for (int i = 0; i < d; ++i) {
     ek[i] = fp16_from_float(k[i]);  // the backing tier (or the side's rows), written on every write
     ev[i] = fp16_from_float(v[i]);
   }
-  written_[st] = pos + 1;
+  seq_.written_[st] = pos + 1;
 
-  if (k_.kind == FormatKind::dither_int8 && !outliers_fixed_[st]) {
-    if (pos + 1 >= cfg_.calibration_tokens) fix_outliers(st);  // encodes [0, pos]
-  } else if (k_.kind == FormatKind::scheme && k_.T > 1) {
-    if ((pos + 1) % k_.T == 0) encode_group(k_, quant::KvSide::key, st, pos / k_.T);
-  } else if (k_.kind != FormatKind::exact) {
-    encode_token(k_, quant::KvSide::key, st, pos);
+  if (pool_.k_.kind == FormatKind::dither_int8 && !seq_.outliers_fixed_[st]) {
+    if (pos + 1 >= cfg().calibration_tokens) fix_outliers(st);  // encodes [0, pos]
+  } else if (pool_.k_.kind == FormatKind::scheme && pool_.k_.T > 1) {
+    if ((pos + 1) % pool_.k_.T == 0) encode_group(pool_.k_, quant::KvSide::key, st, pos / pool_.k_.T);
+  } else if (pool_.k_.kind != FormatKind::exact) {
+    encode_token(pool_.k_, quant::KvSide::key, st, pos);
   }
-  if (v_.kind == FormatKind::scheme && v_.T > 1) {
-    if ((pos + 1) % v_.T == 0) encode_group(v_, quant::KvSide::value, st, pos / v_.T);
-  } else if (v_.kind != FormatKind::exact) {
-    encode_token(v_, quant::KvSide::value, st, pos);
+  if (pool_.v_.kind == FormatKind::scheme && pool_.v_.T > 1) {
+    if ((pos + 1) % pool_.v_.T == 0) encode_group(pool_.v_, quant::KvSide::value, st, pos / pool_.v_.T);
+  } else if (pool_.v_.kind != FormatKind::exact) {
+    encode_token(pool_.v_, quant::KvSide::value, st, pos);
   }
 }
 
 void KvStore::fix_outliers(std::size_t st) {
-  const int d = cfg_.head_dim;
+  const int d = cfg().head_dim;
   // Pair energy Σ_t k_lo² + k_hi² over the tokens seen so far picks the m outlier pairs.
   std::vector<double> energy(d / 2, 0.0);
-  for (std::int64_t pos = 0; pos < written_[st]; ++pos) {
+  for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) {
     const f16* ek = exact_row(quant::KvSide::key, st, pos);
     for (int j = 0; j < d / 2; ++j) {
-      const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
+      const cert::RopePair p = cert::rope_pair(cfg().rope_layout, d, j);
       const double a = fp16_to_float(ek[p.lo]), b = fp16_to_float(ek[p.hi]);
       energy[j] += a * a + b * b;
     }
   }
-  std::uint8_t* mask = &outlier_mask_[st * d];
-  for (int m = 0; m < cfg_.outlier_pairs; ++m) {
+  std::uint8_t* mask = &seq_.outlier_mask_[st * d];
+  for (int m = 0; m < cfg().outlier_pairs; ++m) {
     const int j = static_cast<int>(std::max_element(energy.begin(), energy.end()) - energy.begin());
     energy[j] = -1.0;
-    const cert::RopePair p = cert::rope_pair(cfg_.rope_layout, d, j);
+    const cert::RopePair p = cert::rope_pair(cfg().rope_layout, d, j);
     mask[p.lo] = mask[p.hi] = 1;
   }
-  outliers_fixed_[st] = 1;
-  for (std::int64_t pos = 0; pos < written_[st]; ++pos) encode_token(k_, quant::KvSide::key, st, pos);
+  seq_.outliers_fixed_[st] = 1;
+  for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) encode_token(pool_.k_, quant::KvSide::key, st, pos);
 }
 
 void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) {
-  const int d = cfg_.head_dim;
+  const int d = cfg().head_dim;
   const bool key = which == quant::KvSide::key;
-  const std::int64_t slot = table_.slot(pos);
+  const std::int64_t slot = seq_.table_.slot(pos);
   const std::size_t at = st * slots() + slot;
   const f16* exact = exact_row(which, st, pos);
   std::vector<float> x(d), x_hat(d);
@@ -268,13 +276,13 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   if (side.kind == FormatKind::dither_int8) {
     std::vector<float> xi(d, 0.0f);  // values are rounded without dither: their bound is deterministic
     std::vector<std::uint8_t> no_outliers(d, 0);
-    const std::uint8_t* mask = key ? &outlier_mask_[st * d] : no_outliers.data();
+    const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : no_outliers.data();
     if (key) {
-      const quant::DitherStream stream{cfg_.seed, static_cast<std::uint32_t>(st / cfg_.kv_heads),
-                                       static_cast<std::uint32_t>(st % cfg_.kv_heads)};
+      const quant::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
+                                       static_cast<std::uint32_t>(st % cfg().kv_heads)};
       quant::dither_values(stream, dither_counter_slot(pos), xi);
     }
-    const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg_.outlier_pairs) : 0;
+    const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
     std::vector<std::int8_t> codes(d);
     quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
@@ -284,8 +292,8 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
       std::vector<std::int32_t> squares(side.meta_per_token, 0);
       for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
       const float bound = cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
-      float& page_max = side.norm_max[st * pool_.pages() + static_cast<std::size_t>(slot / cfg_.page_size)];
-      page_max = pos % cfg_.page_size == 0 ? bound : std::max(page_max, bound);
+      float& page_max = side.norm_max[st * pool_.pages() + static_cast<std::size_t>(slot / cfg().page_size)];
+      page_max = pos % cfg().page_size == 0 ? bound : std::max(page_max, bound);
     }
     return;
   }
@@ -294,7 +302,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   side.scheme->decode(packed, d, x_hat.data());
   f16* meta = &side.meta[at * side.meta_per_token];
   if (key) {
-    cert::tier_a_witness(bands_, x_hat, x, std::span<f16>(meta, cfg_.bands));
+    cert::tier_a_witness(pool_.bands_, x_hat, x, std::span<f16>(meta, cfg().bands));
   } else {
     double rho = 0.0;
     for (int i = 0; i < d; ++i) rho += (double(x_hat[i]) - x[i]) * (double(x_hat[i]) - x[i]);
@@ -303,22 +311,21 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
 }
 
 void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group) {
-  const int d = cfg_.head_dim, T = side.T;
+  const int d = cfg().head_dim, T = side.T;
   const bool key = which == quant::KvSide::key;
   std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
   for (int t = 0; t < T; ++t) {
     const f16* exact = exact_row(which, st, group * T + t);
     for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
   }
-  const std::size_t blocks = (cfg_.capacity + T - 1) / T;
-  std::uint8_t* packed = &side.packed[(st * blocks + group) * side.block_bytes];
+  std::uint8_t* packed = &seq_side(which).groups[(st * group_blocks(side) + group) * side.block_bytes];
   side.scheme->encode(x.data(), d, packed);
   side.scheme->decode(packed, d, x_hat.data());
   for (int t = 0; t < T; ++t) {
-    f16* meta = &side.meta[(st * slots() + table_.slot(group * T + t)) * side.meta_per_token];
+    f16* meta = &side.meta[(st * slots() + seq_.table_.slot(group * T + t)) * side.meta_per_token];
     const std::span<const float> xt(&x[t * d], d), ht(&x_hat[t * d], d);
     if (key) {
-      cert::tier_a_witness(bands_, ht, xt, std::span<f16>(meta, cfg_.bands));
+      cert::tier_a_witness(pool_.bands_, ht, xt, std::span<f16>(meta, cfg().bands));
     } else {
       double rho = 0.0;
       for (int i = 0; i < d; ++i) rho += (double(ht[i]) - xt[i]) * (double(ht[i]) - xt[i]);
@@ -328,29 +335,28 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
 }
 
 std::size_t KvStore::compressed_bytes() const {
-  std::size_t b = k_.bytes() + v_.bytes() + outlier_mask_.size();
-  if (exact_ && k_.kind == FormatKind::exact) b += exact_->bytes() / 2;  // fp16 is served from the tier itself
-  if (exact_ && v_.kind == FormatKind::exact) b += exact_->bytes() / 2;
+  std::size_t b = pool_.k_.bytes() + pool_.v_.bytes() + seq_.k_.bytes() + seq_.v_.bytes() + seq_.outlier_mask_.size();
+  if (pool_.exact_ && pool_.k_.kind == FormatKind::exact) b += pool_.exact_->bytes() / 2;  // fp16 is served from the tier itself
+  if (pool_.exact_ && pool_.v_.kind == FormatKind::exact) b += pool_.exact_->bytes() / 2;
   return b;
 }
 
-std::size_t KvStore::backing_bytes() const { return exact_ ? exact_->bytes() : 0; }
+std::size_t KvStore::backing_bytes() const { return pool_.exact_ ? pool_.exact_->bytes() : 0; }
 
 double KvStore::bytes_per_token_head(quant::KvSide side) const {
-  const Side& s = side == quant::KvSide::key ? k_ : v_;
-  const double tokens = static_cast<double>(cfg_.layers) * cfg_.kv_heads * static_cast<double>(slots());
-  if (s.kind == FormatKind::exact && exact_) return static_cast<double>(exact_->bytes()) / 2 / tokens;
-  double b = static_cast<double>(s.bytes());
-  // A packed side's ring is a fixed staging buffer per stream, not a cost per token.
-  if (s.kind != FormatKind::exact) b -= static_cast<double>(s.rows.size() * sizeof(f16));
-  if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += outlier_mask_.size();
+  const Side& s = side == quant::KvSide::key ? pool_.k_ : pool_.v_;
+  const double tokens = static_cast<double>(cfg().layers) * cfg().kv_heads * static_cast<double>(slots());
+  if (s.kind == FormatKind::exact && pool_.exact_) return static_cast<double>(pool_.exact_->bytes()) / 2 / tokens;
+  // The sequence's group blocks count; its ring is a fixed staging buffer per stream, not a cost per token.
+  double b = static_cast<double>(s.bytes() + seq_side(side).groups.size());
+  if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += seq_.outlier_mask_.size();
   return b / tokens;
 }
 
 // --- Reader ---
 
 KvStore::Reader::Reader(const KvStore& store, int layer, int kv_head)
-    : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg_.head_dim) {}
+    : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg().head_dim) {}
 
 const f16* KvStore::Reader::exact_key_row(std::int64_t pos) const {
   return s_.exact_row(quant::KvSide::key, stream_, pos);
@@ -362,29 +368,29 @@ const f16* KvStore::Reader::exact_value_row(std::int64_t pos) const {
 
 void KvStore::Reader::exact_key(std::int64_t pos, float* k) const {
   const f16* e = exact_key_row(pos);
-  for (int i = 0; i < s_.cfg_.head_dim; ++i) k[i] = fp16_to_float(e[i]);
+  for (int i = 0; i < s_.cfg().head_dim; ++i) k[i] = fp16_to_float(e[i]);
 }
 
 void KvStore::Reader::exact_value(std::int64_t pos, float* v) const {
   const f16* e = exact_value_row(pos);
-  for (int i = 0; i < s_.cfg_.head_dim; ++i) v[i] = fp16_to_float(e[i]);
+  for (int i = 0; i < s_.cfg().head_dim; ++i) v[i] = fp16_to_float(e[i]);
 }
 
-const std::uint8_t* KvStore::Reader::outlier_mask() const { return &s_.outlier_mask_[stream_ * s_.cfg_.head_dim]; }
+const std::uint8_t* KvStore::Reader::outlier_mask() const { return &s_.seq_.outlier_mask_[stream_ * s_.cfg().head_dim]; }
 
 int KvStore::Reader::non_outlier_channels() const {
   const std::uint8_t* m = outlier_mask();
-  return static_cast<int>(s_.cfg_.head_dim - std::count(m, m + s_.cfg_.head_dim, 1));
+  return static_cast<int>(s_.cfg().head_dim - std::count(m, m + s_.cfg().head_dim, 1));
 }
 
 KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
-  const int P = s_.cfg_.page_size, d = s_.cfg_.head_dim;
+  const int P = s_.cfg().page_size, d = s_.cfg().head_dim;
   RawPage r;
   r.begin = pos / P * P;
   r.end = r.begin + P;
-  const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.table_.page_of(pos)) * P;
-  r.page_counter = static_cast<std::uint32_t>(s_.table_.page_of(pos)) | 0x80000000u;
-  r.slot_counter = static_cast<std::uint32_t>(s_.table_.slot(r.begin));
+  const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos)) * P;
+  r.page_counter = static_cast<std::uint32_t>(s_.seq_.table_.page_of(pos)) | 0x80000000u;
+  r.slot_counter = static_cast<std::uint32_t>(s_.seq_.table_.slot(r.begin));
   r.shared_end = std::clamp(s_.shared_dither_end(), r.begin, r.end);
   const bool repaired = s_.page_promoted(stream_, pos);  // a repaired page is served exact
   auto view = [&](const Side& sd, quant::KvSide which, const f16* exact) {
@@ -394,65 +400,63 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     if (sd.kind == FormatKind::scheme && sd.T == 1) v.packed = &sd.packed[first * sd.block_bytes];
     if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
     if (sd.kind == FormatKind::dither_int8) v.codes = &sd.codes[first * d];
-    if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg_.outlier_pairs];
-    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.table_.page_of(pos))];
+    if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg().outlier_pairs];
+    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
     return v;
   };
   // A page's slots, and its rows in a ring, follow one another from the row of its first position.
-  r.k = view(s_.k_, quant::KvSide::key, s_.exact_row(quant::KvSide::key, stream_, r.begin));
-  r.v = view(s_.v_, quant::KvSide::value, s_.exact_row(quant::KvSide::value, stream_, r.begin));
+  r.k = view(s_.pool_.k_, quant::KvSide::key, s_.exact_row(quant::KvSide::key, stream_, r.begin));
+  r.v = view(s_.pool_.v_, quant::KvSide::value, s_.exact_row(quant::KvSide::value, stream_, r.begin));
   return r;
 }
 
 const quant::KvScheme* KvStore::Reader::scheme(quant::KvSide side) const {
-  return (side == quant::KvSide::key ? s_.k_ : s_.v_).scheme;
+  return (side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_).scheme;
 }
 
 const std::uint8_t* KvStore::Reader::group_block(quant::KvSide side, std::int64_t block) const {
-  const Side& sd = side == quant::KvSide::key ? s_.k_ : s_.v_;
-  const std::size_t blocks = (s_.cfg_.capacity + sd.T - 1) / sd.T;
-  return &sd.packed[(stream_ * blocks + block) * sd.block_bytes];
+  const Side& sd = side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_;
+  return &s_.seq_side(side).groups[(stream_ * s_.group_blocks(sd) + block) * sd.block_bytes];
 }
 
 quant::DitherStream KvStore::Reader::dither_stream() const {
-  return {s_.cfg_.seed, static_cast<std::uint32_t>(layer_), static_cast<std::uint32_t>(kv_head_)};
+  return {s_.cfg().seed, static_cast<std::uint32_t>(layer_), static_cast<std::uint32_t>(kv_head_)};
 }
 
 void KvStore::Reader::decode_scheme(quant::KvSide side, std::int64_t pos, float* out, BlockCache& cache) {
-  const Side& sd = side == quant::KvSide::key ? s_.k_ : s_.v_;
-  const int d = s_.cfg_.head_dim;
+  const Side& sd = side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_;
+  const int d = s_.cfg().head_dim;
   if (sd.T == 1) {
-    sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.table_.slot(pos)) * sd.block_bytes], d, out);
+    sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.seq_.table_.slot(pos)) * sd.block_bytes], d, out);
     return;
   }
   const std::int64_t group = pos / sd.T;
   if (cache.group != group) {  // a group scheme decodes its whole block once per call
-    const std::size_t blocks = (s_.cfg_.capacity + sd.T - 1) / sd.T;
     cache.decoded.resize(static_cast<std::size_t>(sd.T) * d);
-    sd.scheme->decode(&sd.packed[(stream_ * blocks + group) * sd.block_bytes], d, cache.decoded.data());
+    sd.scheme->decode(group_block(side, group), d, cache.decoded.data());
     cache.group = group;
   }
   std::copy_n(&cache.decoded[(pos % sd.T) * d], d, out);
 }
 
 void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
-  const Side& sd = s_.k_;
+  const Side& sd = s_.pool_.k_;
   if (!s_.encoded(sd, quant::KvSide::key, stream_, pos)) {
     exact_key(pos, k_hat);
     bound = KeyBound{};
     return;
   }
-  const int d = s_.cfg_.head_dim;
-  const std::size_t at = stream_ * s_.slots() + s_.table_.slot(pos);
+  const int d = s_.cfg().head_dim;
+  const std::size_t at = stream_ * s_.slots() + s_.seq_.table_.slot(pos);
   if (sd.kind == FormatKind::scheme) {
     decode_scheme(quant::KvSide::key, pos, k_hat, k_block_);
     bound = KeyBound{KeyBound::tier_a, &sd.meta[at * sd.meta_per_token], nullptr};
     return;
   }
-  const quant::DitherStream stream{s_.cfg_.seed, static_cast<std::uint32_t>(layer_),
+  const quant::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
                                    static_cast<std::uint32_t>(kv_head_)};
   quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
-  const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg_.outlier_pairs);
+  const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   key_codes_.resize(d);
   for (int c = 0; c < d; ++c) key_codes_[c] = sd.codes[s_.key_code(at, c)];
   quant::decode_dither_int8(key_codes_,
@@ -464,14 +468,14 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
 }
 
 void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
-  const Side& sd = s_.v_;
+  const Side& sd = s_.pool_.v_;
   if (!s_.encoded(sd, quant::KvSide::value, stream_, pos)) {
     exact_value(pos, v_hat);
     rho = 0.0;
     return;
   }
-  const int d = s_.cfg_.head_dim;
-  const std::size_t at = stream_ * s_.slots() + s_.table_.slot(pos);
+  const int d = s_.cfg().head_dim;
+  const std::size_t at = stream_ * s_.slots() + s_.seq_.table_.slot(pos);
   if (sd.kind == FormatKind::scheme) {
     decode_scheme(quant::KvSide::value, pos, v_hat, v_block_);
     rho = fp16_to_double(sd.meta[at]);

@@ -89,13 +89,92 @@ struct KeyBound {
   bool shared_dither = false;
 };
 
+// The bytes a pool of pages holds for every sequence it serves, indexed by slot: every format's
+// packed bytes and meter metadata, an fp16 side's own rows, and the exact backing tier. A slot's
+// bytes carry nothing of the sequence that wrote them before: every read of a slot is of a
+// position its current sequence has written.
+class KvPool {
+ public:
+  // Throws std::invalid_argument for an impossible shape, a format the head size cannot hold or
+  // bad outlier pairs. Holds capacity positions of every (layer, KV head).
+  explicit KvPool(const CacheConfig& cfg);
+
+  const CacheConfig& config() const { return cfg_; }
+  FormatKind kind(quant::KvSide side) const { return side == quant::KvSide::key ? k_.kind : v_.kind; }
+  std::int64_t pages() const { return pages_.pages(); }
+  std::int64_t free_pages() const { return pages_.free_pages(); }
+  std::size_t slots() const { return static_cast<std::size_t>(pages_.pages()) * cfg_.page_size; }
+  bool has_exact_tier() const { return exact_ != nullptr; }
+
+ private:
+  friend class KvStore;
+  friend class SequenceState;
+  struct Side {
+    FormatKind kind = FormatKind::exact;
+    const quant::KvScheme* scheme = nullptr;
+    int T = 1;                       // tokens per block
+    std::size_t block_bytes = 0;     // packed bytes per block
+    std::vector<std::uint8_t> packed;  // per-token schemes: [stream][slot][block_bytes]
+    std::vector<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
+    int meta_per_token = 0;
+    // dither-int8 values: [stream][slot][head_dim]; keys page by page, channel-major inside a page
+    // ([stream][page][head_dim][page_size], key_code), so that a page's tokens of one channel are
+    // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
+    std::vector<std::int8_t> codes;
+    std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
+    std::vector<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
+    std::vector<f16> rows;           // an fp16 side without the exact tier: [stream][slot][head_dim]
+    std::size_t bytes() const;
+  };
+  void init_side(Side& side, const quant::KvFormat& format, quant::KvSide which);
+
+  CacheConfig cfg_;
+  cert::BandLayout bands_;
+  PagePool pages_;
+  Side k_, v_;
+  std::unique_ptr<BackingTier> exact_;  // rows [stream][slot], head_dim each; null without a tier
+};
+
+// One sequence's state in a pool: its page table, the positions written per (layer, KV head), its
+// prompt length, repaired pages, outlier pairs, the rows it has not encoded yet, its group-scheme
+// blocks (a block spans T positions, so it follows the sequence, not a slot) and its page-in
+// statistics. clear() returns its pages to the pool.
+class SequenceState {
+ public:
+  explicit SequenceState(KvPool& pool);
+  void clear();
+
+ private:
+  friend class KvStore;
+  struct Side {
+    std::vector<std::uint8_t> groups;  // group schemes: [stream][group][block_bytes]
+    // A packed side without the exact tier: the rows it has not encoded yet,
+    // [stream][ring][head_dim], position pos in row pos % ring.
+    std::vector<f16> ring;
+    std::size_t bytes() const { return groups.size() + ring.size() * sizeof(f16); }
+  };
+
+  PageTable table_;
+  Side k_, v_;
+  std::int64_t ring_ = 0;                           // rows per stream of a packed side's ring
+  std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
+  std::vector<char> outliers_fixed_;                // [stream]
+  std::vector<std::int64_t> written_;               // [stream]
+  std::int64_t prompt_length_ = 0;                  // DitherMode::shared_prompt
+  std::int64_t logical_pages_ = 0;                  // per stream
+  std::unique_ptr<std::atomic<std::uint8_t>[]> promoted_;  // [stream][logical page]
+  std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};
+};
+
+// One sequence in a pool of its own: the store the certified cache reads and writes.
 class KvStore {
  public:
   // Throws std::invalid_argument for an unknown format or a shape the format cannot hold.
   explicit KvStore(const CacheConfig& cfg);
 
-  const CacheConfig& config() const { return cfg_; }
-  FormatKind kind(quant::KvSide side) const { return side == quant::KvSide::key ? k_.kind : v_.kind; }
+  const CacheConfig& config() const { return pool_.cfg_; }
+  const KvPool& pool() const { return pool_; }
+  FormatKind kind(quant::KvSide side) const { return pool_.kind(side); }
 
   // Stores the post-RoPE key and value of `pos` for (layer, kv_head); positions arrive in order
   // for each (layer, kv_head). Throws std::out_of_range beyond the capacity.
@@ -107,21 +186,21 @@ class KvStore {
   void set_prompt_length(std::int64_t n);
   // Positions below this take their page's shared ξ, the rest their slot's.
   std::int64_t shared_dither_end() const {
-    switch (cfg_.dither) {
+    switch (config().dither) {
       case DitherMode::shared_page: return std::numeric_limits<std::int64_t>::max();
-      case DitherMode::shared_prompt: return prompt_length_;
+      case DitherMode::shared_prompt: return seq_.prompt_length_;
       case DitherMode::per_slot: break;
     }
     return 0;
   }
   bool shared_dither(std::int64_t pos) const { return pos < shared_dither_end(); }
-  std::int64_t length(int layer, int kv_head) const { return written_[stream(layer, kv_head)]; }
+  std::int64_t length(int layer, int kv_head) const { return seq_.written_[stream(layer, kv_head)]; }
 
   // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.
   class Reader {
    public:
     Reader(const KvStore& store, int layer, int kv_head);
-    const CacheConfig& config() const { return s_.cfg_; }
+    const CacheConfig& config() const { return s_.config(); }
     bool has_exact_tier() const { return s_.has_exact_tier(); }
     bool served_exact(std::int64_t n_ctx) const { return s_.served_exact(layer_, kv_head_, n_ctx); }
     // The fp16 exact-tier rows of a position (what the exact attention path reads).
@@ -194,13 +273,13 @@ class KvStore {
     std::int64_t page_ins = 0;       // promotions
     std::int64_t page_in_bytes = 0;  // exact K and V bytes read from the backing tier
   };
-  PageInStats page_in_stats() const { return {page_ins_.load(), page_in_bytes_.load()}; }
+  PageInStats page_in_stats() const { return {seq_.page_ins_.load(), seq_.page_in_bytes_.load()}; }
 
   // Measured bytes of the allocations: the compressed cache (payload + meter metadata + the rows
   // not yet encoded) and the exact backing tier (0 without one).
   std::size_t compressed_bytes() const;
   std::size_t backing_bytes() const;
-  bool has_exact_tier() const { return exact_ != nullptr; }
+  bool has_exact_tier() const { return pool_.has_exact_tier(); }
   // Whether every token of [0, n_ctx) of (layer, kv_head) is served exact (unencoded, fp16 or
   // on a promoted page) on both sides.
   bool served_exact(int layer, int kv_head, std::int64_t n_ctx) const;
@@ -209,39 +288,24 @@ class KvStore {
   double bytes_per_token_head(quant::KvSide side) const;
 
  private:
-  struct Side {
-    FormatKind kind = FormatKind::exact;
-    const quant::KvScheme* scheme = nullptr;
-    int T = 1;                       // tokens per block
-    std::size_t block_bytes = 0;     // packed bytes per block
-    std::vector<std::uint8_t> packed;  // per-token formats: [stream][slot][block_bytes]; group: [stream][group][block_bytes]
-    std::vector<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
-    int meta_per_token = 0;
-    // dither-int8 values: [stream][slot][head_dim]; keys page by page, channel-major inside a page
-    // ([stream][page][head_dim][page_size], key_code), so that a page's tokens of one channel are
-    // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
-    std::vector<std::int8_t> codes;
-    std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
-    std::vector<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
-    // Without the exact tier: an fp16 side's rows, [stream][slot][head_dim]; a packed side's ring
-    // of the rows it has not encoded yet, [stream][ring][head_dim], position pos in row pos % ring.
-    std::vector<f16> rows;
-    std::size_t bytes() const;
-  };
-
-  std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg_.kv_heads + kv_head; }
-  std::size_t slots() const { return static_cast<std::size_t>(pool_.pages()) * cfg_.page_size; }
+  using Side = KvPool::Side;
+  std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg().kv_heads + kv_head; }
+  const CacheConfig& cfg() const { return pool_.cfg_; }
+  std::size_t slots() const { return pool_.slots(); }
   // Index in Side::codes of channel c of the dither-int8 key in global slot `at`.
   std::size_t key_code(std::size_t at, int c) const {
-    const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
-    return at / P * P * cfg_.head_dim + static_cast<std::size_t>(c) * P + at % P;
+    const std::size_t P = static_cast<std::size_t>(cfg().page_size);
+    return at / P * P * cfg().head_dim + static_cast<std::size_t>(c) * P + at % P;
   }
-  void init_side(Side& side, const quant::KvFormat& format, quant::KvSide which);
+  SequenceState::Side& seq_side(quant::KvSide which) { return which == quant::KvSide::key ? seq_.k_ : seq_.v_; }
+  const SequenceState::Side& seq_side(quant::KvSide which) const {
+    return which == quant::KvSide::key ? seq_.k_ : seq_.v_;
+  }
+  std::size_t group_blocks(const Side& side) const { return static_cast<std::size_t>((cfg().capacity + side.T - 1) / side.T); }
   // The exact fp16 row of pos (written before anything reads it): the tier's, the side's own fp16
   // rows or its ring of unencoded rows. A page's rows follow the row of its first position.
   f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos);
   const f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const;
-  std::size_t exact_index(const Side& side, std::size_t st, std::int64_t pos) const;
   void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
@@ -250,27 +314,15 @@ class KvStore {
   // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
   std::int64_t packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const;
   bool page_promoted(std::size_t st, std::int64_t pos) const {
-    return promoted_[st * logical_pages_ + pos / cfg_.page_size].load(std::memory_order_acquire) != 0;
+    return seq_.promoted_[st * seq_.logical_pages_ + pos / cfg().page_size].load(std::memory_order_acquire) != 0;
   }
   // Served from the packed form: encoded, and its page not repaired.
   bool encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {
     return !page_promoted(st, pos) && pos < packed_prefix(side, which, st);
   }
 
-  CacheConfig cfg_;
-  cert::BandLayout bands_;
-  PagePool pool_;
-  PageTable table_;
-  Side k_, v_;
-  std::unique_ptr<BackingTier> exact_;             // rows [stream][slot], head_dim each; null without a tier
-  std::int64_t ring_ = 0;                           // rows per stream of a packed side's ring
-  std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
-  std::vector<char> outliers_fixed_;                // [stream]
-  std::vector<std::int64_t> written_;               // [stream]
-  std::int64_t prompt_length_ = 0;                  // DitherMode::shared_prompt
-  std::int64_t logical_pages_ = 0;                  // per stream
-  std::unique_ptr<std::atomic<std::uint8_t>[]> promoted_;  // [stream][logical page]
-  std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};
+  KvPool pool_;
+  SequenceState seq_;
 };
 
 }  // namespace witcert::cache

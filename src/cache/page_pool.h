@@ -33,6 +33,8 @@ class PagePool {
 class PageTable {
  public:
   explicit PageTable(PagePool& pool) : pool_(&pool) {}
+  // The same mapping over `pool`, a copy of other's pool (a copied cache).
+  PageTable(const PageTable& other, PagePool& pool) : pool_(&pool), pages_(other.pages_) {}
   ~PageTable();
   PageTable(const PageTable&) = delete;
   PageTable& operator=(const PageTable&) = delete;
