@@ -300,19 +300,21 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   std::uint8_t* packed = &side.packed[at * side.block_bytes];
   side.scheme->encode(x.data(), d, packed);
   side.scheme->decode(packed, d, x_hat.data());
-  f16* meta = &side.meta[at * side.meta_per_token];
-  if (key) {
+  scheme_meta(which, x, x_hat, &side.meta[at * side.meta_per_token]);
+}
+
+void KvStore::scheme_meta(quant::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const {
+  if (which == quant::KvSide::key) {
     cert::tier_a_witness(pool_.bands_, x_hat, x, std::span<f16>(meta, cfg().bands));
-  } else {
-    double rho = 0.0;
-    for (int i = 0; i < d; ++i) rho += (double(x_hat[i]) - x[i]) * (double(x_hat[i]) - x[i]);
-    meta[0] = fp16_from_double(std::sqrt(rho) * cert::kRoundUpMargin, Round::up);
+    return;
   }
+  double rho = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) rho += (double(x_hat[i]) - x[i]) * (double(x_hat[i]) - x[i]);
+  meta[0] = fp16_from_double(std::sqrt(rho) * cert::kRoundUpMargin, Round::up);
 }
 
 void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group) {
   const int d = cfg().head_dim, T = side.T;
-  const bool key = which == quant::KvSide::key;
   std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
   for (int t = 0; t < T; ++t) {
     const f16* exact = exact_row(which, st, group * T + t);
@@ -323,14 +325,7 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
   side.scheme->decode(packed, d, x_hat.data());
   for (int t = 0; t < T; ++t) {
     f16* meta = &side.meta[(st * slots() + seq_.table_.slot(group * T + t)) * side.meta_per_token];
-    const std::span<const float> xt(&x[t * d], d), ht(&x_hat[t * d], d);
-    if (key) {
-      cert::tier_a_witness(pool_.bands_, ht, xt, std::span<f16>(meta, cfg().bands));
-    } else {
-      double rho = 0.0;
-      for (int i = 0; i < d; ++i) rho += (double(ht[i]) - xt[i]) * (double(ht[i]) - xt[i]);
-      meta[0] = fp16_from_double(std::sqrt(rho) * cert::kRoundUpMargin, Round::up);
-    }
+    scheme_meta(which, std::span<const float>(&x[t * d], d), std::span<const float>(&x_hat[t * d], d), meta);
   }
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -308,6 +309,9 @@ class KvStore {
   const f16* exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) const;
   void encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group);
+  // A scheme token's meter metadata from its exact x and decoded x̂: the Tier-A witness of a key,
+  // ρ_t = ‖x̂ − x‖ rounded up of a value.
+  void scheme_meta(quant::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const;
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
   std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token
   // Positions [0, packed_prefix) of a stream are served from the packed form, the rest from the

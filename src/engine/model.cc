@@ -40,6 +40,15 @@ std::vector<std::int32_t> Model::prompt_tokens(const std::string& text, bool cha
                            /*parse_special=*/true);
 }
 
+std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool chat) const {
+  std::vector<std::int32_t> prompt = prompt_tokens(text, chat);
+  if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
+  if (static_cast<std::int64_t>(prompt.size()) > model->config().context)
+    throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
+                            std::to_string(model->config().context));
+  return prompt;
+}
+
 std::vector<std::int32_t> Model::stop_tokens() const {
   std::vector<std::int32_t> stops;
   for (std::int32_t id = 0; id < tokenizer->vocab_size(); ++id)

@@ -29,6 +29,9 @@ struct Model {
 
   // The prompt's token ids: the text as is, or wrapped as one user turn of the chat template.
   std::vector<std::int32_t> prompt_tokens(const std::string& text, bool chat) const;
+  // prompt_tokens, refusing an empty prompt (std::invalid_argument) and one beyond the model's
+  // context (std::out_of_range).
+  std::vector<std::int32_t> checked_prompt(const std::string& text, bool chat) const;
   std::vector<std::int32_t> stop_tokens() const;
 };
 

@@ -77,12 +77,8 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   const std::string model_path = args.model.empty() ? engine::default_model_path() : args.model;
   const engine::CacheOptions cache_opts = cache_options(args.cache, args.cache.kv, model_path);
   engine::Model engine = engine::Model::load(model_path);
-  const std::vector<std::int32_t> prompt = engine.prompt_tokens(args.prompt, args.chat);
+  const std::vector<std::int32_t> prompt = engine.checked_prompt(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
-  if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
-  if (static_cast<std::int64_t>(prompt.size()) > cfg.context)
-    throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
-                            std::to_string(cfg.context));
   const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
   // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
   gate::Telemetry tel(cfg.layers, cfg.heads,
@@ -116,12 +112,8 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
 
 int run_logits(const LogitsArgs& args, std::ostream& out) {
   engine::Model engine = engine::Model::load(args.model.empty() ? engine::default_model_path() : args.model);
-  const std::vector<std::int32_t> prompt = engine.prompt_tokens(args.prompt, args.chat);
+  const std::vector<std::int32_t> prompt = engine.checked_prompt(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
-  if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
-  if (static_cast<std::int64_t>(prompt.size()) > cfg.context)
-    throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
-                            std::to_string(cfg.context));
   if (args.top < 1) throw std::invalid_argument("--top must be at least 1");
   attn::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size())));
   ThreadPool pool(args.threads);
