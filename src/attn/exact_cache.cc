@@ -52,8 +52,10 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
   }
 }
 
-ExactKvCache::Rows ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
-  Rows r{std::vector<const f16*>(n), std::vector<const f16*>(n)};
+const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
+  thread_local Rows r;  // reused by every call on this thread: a decode step allocates nothing once warm
+  r.keys.resize(n);
+  r.values.resize(n);
   for (std::int64_t t = 0; t < n; ++t) {
     r.keys[t] = key(layer, kv_head, t);
     r.values[t] = value(layer, kv_head, t);
@@ -63,7 +65,7 @@ ExactKvCache::Rows ExactKvCache::rows(int layer, int kv_head, std::int64_t n) co
 
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
-  const Rows r = rows(layer, kv_head, n_ctx);
+  const Rows& r = rows(layer, kv_head, n_ctx);
   exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out);
 }
 
@@ -71,7 +73,7 @@ void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::in
                                  std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
   const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
-  const Rows r = rows(layer, kv_head, pos0 + n);
+  const Rows& r = rows(layer, kv_head, pos0 + n);
   std::vector<float> qs(n * row), res(n * row);
   std::vector<std::int64_t> lengths(n * group);
   for (std::int64_t i = 0; i < n; ++i) {

@@ -37,11 +37,12 @@ class ExactKvCache final : public KvCache {
 
  private:
   std::size_t index(int layer, int kv_head, std::int64_t pos) const;
-  // Pointers to the key and value rows of positions [0, n), as the SIMD attention reads them.
+  // Pointers to the key and value rows of positions [0, n), as the SIMD attention reads them, in
+  // buffers of the calling thread (valid until its next call).
   struct Rows {
     std::vector<const f16*> keys, values;
   };
-  Rows rows(int layer, int kv_head, std::int64_t n) const;
+  const Rows& rows(int layer, int kv_head, std::int64_t n) const;
 
   KvGeometry g_;
   cache::PagePool pool_;

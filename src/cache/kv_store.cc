@@ -351,7 +351,7 @@ double KvStore::bytes_per_token_head(quant::KvSide side) const {
 // --- Reader ---
 
 KvStore::Reader::Reader(const KvStore& store, int layer, int kv_head)
-    : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)), xi_(store.cfg().head_dim) {}
+    : s_(store), layer_(layer), kv_head_(kv_head), stream_(store.stream(layer, kv_head)) {}
 
 const f16* KvStore::Reader::exact_key_row(std::int64_t pos) const {
   return s_.exact_row(quant::KvSide::key, stream_, pos);
@@ -450,6 +450,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
   }
   const quant::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
                                    static_cast<std::uint32_t>(kv_head_)};
+  xi_.resize(d);  // sized on first use: the fast kernel reads raw pages and never needs it
   quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   key_codes_.resize(d);
@@ -476,7 +477,7 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
     rho = fp16_to_double(sd.meta[at]);
     return;
   }
-  std::fill(xi_.begin(), xi_.end(), 0.0f);
+  xi_.assign(d, 0.0f);
   no_outliers_.assign(d, 0);
   quant::decode_dither_int8(std::span<const std::int8_t>(&sd.codes[at * d], d),
                             std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,

@@ -57,6 +57,19 @@ struct CertifiedKvCache::Group {
   std::vector<float> out;
 };
 
+struct CertifiedKvCache::Scratch {
+  Group group;
+  std::vector<HeadPartial> part;
+  std::vector<HeadResult> before;
+  std::vector<MeterCell> cells;
+  std::vector<const f16*> keys, values;
+};
+
+CertifiedKvCache::Scratch& CertifiedKvCache::scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 void CertifiedKvCache::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
   store_.write(layer, kv_head, pos, k, v);
 }
@@ -77,7 +90,10 @@ void CertifiedKvCache::compute_step(cache::KvStore::Reader& reader, const float*
   }
   // Every token exact (a fully repaired head): bit for bit the plain exact cache's output, meter 0.
   const int d = g_.head_dim;
-  std::vector<const f16*> keys(n_ctx), values(n_ctx);
+  std::vector<const f16*>& keys = scratch().keys;
+  std::vector<const f16*>& values = scratch().values;
+  keys.resize(n_ctx);
+  values.resize(n_ctx);
   for (std::int64_t t = 0; t < n_ctx; ++t) {
     keys[t] = reader.exact_key_row(t);
     values[t] = reader.exact_value_row(t);
@@ -96,7 +112,7 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
   const std::int64_t page = store_.config().page_size;
   const std::int64_t pages = (n_ctx + page - 1) / page;
   g.partials.assign(group, HeadPartial{});
-  std::vector<HeadPartial> part;
+  std::vector<HeadPartial>& part = scratch().part;
   for (int s = 0; s < opts_.splits; ++s) {
     const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
     const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
@@ -144,7 +160,7 @@ bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_
 void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
                              std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) {
   const int d = g_.head_dim;
-  std::vector<HeadResult> before;  // the step's results before its repair; only a gate changes them
+  std::vector<HeadResult>& before = scratch().before;  // the step's results before its repair
   if (opts_.gate.on()) before = g.results;
   bool repaired = false;
   // Repair and recompute the step until the gate is satisfied (every page exact at worst).
@@ -169,11 +185,11 @@ void CertifiedKvCache::log(const std::vector<MeterCell>& cells) {
 void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
                               float* out) {
   cache::KvStore::Reader reader(store_, layer, kv_head);
-  std::vector<MeterCell> local;
-  Group g;
-  compute_step(reader, q, group, n_ctx, g);
-  serve(reader, layer, kv_head, q, group, n_ctx, g, out, local);
-  log(local);
+  Scratch& s = scratch();
+  s.cells.clear();
+  compute_step(reader, q, group, n_ctx, s.group);
+  serve(reader, layer, kv_head, q, group, n_ctx, s.group, out, s.cells);
+  log(s.cells);
 }
 
 void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,

@@ -54,7 +54,9 @@ class CertifiedKvCache final : public attn::KvCache {
   void set_check_soundness(bool on);
 
  private:
-  struct Group;  // the results of one attention call
+  struct Group;    // the results of one attention call
+  struct Scratch;  // the decode path's buffers, one set per thread, reused by every call
+  static Scratch& scratch();
   void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
   // The step's attention over [0, n_ctx) from the stored formats, or the plain exact path when
   // every token of the (layer, KV head) is served exact.
