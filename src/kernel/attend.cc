@@ -28,6 +28,10 @@ void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, 
   std::copy_n(out.begin(), d, xi);
 }
 
+void DecodePackedRow(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out) {
+  PackedDecoder(layout)(in, d, out);
+}
+
 // One driver per pair of key and value formats, chosen once per call.
 template <class Keys, class Values>
 void AttendWith(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim, std::int64_t begin,
@@ -35,23 +39,40 @@ void AttendWith(Workspace& work, cache::KvStore::Reader& reader, const float* q,
   Attention<Keys, Values>(work, reader, q, group, head_dim, ctx, meter).Run(begin, end, partials);
 }
 
+// The trait of a side's format: dither-int8, a packed per-token scheme, or the black-box decode.
+enum class Side { dither_int8, packed, decoded };
+Side SideOf(const cache::KvStore::Reader& reader, quant::KvSide side) {
+  if (reader.kind(side) == cache::FormatKind::dither_int8) return Side::dither_int8;
+  const quant::KvScheme* scheme = reader.scheme(side);
+  if (scheme != nullptr && scheme->tokens_per_block() == 1 && PackedDecoder(scheme->layout()) != nullptr) return Side::packed;
+  return Side::decoded;
+}
+
 template <class Keys>
 void AttendWithKeys(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
              std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
              bool meter) {
-  if (reader.kind(quant::KvSide::value) == cache::FormatKind::dither_int8)
-    AttendWith<Keys, DitherInt8Values>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
-  else
-    AttendWith<Keys, DecodedValues>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  switch (SideOf(reader, quant::KvSide::value)) {
+    case Side::dither_int8:
+      return AttendWith<Keys, DitherInt8Values>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+    case Side::packed:
+      return AttendWith<Keys, PackedValues>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+    case Side::decoded:
+      return AttendWith<Keys, DecodedValues>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  }
 }
 
 void AttendRange(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                  std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
                  bool meter) {
-  if (reader.kind(quant::KvSide::key) == cache::FormatKind::dither_int8)
-    AttendWithKeys<DitherInt8Keys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
-  else
-    AttendWithKeys<DecodedKeys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  switch (SideOf(reader, quant::KvSide::key)) {
+    case Side::dither_int8:
+      return AttendWithKeys<DitherInt8Keys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+    case Side::packed:
+      return AttendWithKeys<PackedKeys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+    case Side::decoded:
+      return AttendWithKeys<DecodedKeys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -63,11 +84,16 @@ namespace witcert::kernel {
 
 HWY_EXPORT(AttendRange);
 HWY_EXPORT(DitherValuesFast);
+HWY_EXPORT(DecodePackedRow);
 
 void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                   std::int64_t begin, std::int64_t end, const attn::BoundContext& ctx,
                   std::vector<attn::HeadPartial>& partials, bool meter) {
   HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+void decode_packed_row(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodePackedRow)(layout, in, d, out);
 }
 
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {

@@ -25,6 +25,7 @@
 #include "cache/kv_store.h"
 #include "kernel/workspace.h"
 #include "quant/dither_int8.h"
+#include "quant/schemes.h"
 
 namespace witcert::kernel {
 
@@ -37,6 +38,10 @@ namespace witcert::kernel {
 void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                   std::int64_t begin, std::int64_t end, const attn::BoundContext& ctx,
                   std::vector<attn::HeadPartial>& partials, bool meter = true);
+
+// One token of a packed scheme (quant::PackedLayout, not opaque) decoded by the kernel's SIMD
+// decoder (exposed for its test against quant::KvScheme::decode). d: the head dimension.
+void decode_packed_row(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out);
 
 // quant::dither_values computed by the kernel's vectorized Philox4x32-10 (exposed for its
 // known-answer test). xi.size() must be a multiple of 4.

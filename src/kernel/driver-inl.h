@@ -24,6 +24,7 @@
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
 #include "hwy/highway.h"
+#include "kernel/packed-inl.h"
 #include "kernel/philox-inl.h"
 #include "kernel/simd-inl.h"
 #include "kernel/workspace.h"
@@ -40,7 +41,8 @@ template <class Keys, class Values>
 class Attention {
  public:
   Attention(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int d, const BoundContext& ctx, bool meter)
-      : work_(work),
+      : rows_kept_(work.head_dim == d),
+        work_(work),
         r_(reader),
         cfg_(reader.config()),
         q_(q),
@@ -56,6 +58,7 @@ class Attention {
         m2_(2 * cfg_.outlier_pairs),
         float_keys_(Keys::kDitherInt8 && cfg_.dither != cache::DitherMode::per_slot) {
     work_.keys.block.block = work_.values.block.block = -1;  // a decoded block of another call's store
+    work_.head_dim = d_;
     work_.segments.reserve(kTile / kNF + 1);  // a tile's most pages (ExtendTile): no growth mid-call
     work_.query.qd.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
@@ -85,6 +88,17 @@ class Attention {
         for (int c = 0; c < d_; ++c) norm2 += work_.query.qd[h * dp_ + c] * work_.query.qd[h * dp_ + c];
         work_.query.eta_q[h] = eta * std::sqrt(norm2);
       }
+      if constexpr (Keys::kPacked) {
+        const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
+        k_decoder_ = PackedDecoder(scheme.layout());
+        k_row_bytes_ = scheme.block_bytes(d_);
+        Rows(work_.keys.kfrows);
+      }
+    }
+    if constexpr (Values::kPacked) {
+      const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
+      v_decoder_ = PackedDecoder(scheme.layout());
+      v_row_bytes_ = scheme.block_bytes(d_);
     }
     if constexpr (Keys::kDitherInt8) {
       const std::uint8_t* mask = r_.outlier_mask();
@@ -176,9 +190,9 @@ class Attention {
       work_.keys.w_band.assign(static_cast<std::size_t>(B_) * kTile, 0.0);
       work_.keys.band_row.assign(B_, 0.0);
     }
-    work_.keys.krows.assign(kTile * dp_, 0.0);
+    Rows(work_.keys.krows);
     work_.keys.kfloat.assign(dp_, 0.0f);
-    work_.values.vrows.assign(kTile * dp_, 0.0f);
+    Rows(work_.values.vrows);
     work_.values.v_rho_f.assign(kTile + kNF, 0.0f);
     if constexpr (Values::kDitherInt8) {
       work_.values.v_scalesf.assign(static_cast<std::size_t>(kTile) * G_, 0.0f);
@@ -377,6 +391,15 @@ class Attention {
   double EtaBound(int h) const;
   void ScalarTile(int h, int n, HeadPartial& p);
 
+  // The [t][dp] row buffers of a tile, zeroed only when the head dimension changes: a tile writes
+  // channels [0, d) of its rows, the padding channels stay zero, and rows past the tile's end only
+  // feed lanes the tile masks. Zeroing their 64 to 128 KiB on every call showed in decode profiles.
+  template <class T>
+  void Rows(std::vector<T>& rows) {
+    if (!rows_kept_ || rows.size() != kTile * dp_) rows.assign(kTile * dp_, T{});
+  }
+
+  const bool rows_kept_;  // the workspace's last call had this head dimension
   Workspace& work_;
   cache::KvStore::Reader& r_;
   const cache::CacheConfig& cfg_;
@@ -397,6 +420,8 @@ class Attention {
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
   float rho_factor_ = 0.0f;
+  PackedRowDecoder k_decoder_ = nullptr, v_decoder_ = nullptr;  // packed schemes (PackedKeys, PackedValues)
+  std::size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
 
   // Per tile.
   KeyKind key_kind_ = KeyKind::exact;

@@ -19,10 +19,15 @@ namespace HWY_NAMESPACE {
 // the Tier B bound (Lemma 2), in double rows with a per-slot ξ, or on the float path where the
 // page shares one ξ (the proof: docs/proofs/float-path.md).
 struct DecodedKeys {
-  static constexpr bool kDitherInt8 = false;
+  static constexpr bool kDitherInt8 = false, kPacked = false;
+};
+// PackedKeys: a per-token scheme with a quant::PackedLayout, decoded a tile at a time into float
+// rows by its SIMD decoder (packed-inl.h); the logits are DecodedKeys' to the bit.
+struct PackedKeys {
+  static constexpr bool kDitherInt8 = false, kPacked = true;
 };
 struct DitherInt8Keys {
-  static constexpr bool kDitherInt8 = true;
+  static constexpr bool kDitherInt8 = true, kPacked = false;
 };
 
 template <class Keys, class Values>
@@ -38,16 +43,24 @@ void Attention<Keys, Values>::LoadKeys(const cache::KvStore::Reader::RawPage& pa
     key_meta_ = page.k.meta + row0 * B_;
     const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
     for (int i = 0; i < n; ++i) {
-      DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, work_.keys.kfloat.data(), work_.keys.block);
-      FloatRow(work_.keys.kfloat.data(), &work_.keys.krows[i * dp_]);
+      if constexpr (Keys::kPacked) {  // float rows, read as double by Logits
+        k_decoder_(page.k.packed + (row0 + i) * k_row_bytes_, d_, &work_.keys.kfrows[i * dp_]);
+      } else {
+        DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, work_.keys.kfloat.data(), work_.keys.block);
+        FloatRow(work_.keys.kfloat.data(), &work_.keys.krows[i * dp_]);
+      }
       if (!meter_) continue;
       F16ToDouble(key_meta_ + i * B_, B_, work_.keys.band_row.data());
       for (int b = 0; b < B_; ++b) work_.keys.w_band[b * kTile + i] = work_.keys.band_row[b];
     }
     if (!meter_) return;
     const DD dd;
-    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-      hn::StoreU(hn::Sqrt(SquaredNorms(&work_.keys.krows[j0 * dp_], dp_, dp_)), dd, &work_.keys.mu[j0]);
+    for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
+      // ‖k̂_t‖ in double: the float rows promote exactly, so both paths compute the same norms.
+      const VD norm2 = Keys::kPacked ? SquaredNorms(&work_.keys.kfrows[j0 * dp_], dp_, dp_)
+                                     : SquaredNorms(&work_.keys.krows[j0 * dp_], dp_, dp_);
+      hn::StoreU(hn::Sqrt(norm2), dd, &work_.keys.mu[j0]);
+    }
     return;
   }
   key_kind_ = KeyKind::tier_b;
@@ -247,9 +260,13 @@ void Attention<Keys, Values>::Logits(int h, int n) {
   if (float_tile_) return LogitsFloat(h, n);
   const DD dd;
   const double* q = &work_.query.qd[h * dp_];
+  // Packed Tier A keys: their float rows, read as double.
+  const bool float_rows = Keys::kPacked && key_kind_ == KeyKind::tier_a;
   auto finite = hn::FirstN(dd, kN);
   for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
-    const VD dot = DotRows(q, &work_.keys.krows[j0 * dp_], dp_, dp_);  // shared-ξ dither keys never come here
+    // Shared-ξ dither keys never come here.
+    const VD dot = float_rows ? DotRows(q, &work_.keys.kfrows[j0 * dp_], dp_, dp_)
+                              : DotRows(q, &work_.keys.krows[j0 * dp_], dp_, dp_);
     hn::StoreU(hn::Mul(hn::Set(dd, ctx_.sm), dot), dd, &work_.logits.z[h * kTile + j0]);
     VD c = hn::Zero(dd);
     if (meter_ && key_kind_ == KeyKind::tier_a) {

@@ -62,6 +62,7 @@ constexpr int kQChains = kQChunks + Log2(kNF) <= kGroup / kChains + 2 ? 1 : std:
 constexpr int kQgRoundings = (kQChunks + kQChains - 1) / kQChains + Log2(kQChains) + Log2(kNF);
 static_assert(kGroup % kNF == 0 && (kQChains & (kQChains - 1)) == 0 && kQgRoundings <= kGroup / kChains + 2);
 
+
 // Lane i of the result is the sum of the lanes of v[i] (as many vectors as lanes; pairwise sums of
 // adjacent lanes, which keep the vectors' order).
 template <class D = DD>
@@ -119,13 +120,22 @@ HWY_INLINE V SumChains(const V* a) {
 }
 
 // Lane i: q · row i, for kN rows of dp doubles `stride` apart.
-HWY_INLINE VD DotRows(const double* q, const double* rows, std::size_t stride, std::size_t dp) {
+// Rows of floats are taken exactly, as double: the same sums as of their double copies.
+template <class T>
+HWY_INLINE VD DotRows(const double* q, const T* rows, std::size_t stride, std::size_t dp) {
   const DD dd;
   VD acc[kN];
   for (VD& a : acc) a = hn::Zero(dd);
   for (std::size_t c = 0; c < dp; c += kN) {
     const VD qv = hn::LoadU(dd, q + c);
-    for (std::size_t i = 0; i < kN; ++i) acc[i] = hn::MulAdd(qv, hn::LoadU(dd, rows + i * stride + c), acc[i]);
+    for (std::size_t i = 0; i < kN; ++i) {
+      VD x;
+      if constexpr (std::is_same_v<T, float>)
+        x = hn::PromoteTo(dd, hn::LoadU(DFH(), rows + i * stride + c));
+      else
+        x = hn::LoadU(dd, rows + i * stride + c);
+      acc[i] = hn::MulAdd(qv, x, acc[i]);
+    }
   }
   return TransposeSum(acc);
 }

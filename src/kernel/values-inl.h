@@ -19,10 +19,15 @@ namespace HWY_NAMESPACE {
 // float rows, ρ_t from its stored witness. DitherInt8Values: s_g·code, accumulated from the codes
 // (AVX-512) or float rows, ρ_t from the scales.
 struct DecodedValues {
-  static constexpr bool kDitherInt8 = false;
+  static constexpr bool kDitherInt8 = false, kPacked = false;
+};
+// PackedValues: a per-token scheme with a quant::PackedLayout, decoded into the same float rows by
+// its SIMD decoder (packed-inl.h).
+struct PackedValues {
+  static constexpr bool kDitherInt8 = false, kPacked = true;
 };
 struct DitherInt8Values {
-  static constexpr bool kDitherInt8 = true;
+  static constexpr bool kDitherInt8 = true, kPacked = false;
 };
 
 template <class Keys, class Values>
@@ -44,7 +49,11 @@ void Attention<Keys, Values>::LoadValues(const cache::KvStore::Reader::RawPage& 
   } else if (v_kind_ == cache::FormatKind::scheme) {
     const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
     for (int i = 0; i < n; ++i) {
-      DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &work_.values.vrows[i * dp_], work_.values.block);
+      if constexpr (Values::kPacked)
+        v_decoder_(page.v.packed + (row0 + i) * v_row_bytes_, d_, &work_.values.vrows[i * dp_]);
+      else
+        DecodeScheme(scheme, quant::KvSide::value, page.v.packed, row0 + i, t0 + i, &work_.values.vrows[i * dp_],
+                     work_.values.block);
       work_.values.v_rho_f[i] = fp16_to_float(page.v.meta[row0 + i]);
       tile_rho_max_ = std::max(tile_rho_max_, static_cast<double>(work_.values.v_rho_f[i]));
     }

@@ -54,6 +54,7 @@ struct Workspace {
   struct Keys {
     std::vector<double> krows;          // [t][dp] k'_t
     std::vector<float> kfloat;          // one decoded scheme key
+    std::vector<float> kfrows;          // [t][dp] k̂_t of packed keys
     std::vector<std::int8_t> key_row;   // [c] one dither-int8 key's codes, gathered from its page
     std::vector<float> xi;              // ξ of the token (per-slot) or of the page (shared)
     std::vector<std::uint32_t> words;   // Philox output words behind xi
@@ -121,6 +122,7 @@ struct Workspace {
   } heads;
 
   std::vector<Segment> segments;  // the tile's pages, in order
+  int head_dim = 0;  // of the last call: the row buffers' padding channels are zero for it
 };
 
 }  // namespace witcert::kernel

@@ -31,10 +31,6 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::BF16, "BF16", 1, 2, true},
 };
 
-// The IQ4_NL code book (llama.cpp's kvalues_iq4nl), sorted ascending.
-constexpr std::int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                          1,    13,   25,  38,  53,  69,  89,  113};
-
 using Byte = std::uint8_t;
 
 float get_f16(const Byte* p) {

@@ -58,4 +58,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, std::int64_t n);
 // std::invalid_argument for other types or a partial block.
 void quantize_row(GgmlType t, const float* src, void* dst, std::int64_t n);
 
+// The IQ4_NL code book (llama.cpp's kvalues_iq4nl), sorted ascending.
+inline constexpr std::int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                 1,    13,   25,  38,  53,  69,  89,  113};
+
 }  // namespace witcert::quant

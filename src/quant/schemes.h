@@ -21,6 +21,26 @@ namespace witcert::quant {
 
 enum class KvSide { key, value };
 
+// The byte layout of a per-token scheme whose decode is a fixed function of its bytes, for the
+// attention kernel's own SIMD decoders (src/kernel/packed-inl.h): each of these decodes x̂_c as a
+// product that is exact in float (an fp16 scale times a code of at most 8 significant bits, plus
+// an fp16 offset for q4_1 and q5_1), so every decoder gives the floats decode gives, bit for bit.
+// opaque: only decode knows the bytes.
+enum class PackedLayout {
+  opaque,
+  fp16,             // d fp16 values
+  fp8_e4m3,         // d fp8 codes, no scale
+  fp8_e4m3_scaled,  // [fp16 s][d fp8 codes]
+  rtn_int8,         // per 32 channels: [fp16 s][32 bytes], x̂ = s·(byte − 128)
+  rtn_int4,         // per 32 channels: [fp16 s][16 bytes], channel i in nibble i mod 2 of byte i/2, x̂ = s·(q − 8)
+  q8_0,             // GGML blocks of 32 channels (quant/ggml_types.h)
+  q4_0,
+  q4_1,
+  q5_0,
+  q5_1,
+  iq4_nl,
+};
+
 class KvScheme {
  public:
   virtual ~KvScheme() = default;
@@ -34,6 +54,7 @@ class KvScheme {
   // in: block_bytes(head_dim) bytes; out: T × head_dim floats, token-major.
   virtual void decode(const std::uint8_t* in, int head_dim, float* out) const = 0;
   virtual bool exact() const { return false; }  // fp16 only
+  virtual PackedLayout layout() const { return PackedLayout::opaque; }
   // Throws std::invalid_argument saying why when the scheme cannot encode heads of head_dim
   // values. block_bytes, encode and decode check it first.
   virtual void check_head_dim(int head_dim) const;

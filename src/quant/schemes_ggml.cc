@@ -46,6 +46,17 @@ class GgmlScheme final : public KvScheme {
     check_head_dim(d);
     dequantize_row(type_, in, out, d);
   }
+  PackedLayout layout() const override {
+    switch (type_) {
+      case GgmlType::Q8_0: return PackedLayout::q8_0;
+      case GgmlType::Q4_0: return PackedLayout::q4_0;
+      case GgmlType::Q4_1: return PackedLayout::q4_1;
+      case GgmlType::Q5_0: return PackedLayout::q5_0;
+      case GgmlType::Q5_1: return PackedLayout::q5_1;
+      case GgmlType::IQ4_NL: return PackedLayout::iq4_nl;
+      default: return PackedLayout::opaque;
+    }
+  }
 
  private:
   int block_size() const { return static_cast<int>(ggml_type_info(type_)->block_size); }

@@ -20,6 +20,7 @@ class Fp16 final : public PerToken {
  public:
   std::string_view name() const override { return "fp16"; }
   bool exact() const override { return true; }
+  PackedLayout layout() const override { return PackedLayout::fp16; }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
     return 2 * static_cast<std::size_t>(d);
@@ -38,6 +39,7 @@ class Fp16 final : public PerToken {
 class Fp8E4m3 final : public PerToken {
  public:
   std::string_view name() const override { return "fp8-e4m3"; }
+  PackedLayout layout() const override { return PackedLayout::fp8_e4m3; }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
     return static_cast<std::size_t>(d);
@@ -58,6 +60,7 @@ class Fp8E4m3 final : public PerToken {
 class Fp8E4m3Scaled final : public PerToken {
  public:
   std::string_view name() const override { return "fp8-e4m3-scaled"; }
+  PackedLayout layout() const override { return PackedLayout::fp8_e4m3_scaled; }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
     return 2 + static_cast<std::size_t>(d);
@@ -125,6 +128,9 @@ class RtnSymmetric final : public Grouped {
  public:
   RtnSymmetric(std::string_view name, int bits) : name_(name), bits_(bits) {}
   std::string_view name() const override { return name_; }
+  PackedLayout layout() const override {
+    return bits_ == 8 ? PackedLayout::rtn_int8 : bits_ == 4 ? PackedLayout::rtn_int4 : PackedLayout::opaque;
+  }
 
  protected:
   std::size_t record_bytes() const override { return symmetric_bytes(kChannelGroup, bits_); }

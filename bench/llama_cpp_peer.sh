@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# llama.cpp as a peer for the decode benchmarks only (none of its code enters the tree): the
+# llama-cpp-python sdist from PyPI vendors llama.cpp under vendor/llama.cpp; it is extracted under
+# build-peer/ (ignored), llama-bench is built for this CPU, and its q8_0-cache decode speed after
+# 128, 1024 and 4096 tokens of context is measured on the test model with 2 threads.
+# Usage: bench/llama_cpp_peer.sh [MODEL]   (JOBS=n for the build's parallelism)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+model=${1:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+peer=$root/build-peer
+mkdir -p "$peer"
+if [[ ! -x $peer/llama-bench ]]; then
+  if ! ls "$peer"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+    pip download --no-binary :all: --no-deps -d "$peer" llama-cpp-python
+  fi
+  sdist=$(ls "$peer"/llama_cpp_python-*.tar.gz | head -1)
+  src=$peer/src
+  if [[ ! -d $src ]]; then
+    mkdir -p "$src"
+    tar -xzf "$sdist" -C "$src" --strip-components=1
+  fi
+  cmake -S "$src/vendor/llama.cpp" -B "$peer/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
+  cmake --build "$peer/build" --target llama-bench -j "${JOBS:-2}"
+  cp "$(find "$peer/build" -name llama-bench -type f -perm -u+x | head -1)" "$peer/llama-bench"
+fi
+"$peer/llama-bench" -m "$model" -t 2 -fa 1 -ctk q8_0 -ctv q8_0 -p 0 -n 64 -d 128,1024,4096

@@ -1,0 +1,191 @@
+// Format traits of the packed per-token schemes (included per target after hwy/highway.h): one
+// SIMD decoder per quant::PackedLayout, from a token's bytes to its d floats. Each gives the floats
+// quant::KvScheme::decode gives, bit for bit: every x̂_c is an fp16 scale times a code of at most 8
+// significant bits, exact in float (q4_1 and q5_1 then add their fp16 offset m once, as decode
+// does; the product being exact, a fused multiply-add rounds the same). The kernel decodes a
+// tile's rows with them instead of calling the black-box decode token by token.
+#if defined(WITCERT_KERNEL_PACKED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef WITCERT_KERNEL_PACKED_INL_H_
+#undef WITCERT_KERNEL_PACKED_INL_H_
+#else
+#define WITCERT_KERNEL_PACKED_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "base/fp16.h"
+#include "hwy/highway.h"
+#include "kernel/simd-inl.h"
+#include "quant/fp8.h"
+#include "quant/ggml_types.h"
+#include "quant/schemes.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace witcert::kernel {
+namespace HWY_NAMESPACE {
+
+// One token's bytes of a packed scheme to its d floats.
+using PackedRowDecoder = void (*)(const std::uint8_t* in, int d, float* out);
+
+namespace packed {
+
+constexpr int kBlock = 32;  // channels per record of every grouped layout
+
+inline float Scale(const std::uint8_t* p) {
+  f16 h;
+  std::memcpy(&h, p, sizeof h);
+  return fp16_to_float(h);
+}
+
+// kNF bytes from p as float lanes, unsigned or signed.
+HWY_INLINE VF Unsigned(const std::uint8_t* p) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const hn::Rebind<std::uint8_t, DF> du8;
+  return hn::ConvertTo(df, hn::BitCast(di32, hn::PromoteTo(hn::RebindToUnsigned<decltype(di32)>(), hn::LoadU(du8, p))));
+}
+HWY_INLINE VF Signed(const std::uint8_t* p) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const hn::Rebind<std::int8_t, DF> di8;
+  return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(p))));
+}
+
+// kNF bytes from p as uint32 lanes.
+HWY_INLINE hn::Vec<hn::Rebind<std::uint32_t, DF>> Bytes(const std::uint8_t* p) {
+  const hn::Rebind<std::uint32_t, DF> du32;
+  return hn::PromoteTo(du32, hn::LoadU(hn::Rebind<std::uint8_t, DF>(), p));
+}
+
+// Lanes of integer codes q to float: s·(q − offset), or s·q + m.
+HWY_INLINE VF Affine(hn::Vec<hn::Rebind<std::uint32_t, DF>> q, int offset, float s, const float* m = nullptr) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const VF x = hn::ConvertTo(df, hn::Sub(hn::BitCast(di32, q), hn::Set(di32, offset)));
+  return m ? hn::Add(hn::Mul(x, hn::Set(df, s)), hn::Set(df, *m)) : hn::Mul(x, hn::Set(df, s));
+}
+
+// Nibble codes with the record's j-th and (j+16)-th channels in the low and high nibble of byte j
+// (GGML's q4 and q5 layouts); q5 adds bit j of qh as the fifth bit.
+template <bool kFifthBit>
+HWY_INLINE void Nibbles(const std::uint8_t* qs, std::uint32_t qh, int offset, float s, const float* m, float* out) {
+  const DF df;
+  const hn::Rebind<std::uint32_t, DF> du32;
+  for (int j = 0; j < kBlock / 2; j += static_cast<int>(kNF)) {
+    const auto b = Bytes(qs + j);
+    auto lo = hn::And(b, hn::Set(du32, 15u)), hi = hn::ShiftRight<4>(b);
+    if constexpr (kFifthBit) {
+      const auto bits = hn::Set(du32, qh);
+      const auto at = hn::Iota(du32, static_cast<std::uint32_t>(j));
+      lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(bits >> at, hn::Set(du32, 1u))));
+      hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(bits >> hn::Add(at, hn::Set(du32, 16u)), hn::Set(du32, 1u))));
+    }
+    hn::StoreU(Affine(lo, offset, s, m), df, out + j);
+    hn::StoreU(Affine(hi, offset, s, m), df, out + kBlock / 2 + j);
+  }
+}
+
+inline std::uint32_t U32(const std::uint8_t* p) {
+  std::uint32_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+template <quant::PackedLayout L>
+void Row(const std::uint8_t* in, int d, float* out) {
+  using quant::PackedLayout;
+  const DF df;
+  if constexpr (L == PackedLayout::fp16) {
+    F16ToFloat(reinterpret_cast<const f16*>(in), d, out);
+  } else if constexpr (L == PackedLayout::fp8_e4m3 || L == PackedLayout::fp8_e4m3_scaled) {
+    const float* table = quant::fp8_e4m3_float_table();
+    const hn::Rebind<std::int32_t, DF> di32;
+    const bool scaled = L == PackedLayout::fp8_e4m3_scaled;
+    const float s = scaled ? Scale(in) : 1.0f;
+    const std::uint8_t* codes = in + (scaled ? 2 : 0);
+    int c = 0;
+    for (; c + static_cast<int>(kNF) <= d; c += static_cast<int>(kNF)) {
+      const VF x = hn::GatherIndex(df, table, hn::BitCast(di32, Bytes(codes + c)));
+      hn::StoreU(scaled ? hn::Mul(x, hn::Set(df, s)) : x, df, out + c);
+    }
+    for (; c < d; ++c) out[c] = scaled ? table[codes[c]] * s : table[codes[c]];
+  } else {
+    for (int g = 0; g < d / kBlock; ++g, out += kBlock) {
+      if constexpr (L == PackedLayout::rtn_int8) {
+        const std::uint8_t* r = in + g * (2 + kBlock);
+        for (int j = 0; j < kBlock; j += static_cast<int>(kNF)) hn::StoreU(Affine(Bytes(r + 2 + j), 128, Scale(r)), df, out + j);
+      } else if constexpr (L == PackedLayout::rtn_int4) {
+        const std::uint8_t* r = in + g * (2 + kBlock / 2);
+        const hn::Rebind<std::uint32_t, DF> du32;
+        HWY_ALIGN float lo[kBlock / 2], hi[kBlock / 2];
+        for (int j = 0; j < kBlock / 2; j += static_cast<int>(kNF)) {
+          const auto b = Bytes(r + 2 + j);
+          hn::Store(Affine(hn::And(b, hn::Set(du32, 15u)), 8, Scale(r)), df, lo + j);
+          hn::Store(Affine(hn::ShiftRight<4>(b), 8, Scale(r)), df, hi + j);
+        }
+        for (int j = 0; j < kBlock / 2; ++j) out[2 * j] = lo[j], out[2 * j + 1] = hi[j];  // channel 2j, 2j + 1
+      } else if constexpr (L == PackedLayout::q8_0) {
+        const std::uint8_t* r = in + g * (2 + kBlock);
+        const VF s = hn::Set(df, Scale(r));
+        for (int j = 0; j < kBlock; j += static_cast<int>(kNF)) hn::StoreU(hn::Mul(Signed(r + 2 + j), s), df, out + j);
+      } else if constexpr (L == PackedLayout::q4_0) {
+        const std::uint8_t* r = in + g * (2 + kBlock / 2);
+        Nibbles<false>(r + 2, 0, 8, Scale(r), nullptr, out);
+      } else if constexpr (L == PackedLayout::q4_1) {
+        const std::uint8_t* r = in + g * (4 + kBlock / 2);
+        const float m = Scale(r + 2);
+        Nibbles<false>(r + 4, 0, 0, Scale(r), &m, out);
+      } else if constexpr (L == PackedLayout::q5_0) {
+        const std::uint8_t* r = in + g * (6 + kBlock / 2);
+        Nibbles<true>(r + 6, U32(r + 2), 16, Scale(r), nullptr, out);
+      } else if constexpr (L == PackedLayout::q5_1) {
+        const std::uint8_t* r = in + g * (8 + kBlock / 2);
+        const float m = Scale(r + 2);
+        Nibbles<true>(r + 8, U32(r + 4), 0, Scale(r), &m, out);
+      } else if constexpr (L == PackedLayout::iq4_nl) {
+        static constexpr float kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+        static_assert(quant::kIq4nlValues[0] == -127 && quant::kIq4nlValues[15] == 113);
+        const std::uint8_t* r = in + g * (2 + kBlock / 2);
+        const hn::Rebind<std::int32_t, DF> di32;
+        const hn::Rebind<std::uint32_t, DF> du32;
+        const VF s = hn::Set(df, Scale(r));
+        for (int j = 0; j < kBlock / 2; j += static_cast<int>(kNF)) {
+          const auto b = Bytes(r + 2 + j);
+          const auto lo = hn::BitCast(di32, hn::And(b, hn::Set(du32, 15u))), hi = hn::BitCast(di32, hn::ShiftRight<4>(b));
+          hn::StoreU(hn::Mul(s, hn::GatherIndex(df, kValues, lo)), df, out + j);
+          hn::StoreU(hn::Mul(s, hn::GatherIndex(df, kValues, hi)), df, out + kBlock / 2 + j);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace packed
+
+// The decoder of a layout; nullptr for quant::PackedLayout::opaque.
+inline PackedRowDecoder PackedDecoder(quant::PackedLayout layout) {
+  using quant::PackedLayout;
+  switch (layout) {
+    case PackedLayout::fp16: return packed::Row<PackedLayout::fp16>;
+    case PackedLayout::fp8_e4m3: return packed::Row<PackedLayout::fp8_e4m3>;
+    case PackedLayout::fp8_e4m3_scaled: return packed::Row<PackedLayout::fp8_e4m3_scaled>;
+    case PackedLayout::rtn_int8: return packed::Row<PackedLayout::rtn_int8>;
+    case PackedLayout::rtn_int4: return packed::Row<PackedLayout::rtn_int4>;
+    case PackedLayout::q8_0: return packed::Row<PackedLayout::q8_0>;
+    case PackedLayout::q4_0: return packed::Row<PackedLayout::q4_0>;
+    case PackedLayout::q4_1: return packed::Row<PackedLayout::q4_1>;
+    case PackedLayout::q5_0: return packed::Row<PackedLayout::q5_0>;
+    case PackedLayout::q5_1: return packed::Row<PackedLayout::q5_1>;
+    case PackedLayout::iq4_nl: return packed::Row<PackedLayout::iq4_nl>;
+    case PackedLayout::opaque: break;
+  }
+  return nullptr;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace witcert::kernel
+HWY_AFTER_NAMESPACE();
+
+#endif  // WITCERT_KERNEL_PACKED_INL_H_
