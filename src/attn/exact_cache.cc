@@ -56,9 +56,14 @@ const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_
   thread_local Rows r;  // reused by every call on this thread: a decode step allocates nothing once warm
   r.keys.resize(n);
   r.values.resize(n);
-  for (std::int64_t t = 0; t < n; ++t) {
-    r.keys[t] = key(layer, kv_head, t);
-    r.values[t] = value(layer, kv_head, t);
+  const std::int64_t page = pool_.page_size();
+  for (std::int64_t t0 = 0; t0 < n; t0 += page) {  // a page's rows follow one another
+    const f16* k = key(layer, kv_head, t0);
+    const f16* v = value(layer, kv_head, t0);
+    for (std::int64_t t = t0; t < std::min(n, t0 + page); ++t, k += g_.head_dim, v += g_.head_dim) {
+      r.keys[t] = k;
+      r.values[t] = v;
+    }
   }
   return r;
 }
