@@ -18,12 +18,6 @@ using attn::HeadPartial;
 using attn::HeadResult;
 namespace {
 
-// The kernel's buffers: one per thread, since attend runs on several threads at once.
-kernel::Workspace& workspace() {
-  thread_local kernel::Workspace work;
-  return work;
-}
-
 // The store's settings with the exact tier kept where the gate or the soundness check reads it.
 cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opts) {
   cfg.exact_tier = cfg.exact_tier || opts.gate.on() || opts.check_soundness;
@@ -58,6 +52,7 @@ struct CertifiedKvCache::Group {
 };
 
 struct CertifiedKvCache::Scratch {
+  kernel::Workspace work;  // the kernel's buffers
   Group group;
   std::vector<HeadPartial> part;
   std::vector<HeadResult> before;
@@ -113,12 +108,13 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
   const std::int64_t pages = (n_ctx + page - 1) / page;
   g.partials.assign(group, HeadPartial{});
   std::vector<HeadPartial>& part = scratch().part;
+  kernel::Workspace& work = scratch().work;
   for (int s = 0; s < opts_.splits; ++s) {
     const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
     const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
     if (b >= e) continue;
     part.assign(group, HeadPartial{});
-    kernel::attend_range(workspace(), reader, q, group, d, b, e, ctx, part);
+    kernel::attend_range(work, reader, q, group, d, b, e, ctx, part);
     for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
   }
   finish_group(reader, q, n_ctx, g);
@@ -209,12 +205,12 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
   for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
   const attn::BoundContext ctx = context(pos0 + n);
   std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
-  if (pos0 > 0) kernel::attend_range(workspace(), reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
+  if (pos0 > 0) kernel::attend_range(scratch().work, reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
   std::vector<MeterCell> local;
   for (std::int64_t i = 0; i < n; ++i) {
     // The causal tail [pos0, pos0 + i] is this query's own.
     tail.assign(group, HeadPartial{});
-    kernel::attend_range(workspace(), reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
+    kernel::attend_range(scratch().work, reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
     Group g;
     g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
     for (int h = 0; h < group; ++h) g.partials[h].merge(tail[h]);

@@ -121,6 +121,7 @@ TelemetrySummary Telemetry::summary() const {
   s.tau_k = opts_.tau_k;
   s.tau_v = opts_.tau_v;
   Covered covered, before;
+  std::vector<double> raw;
   shards_.for_each([&](const Shard& t) {
     s.cells += t.cells;
     covered.merge(t.covered);
@@ -130,11 +131,10 @@ TelemetrySummary Telemetry::summary() const {
     s.repaired += t.repaired;
     s.checked += t.checked;
     s.violations += t.violations;
+    for (const MeterCell& c : t.samples) raw.push_back(c.raw_before);  // quantiles need no order
   });
   s.coverage = covered.over(s.cells);
   s.coverage_before = before.over(s.cells);
-  std::vector<double> raw;
-  for (const MeterCell& c : samples()) raw.push_back(c.raw_before);
   s.raw_p50 = quantile(raw, 0.5);
   s.raw_p90 = quantile(raw, 0.9);
   s.raw_p99 = quantile(raw, 0.99);

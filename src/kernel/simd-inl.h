@@ -119,6 +119,15 @@ HWY_INLINE V SumChains(const V* a) {
   return hn::Add(hn::Add(a[0], a[1]), hn::Add(a[2], a[3]));
 }
 
+// kN lanes of doubles, or of floats taken exactly as doubles.
+template <class T>
+HWY_INLINE VD LoadDouble(const T* p) {
+  if constexpr (std::is_same_v<T, float>)
+    return hn::PromoteTo(DD(), hn::LoadU(DFH(), p));
+  else
+    return hn::LoadU(DD(), p);
+}
+
 // Lane i: q · row i, for kN rows of dp doubles `stride` apart.
 // Rows of floats are taken exactly, as double: the same sums as of their double copies.
 template <class T>
@@ -129,11 +138,7 @@ HWY_INLINE VD DotRows(const double* q, const T* rows, std::size_t stride, std::s
   for (std::size_t c = 0; c < dp; c += kN) {
     const VD qv = hn::LoadU(dd, q + c);
     for (std::size_t i = 0; i < kN; ++i) {
-      VD x;
-      if constexpr (std::is_same_v<T, float>)
-        x = hn::PromoteTo(dd, hn::LoadU(DFH(), rows + i * stride + c));
-      else
-        x = hn::LoadU(dd, rows + i * stride + c);
+      const VD x = LoadDouble(rows + i * stride + c);
       acc[i] = hn::MulAdd(qv, x, acc[i]);
     }
   }
@@ -148,11 +153,7 @@ HWY_INLINE VD SquaredNorms(const T* rows, std::size_t stride, std::size_t dp) {
   for (VD& a : acc) a = hn::Zero(dd);
   for (std::size_t c = 0; c < dp; c += kN)
     for (std::size_t i = 0; i < kN; ++i) {
-      VD x;
-      if constexpr (std::is_same_v<T, float>)
-        x = hn::PromoteTo(dd, hn::LoadU(DFH(), rows + i * stride + c));
-      else
-        x = hn::LoadU(dd, rows + i * stride + c);
+      const VD x = LoadDouble(rows + i * stride + c);
       acc[i] = hn::MulAdd(x, x, acc[i]);
     }
   return TransposeSum(acc);

@@ -117,6 +117,14 @@ CLI::Validator half_open_unit(const std::string& flag) {
 // Whether `opt` was given on the command line (not whether its value differs from the default).
 bool given(const CLI::Option* opt) { return opt->count() > 0; }
 
+// --model, --prompt and --chat, which generate and logits share.
+template <class Args>
+void add_prompt_options(CLI::App* cmd, Args& a) {
+  cmd->add_option("--model", a.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  cmd->add_option("--prompt", a.prompt, "prompt text")->required();
+  cmd->add_flag("--chat", a.chat, "wrap the prompt as a user turn of the model's chat template");
+}
+
 // The options the exact backing tier shares between `run` and `generate`.
 struct TierOptions {
   CLI::Option* backing_file;
@@ -197,9 +205,7 @@ int main(int argc, char** argv) {
 
   witcert::apps::GenerateArgs gen;
   auto* generate = app.add_subcommand("generate", "Generate text with the model");
-  generate->add_option("--model", gen.model, "GGUF model file (default: the fetched SmolLM2-135M)");
-  generate->add_option("--prompt", gen.prompt, "prompt text")->required();
-  generate->add_flag("--chat", gen.chat, "wrap the prompt as a user turn of the model's chat template");
+  add_prompt_options(generate, gen);
   generate->add_option("--n", gen.n, "maximum new tokens")->transform(whole_in("--n", 0, kMaxTokens));
   generate->add_option("--temp", gen.temperature, "temperature (0: greedy)")
       ->check(real<float>("--temp", [](float v) { return std::isfinite(v) && v >= 0; }, "finite and >= 0"));
@@ -237,9 +243,7 @@ int main(int argc, char** argv) {
 
   witcert::apps::LogitsArgs lg;
   auto* logits = app.add_subcommand("logits", "Top-K next-token logits after a prompt, as JSON");
-  logits->add_option("--model", lg.model, "GGUF model file (default: the fetched SmolLM2-135M)");
-  logits->add_option("--prompt", lg.prompt, "prompt text")->required();
-  logits->add_flag("--chat", lg.chat, "wrap the prompt as a user turn of the model's chat template");
+  add_prompt_options(logits, lg);
   logits->add_option("--top", lg.top, "how many candidates")->transform(whole_in("--top", 1, kMaxTokens));
   logits->add_option("--threads", lg.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
