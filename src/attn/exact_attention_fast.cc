@@ -23,7 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr std::size_t kW = hn::MaxLanes(DF());
-constexpr int kTokens = 4;  // independent score chains per pass over the channels
+constexpr int kTokens = 8;  // independent score chains per pass over the channels
 constexpr int kTile = 16;   // value rows converted at once
 
 // head_dim fp16 values as floats (exact), padded to whole vectors with zeros.
