@@ -21,32 +21,41 @@ std::int64_t checked_pages(const KvGeometry& g, int page_size) {
 
 }  // namespace
 
-ExactKvCache::ExactKvCache(const KvGeometry& g, int page_size)
-    : g_(g), pool_(checked_pages(g, page_size), page_size), table_(pool_) {
+ExactPool::ExactPool(const KvGeometry& g, int page_size, std::int64_t pages)
+    : g_(g), pool_(pages > 0 ? pages : checked_pages(g, page_size), page_size) {
+  if (pages > 0) checked_pages(g, page_size);  // the geometry's checks
   const std::size_t n = static_cast<std::size_t>(g.layers) * g.kv_heads * pool_.pages() * page_size * g.head_dim;
   k_.assign(n, 0);
   v_.assign(n, 0);
 }
 
+ExactKvCache::ExactKvCache(const KvGeometry& g, int page_size)
+    : pool_(std::make_shared<ExactPool>(g, page_size)), table_(pool_->pool_) {}
+
+ExactKvCache::ExactKvCache(std::shared_ptr<ExactPool> pool)
+    : pool_(pool ? std::move(pool) : throw std::invalid_argument("exact KV cache: no pool")), table_(pool_->pool_) {}
+
 ExactKvCache::ExactKvCache(const ExactKvCache& other)
-    : KvCache(other), g_(other.g_), pool_(other.pool_), table_(other.table_, pool_), k_(other.k_), v_(other.v_) {}
+    : KvCache(other), pool_(std::make_shared<ExactPool>(*other.pool_)), table_(other.table_, pool_->pool_) {}
 
 std::size_t ExactKvCache::index(int layer, int kv_head, std::int64_t pos) const {
-  const std::size_t slots = static_cast<std::size_t>(pool_.pages()) * pool_.page_size();
-  return ((static_cast<std::size_t>(layer) * g_.kv_heads + kv_head) * slots + table_.slot(pos)) * g_.head_dim;
+  const KvGeometry& g = pool_->g_;
+  const std::size_t slots = static_cast<std::size_t>(pool_->pages()) * pool_->page_size();
+  return ((static_cast<std::size_t>(layer) * g.kv_heads + kv_head) * slots + table_.slot(pos)) * g.head_dim;
 }
 
 void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
-  if (pos < 0 || pos >= g_.capacity)
+  const KvGeometry& g = pool_->g_;
+  if (pos < 0 || pos >= g.capacity)
     throw std::out_of_range("KV cache position " + std::to_string(pos) + " outside capacity " +
-                            std::to_string(g_.capacity));
-  if (layer < 0 || layer >= g_.layers || kv_head < 0 || kv_head >= g_.kv_heads)
+                            std::to_string(g.capacity));
+  if (layer < 0 || layer >= g.layers || kv_head < 0 || kv_head >= g.kv_heads)
     throw std::out_of_range("KV cache: no stream for layer " + std::to_string(layer) + ", KV head " +
                             std::to_string(kv_head));
   if (pos >= table_.positions_mapped()) table_.slot_for_write(pos);  // throws when a page is skipped
-  f16* kd = &k_[index(layer, kv_head, pos)];
-  f16* vd = &v_[index(layer, kv_head, pos)];
-  for (int i = 0; i < g_.head_dim; ++i) {
+  f16* kd = &pool_->k_[index(layer, kv_head, pos)];
+  f16* vd = &pool_->v_[index(layer, kv_head, pos)];
+  for (int i = 0; i < g.head_dim; ++i) {
     kd[i] = fp16_from_float(k[i]);
     vd[i] = fp16_from_float(v[i]);
   }
@@ -56,11 +65,12 @@ const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_
   thread_local Rows r;  // reused by every call on this thread: a decode step allocates nothing once warm
   r.keys.resize(n);
   r.values.resize(n);
-  const std::int64_t page = pool_.page_size();
+  const std::int64_t page = pool_->page_size();
+  const int d = pool_->g_.head_dim;
   for (std::int64_t t0 = 0; t0 < n; t0 += page) {  // a page's rows follow one another
     const f16* k = key(layer, kv_head, t0);
     const f16* v = value(layer, kv_head, t0);
-    for (std::int64_t t = t0; t < std::min(n, t0 + page); ++t, k += g_.head_dim, v += g_.head_dim) {
+    for (std::int64_t t = t0; t < std::min(n, t0 + page); ++t, k += d, v += d) {
       r.keys[t] = k;
       r.values[t] = v;
     }
@@ -71,12 +81,12 @@ const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
   const Rows& r = rows(layer, kv_head, n_ctx);
-  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out);
+  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, pool_->g_.head_dim, out);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
                                  std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
-  const int d = g_.head_dim;
+  const int d = pool_->g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
   const Rows& r = rows(layer, kv_head, pos0 + n);
   std::vector<float> qs(n * row), res(n * row);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attn/kv_cache.h"
@@ -14,14 +15,41 @@
 
 namespace witcert::attn {
 
+// The fp16 keys and values of every sequence over one pool of pages: [layer][KV head][slot][head_dim].
+// geometry().capacity is the positions of one sequence.
+class ExactPool {
+ public:
+  // pages = 0: enough pages for one sequence of capacity.
+  ExactPool(const KvGeometry& g, int page_size = 16, std::int64_t pages = 0);
+  ExactPool(const ExactPool&) = default;  // every page, free and taken alike
+  ExactPool& operator=(const ExactPool&) = delete;
+
+  const KvGeometry& geometry() const { return g_; }
+  int page_size() const { return pool_.page_size(); }
+  std::int64_t pages() const { return pool_.pages(); }
+  std::int64_t free_pages() const { return pool_.free_pages(); }
+  // Measured bytes of the allocations.
+  std::size_t bytes() const { return (k_.size() + v_.size()) * sizeof(f16); }
+
+ private:
+  friend class ExactKvCache;
+  KvGeometry g_;
+  cache::PagePool pool_;
+  std::vector<f16> k_, v_;
+};
+
+// One sequence's exact cache: over a pool of its own, or over a pool it shares with other
+// sequences (destroying or clearing it returns its pages).
 class ExactKvCache final : public KvCache {
  public:
   explicit ExactKvCache(const KvGeometry& g, int page_size = 16);
-  // A copy of the positions written so far, with its own pages (a prefilled prompt reused).
+  // A new sequence over a shared pool (not null).
+  explicit ExactKvCache(std::shared_ptr<ExactPool> pool);
+  // A copy of the positions written so far, with a pool of its own (a prefilled prompt reused).
   ExactKvCache(const ExactKvCache& other);
   ExactKvCache& operator=(const ExactKvCache&) = delete;
 
-  const KvGeometry& geometry() const override { return g_; }
+  const KvGeometry& geometry() const override { return pool_->g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
   void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
   // The run's n·group queries in one pass over the rows, each bit for bit its own attend.
@@ -30,10 +58,13 @@ class ExactKvCache final : public KvCache {
   void clear() override { table_.clear(); }
 
   // The stored key / value of one written position (head_dim fp16 values).
-  const f16* key(int layer, int kv_head, std::int64_t pos) const { return &k_[index(layer, kv_head, pos)]; }
-  const f16* value(int layer, int kv_head, std::int64_t pos) const { return &v_[index(layer, kv_head, pos)]; }
+  const f16* key(int layer, int kv_head, std::int64_t pos) const { return &pool_->k_[index(layer, kv_head, pos)]; }
+  const f16* value(int layer, int kv_head, std::int64_t pos) const { return &pool_->v_[index(layer, kv_head, pos)]; }
 
-  std::size_t bytes() const { return (k_.size() + v_.size()) * sizeof(f16); }
+  // The pool's measured bytes, and the pages this sequence holds.
+  std::size_t bytes() const { return pool_->bytes(); }
+  std::int64_t pages() const { return table_.page_count(); }
+  const std::shared_ptr<ExactPool>& pool() const { return pool_; }
 
  private:
   std::size_t index(int layer, int kv_head, std::int64_t pos) const;
@@ -44,10 +75,8 @@ class ExactKvCache final : public KvCache {
   };
   const Rows& rows(int layer, int kv_head, std::int64_t n) const;
 
-  KvGeometry g_;
-  cache::PagePool pool_;
+  std::shared_ptr<ExactPool> pool_;
   cache::PageTable table_;
-  std::vector<f16> k_, v_;  // [layer][KV head][slot][head_dim]
 };
 
 // softmax(sm · q·kᵀ)·V for one query over n_ctx fp16 keys and values; key_row(t) and

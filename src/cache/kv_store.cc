@@ -44,9 +44,12 @@ double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int
 KvPool::KvPool(const CacheConfig& cfg)
     : cfg_(cfg),
       bands_(cfg.head_dim, cfg.bands, cfg.rope_layout),
-      pages_((cfg.capacity + cfg.page_size - 1) / std::max(1, cfg.page_size), cfg.page_size, cfg.shuffle_pages) {
+      pages_(cfg.pool_pages > 0 ? cfg.pool_pages : (cfg.capacity + cfg.page_size - 1) / std::max(1, cfg.page_size),
+             cfg.page_size, cfg.shuffle_pages) {
   if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
     throw config_error("layers, KV heads, head dimension and capacity must be positive");
+  if (cfg.pool_pages < 0) throw config_error("the pool's page count is negative");
+  names_.assign(static_cast<std::size_t>(pages_.pages()), 0);
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   if (cfg.exact_tier) exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing);
   init_side(k_, cfg.k_format, quant::KvSide::key);
@@ -54,6 +57,13 @@ KvPool::KvPool(const CacheConfig& cfg)
   if (exact_) return;
   for (Side* sd : {&k_, &v_})
     if (sd->kind == FormatKind::exact) sd->rows.assign(streams * slots() * cfg.head_dim, 0);
+}
+
+std::size_t KvPool::bytes() const {
+  std::size_t b = k_.bytes() + v_.bytes() + names_.size() * sizeof(std::uint32_t);
+  if (exact_ && k_.kind == FormatKind::exact) b += exact_->bytes() / 2;  // fp16 is served from the tier itself
+  if (exact_ && v_.kind == FormatKind::exact) b += exact_->bytes() / 2;
+  return b;
 }
 
 SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
@@ -79,6 +89,13 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
     if (pool_side->kind != FormatKind::exact) side->ring.assign(streams * ring_ * cfg.head_dim, 0);
 }
 
+std::size_t SequenceState::bytes() const {
+  const std::size_t streams = written_.size();
+  return k_.bytes() + v_.bytes() + outlier_mask_.size() + outliers_fixed_.size() +
+         written_.size() * sizeof(std::int64_t) + streams * static_cast<std::size_t>(logical_pages_) +
+         static_cast<std::size_t>(table_.page_count()) * sizeof(std::int64_t);
+}
+
 void SequenceState::clear() {
   const std::size_t streams = written_.size();
   for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
@@ -91,7 +108,10 @@ void SequenceState::clear() {
   std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
 }
 
-KvStore::KvStore(const CacheConfig& cfg) : pool_(cfg), seq_(pool_) {}
+KvStore::KvStore(const CacheConfig& cfg) : pool_(std::make_shared<KvPool>(cfg)), seq_(*pool_) {}
+
+KvStore::KvStore(std::shared_ptr<KvPool> pool)
+    : pool_(pool ? std::move(pool) : throw std::invalid_argument("KV cache: no pool")), seq_(*pool_) {}
 
 f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) {
   return const_cast<f16*>(std::as_const(*this).exact_row(which, st, pos));
@@ -101,16 +121,16 @@ const f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t 
   const bool key = which == quant::KvSide::key;
   const std::size_t d = static_cast<std::size_t>(cfg().head_dim);
   const std::size_t slot_row = st * slots() + static_cast<std::size_t>(seq_.table_.slot(pos));
-  if (pool_.exact_) return key ? pool_.exact_->key_row(slot_row) : pool_.exact_->value_row(slot_row);
-  const Side& side = key ? pool_.k_ : pool_.v_;
+  if (pool_->exact_) return key ? pool_->exact_->key_row(slot_row) : pool_->exact_->value_row(slot_row);
+  const Side& side = key ? pool_->k_ : pool_->v_;
   if (side.kind == FormatKind::exact) return &side.rows[slot_row * d];
   return &seq_side(which).ring[(st * seq_.ring_ + static_cast<std::size_t>(pos % seq_.ring_)) * d];
 }
 
 bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
   const std::size_t st = stream(layer, kv_head);
-  const std::int64_t k_end = packed_prefix(pool_.k_, quant::KvSide::key, st),
-                     v_end = packed_prefix(pool_.v_, quant::KvSide::value, st);
+  const std::int64_t k_end = packed_prefix(pool_->k_, quant::KvSide::key, st),
+                     v_end = packed_prefix(pool_->v_, quant::KvSide::value, st);
   const std::int64_t packed = std::min(n_ctx, std::max(k_end, v_end));
   for (std::int64_t pos = 0; pos < packed; pos += cfg().page_size)
     if (!page_promoted(st, pos)) return false;
@@ -152,8 +172,9 @@ void KvStore::clear() { seq_.clear(); }
 
 std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
   // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
-  if (shared_dither(pos)) return static_cast<std::uint32_t>(seq_.table_.page_of(pos)) | 0x80000000u;
-  return static_cast<std::uint32_t>(seq_.table_.slot(pos));
+  const std::uint32_t name = pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))];
+  if (shared_dither(pos)) return name | 0x80000000u;
+  return name * static_cast<std::uint32_t>(cfg().page_size) + static_cast<std::uint32_t>(pos % cfg().page_size);
 }
 
 void KvStore::set_prompt_length(std::int64_t n) {
@@ -179,7 +200,7 @@ DitherMode parse_dither_mode(const std::string& name) {
 }
 
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
-  if (!pool_.exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
+  if (!pool_->exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
   std::uint8_t expected = 0;
   if (!seq_.promoted_[stream(layer, kv_head) * seq_.logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
     return false;
@@ -217,7 +238,10 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   if (pos != seq_.written_[st])
     throw std::invalid_argument("KV cache: position " + std::to_string(pos) + " written out of order (expected " +
                                 std::to_string(seq_.written_[st]) + ")");
-  if (pos >= seq_.table_.positions_mapped()) seq_.table_.slot_for_write(pos);
+  if (pos >= seq_.table_.positions_mapped()) {
+    seq_.table_.slot_for_write(pos);
+    pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))] = static_cast<std::uint32_t>(pos / cfg().page_size);
+  }
   const int d = cfg().head_dim;
   f16* ek = exact_row(quant::KvSide::key, st, pos);
   f16* ev = exact_row(quant::KvSide::value, st, pos);
@@ -227,17 +251,17 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   }
   seq_.written_[st] = pos + 1;
 
-  if (pool_.k_.kind == FormatKind::dither_int8 && !seq_.outliers_fixed_[st]) {
+  if (pool_->k_.kind == FormatKind::dither_int8 && !seq_.outliers_fixed_[st]) {
     if (pos + 1 >= cfg().calibration_tokens) fix_outliers(st);  // encodes [0, pos]
-  } else if (pool_.k_.kind == FormatKind::scheme && pool_.k_.T > 1) {
-    if ((pos + 1) % pool_.k_.T == 0) encode_group(pool_.k_, quant::KvSide::key, st, pos / pool_.k_.T);
-  } else if (pool_.k_.kind != FormatKind::exact) {
-    encode_token(pool_.k_, quant::KvSide::key, st, pos);
+  } else if (pool_->k_.kind == FormatKind::scheme && pool_->k_.T > 1) {
+    if ((pos + 1) % pool_->k_.T == 0) encode_group(pool_->k_, quant::KvSide::key, st, pos / pool_->k_.T);
+  } else if (pool_->k_.kind != FormatKind::exact) {
+    encode_token(pool_->k_, quant::KvSide::key, st, pos);
   }
-  if (pool_.v_.kind == FormatKind::scheme && pool_.v_.T > 1) {
-    if ((pos + 1) % pool_.v_.T == 0) encode_group(pool_.v_, quant::KvSide::value, st, pos / pool_.v_.T);
-  } else if (pool_.v_.kind != FormatKind::exact) {
-    encode_token(pool_.v_, quant::KvSide::value, st, pos);
+  if (pool_->v_.kind == FormatKind::scheme && pool_->v_.T > 1) {
+    if ((pos + 1) % pool_->v_.T == 0) encode_group(pool_->v_, quant::KvSide::value, st, pos / pool_->v_.T);
+  } else if (pool_->v_.kind != FormatKind::exact) {
+    encode_token(pool_->v_, quant::KvSide::value, st, pos);
   }
 }
 
@@ -261,7 +285,7 @@ void KvStore::fix_outliers(std::size_t st) {
     mask[p.lo] = mask[p.hi] = 1;
   }
   seq_.outliers_fixed_[st] = 1;
-  for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) encode_token(pool_.k_, quant::KvSide::key, st, pos);
+  for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) encode_token(pool_->k_, quant::KvSide::key, st, pos);
 }
 
 void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) {
@@ -292,7 +316,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
       std::vector<std::int32_t> squares(side.meta_per_token, 0);
       for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
       const float bound = cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
-      float& page_max = side.norm_max[st * pool_.pages() + static_cast<std::size_t>(slot / cfg().page_size)];
+      float& page_max = side.norm_max[st * pool_->pages() + static_cast<std::size_t>(slot / cfg().page_size)];
       page_max = pos % cfg().page_size == 0 ? bound : std::max(page_max, bound);
     }
     return;
@@ -305,7 +329,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
 
 void KvStore::scheme_meta(quant::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const {
   if (which == quant::KvSide::key) {
-    cert::tier_a_witness(pool_.bands_, x_hat, x, std::span<f16>(meta, cfg().bands));
+    cert::tier_a_witness(pool_->bands_, x_hat, x, std::span<f16>(meta, cfg().bands));
     return;
   }
   double rho = 0.0;
@@ -330,18 +354,15 @@ void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std:
 }
 
 std::size_t KvStore::compressed_bytes() const {
-  std::size_t b = pool_.k_.bytes() + pool_.v_.bytes() + seq_.k_.bytes() + seq_.v_.bytes() + seq_.outlier_mask_.size();
-  if (pool_.exact_ && pool_.k_.kind == FormatKind::exact) b += pool_.exact_->bytes() / 2;  // fp16 is served from the tier itself
-  if (pool_.exact_ && pool_.v_.kind == FormatKind::exact) b += pool_.exact_->bytes() / 2;
-  return b;
+  return pool_->bytes() + seq_.k_.bytes() + seq_.v_.bytes() + seq_.outlier_mask_.size();
 }
 
-std::size_t KvStore::backing_bytes() const { return pool_.exact_ ? pool_.exact_->bytes() : 0; }
+std::size_t KvStore::backing_bytes() const { return pool_->backing_bytes(); }
 
 double KvStore::bytes_per_token_head(quant::KvSide side) const {
-  const Side& s = side == quant::KvSide::key ? pool_.k_ : pool_.v_;
+  const Side& s = side == quant::KvSide::key ? pool_->k_ : pool_->v_;
   const double tokens = static_cast<double>(cfg().layers) * cfg().kv_heads * static_cast<double>(slots());
-  if (s.kind == FormatKind::exact && pool_.exact_) return static_cast<double>(pool_.exact_->bytes()) / 2 / tokens;
+  if (s.kind == FormatKind::exact && pool_->exact_) return static_cast<double>(pool_->exact_->bytes()) / 2 / tokens;
   // The sequence's group blocks count; its ring is a fixed staging buffer per stream, not a cost per token.
   double b = static_cast<double>(s.bytes() + seq_side(side).groups.size());
   if (side == quant::KvSide::key && s.kind == FormatKind::dither_int8) b += seq_.outlier_mask_.size();
@@ -384,8 +405,9 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   r.begin = pos / P * P;
   r.end = r.begin + P;
   const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos)) * P;
-  r.page_counter = static_cast<std::uint32_t>(s_.seq_.table_.page_of(pos)) | 0x80000000u;
-  r.slot_counter = static_cast<std::uint32_t>(s_.seq_.table_.slot(r.begin));
+  const std::uint32_t name = s_.pool_->names_[static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
+  r.page_counter = name | 0x80000000u;
+  r.slot_counter = name * static_cast<std::uint32_t>(P);
   r.shared_end = std::clamp(s_.shared_dither_end(), r.begin, r.end);
   const bool repaired = s_.page_promoted(stream_, pos);  // a repaired page is served exact
   auto view = [&](const Side& sd, quant::KvSide which, const f16* exact) {
@@ -396,21 +418,21 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
     if (sd.kind == FormatKind::dither_int8) v.codes = &sd.codes[first * d];
     if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg().outlier_pairs];
-    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_.pages() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
+    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_->pages() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
     return v;
   };
   // A page's slots, and its rows in a ring, follow one another from the row of its first position.
-  r.k = view(s_.pool_.k_, quant::KvSide::key, s_.exact_row(quant::KvSide::key, stream_, r.begin));
-  r.v = view(s_.pool_.v_, quant::KvSide::value, s_.exact_row(quant::KvSide::value, stream_, r.begin));
+  r.k = view(s_.pool_->k_, quant::KvSide::key, s_.exact_row(quant::KvSide::key, stream_, r.begin));
+  r.v = view(s_.pool_->v_, quant::KvSide::value, s_.exact_row(quant::KvSide::value, stream_, r.begin));
   return r;
 }
 
 const quant::KvScheme* KvStore::Reader::scheme(quant::KvSide side) const {
-  return (side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_).scheme;
+  return (side == quant::KvSide::key ? s_.pool_->k_ : s_.pool_->v_).scheme;
 }
 
 const std::uint8_t* KvStore::Reader::group_block(quant::KvSide side, std::int64_t block) const {
-  const Side& sd = side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_;
+  const Side& sd = side == quant::KvSide::key ? s_.pool_->k_ : s_.pool_->v_;
   return &s_.seq_side(side).groups[(stream_ * s_.group_blocks(sd) + block) * sd.block_bytes];
 }
 
@@ -419,7 +441,7 @@ quant::DitherStream KvStore::Reader::dither_stream() const {
 }
 
 void KvStore::Reader::decode_scheme(quant::KvSide side, std::int64_t pos, float* out, BlockCache& cache) {
-  const Side& sd = side == quant::KvSide::key ? s_.pool_.k_ : s_.pool_.v_;
+  const Side& sd = side == quant::KvSide::key ? s_.pool_->k_ : s_.pool_->v_;
   const int d = s_.cfg().head_dim;
   if (sd.T == 1) {
     sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.seq_.table_.slot(pos)) * sd.block_bytes], d, out);
@@ -435,7 +457,7 @@ void KvStore::Reader::decode_scheme(quant::KvSide side, std::int64_t pos, float*
 }
 
 void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
-  const Side& sd = s_.pool_.k_;
+  const Side& sd = s_.pool_->k_;
   if (!s_.encoded(sd, quant::KvSide::key, stream_, pos)) {
     exact_key(pos, k_hat);
     bound = KeyBound{};
@@ -464,7 +486,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
 }
 
 void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
-  const Side& sd = s_.pool_.v_;
+  const Side& sd = s_.pool_->v_;
   if (!s_.encoded(sd, quant::KvSide::value, stream_, pos)) {
     exact_value(pos, v_hat);
     rho = 0.0;

@@ -10,7 +10,8 @@
 //   dither-int8      Tier B (§4.2): int8 codes + one fp16 scale per token × 32 channels; keys
 //                    also keep m fixed outlier RoPE pairs per (layer, KV head) in fp16, excluded
 //                    from the amax. The key dither is regenerated from Philox at read time from
-//                    the slot (or the page, DitherMode::shared_page). Values are rounded without
+//                    the token's page name and offset (or the page name alone,
+//                    DitherMode::shared_page). Values are rounded without
 //                    dither: their bound ρ_t ≤ ‖s/2‖ is deterministic. Each page of values also
 //                    keeps max_t (‖v̂_t‖ + ρ_t) over its tokens, a float rounded up, for the
 //                    value-side term (4 bytes a page: 0.25 a token at page size 16).
@@ -56,8 +57,10 @@ struct CacheConfig {
   int layers = 0;
   int kv_heads = 0;
   int head_dim = 0;
-  std::int64_t capacity = 0;  // positions of the one sequence
+  std::int64_t capacity = 0;  // positions of one sequence
   int page_size = 16;
+  // Pages of the pool, shared by every sequence over it; 0: enough for one sequence of capacity.
+  std::int64_t pool_pages = 0;
   quant::KvFormat k_format;  // fp16 unless set
   quant::KvFormat v_format;
   int outlier_pairs = 4;        // m (dither-int8 keys)
@@ -93,7 +96,10 @@ struct KeyBound {
 // The bytes a pool of pages holds for every sequence it serves, indexed by slot: every format's
 // packed bytes and meter metadata, an fp16 side's own rows, and the exact backing tier. A slot's
 // bytes carry nothing of the sequence that wrote them before: every read of a slot is of a
-// position its current sequence has written.
+// position its current sequence has written. Each page also keeps its name, the logical page
+// its writer gave it, which names its tokens' dither: a page read by any sequence, at any
+// physical place, regenerates the ξ it was written with, and a sequence draws the same ξ alone
+// or beside others.
 class KvPool {
  public:
   // Throws std::invalid_argument for an impossible shape, a format the head size cannot hold or
@@ -106,6 +112,10 @@ class KvPool {
   std::int64_t free_pages() const { return pages_.free_pages(); }
   std::size_t slots() const { return static_cast<std::size_t>(pages_.pages()) * cfg_.page_size; }
   bool has_exact_tier() const { return exact_ != nullptr; }
+  // Measured bytes of the allocations: every page's compressed form (payload, meter metadata,
+  // an fp16 side's rows, page names) and the exact backing tier.
+  std::size_t bytes() const;
+  std::size_t backing_bytes() const { return exact_ ? exact_->bytes() : 0; }
 
  private:
   friend class KvStore;
@@ -133,6 +143,7 @@ class KvPool {
   cert::BandLayout bands_;
   PagePool pages_;
   Side k_, v_;
+  std::vector<std::uint32_t> names_;    // [page]: the logical page its writer gave it
   std::unique_ptr<BackingTier> exact_;  // rows [stream][slot], head_dim each; null without a tier
 };
 
@@ -144,6 +155,10 @@ class SequenceState {
  public:
   explicit SequenceState(KvPool& pool);
   void clear();
+  // Measured bytes of the sequence's own allocations (page table, group blocks, ring, outlier
+  // pairs, lengths, repair flags); its pages are the pool's.
+  std::size_t bytes() const;
+  std::int64_t pages() const { return table_.page_count(); }
 
  private:
   friend class KvStore;
@@ -167,15 +182,21 @@ class SequenceState {
   std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};
 };
 
-// One sequence in a pool of its own: the store the certified cache reads and writes.
+// One sequence's store, the one the certified cache reads and writes: over a pool of its own, or
+// over a pool it shares with other sequences (each write and read names only this sequence's
+// pages; destroying or clearing the store returns them).
 class KvStore {
  public:
   // Throws std::invalid_argument for an unknown format or a shape the format cannot hold.
   explicit KvStore(const CacheConfig& cfg);
+  // A new sequence over a shared pool (not null).
+  explicit KvStore(std::shared_ptr<KvPool> pool);
 
-  const CacheConfig& config() const { return pool_.cfg_; }
-  const KvPool& pool() const { return pool_; }
-  FormatKind kind(quant::KvSide side) const { return pool_.kind(side); }
+  const CacheConfig& config() const { return pool_->cfg_; }
+  const KvPool& pool() const { return *pool_; }
+  const std::shared_ptr<KvPool>& shared_pool() const { return pool_; }
+  const SequenceState& sequence() const { return seq_; }
+  FormatKind kind(quant::KvSide side) const { return pool_->kind(side); }
 
   // Stores the post-RoPE key and value of `pos` for (layer, kv_head); positions arrive in order
   // for each (layer, kv_head). Throws std::out_of_range beyond the capacity.
@@ -235,7 +256,7 @@ class KvStore {
       std::int64_t begin = 0, end = 0;  // the positions of the page
       std::int64_t shared_end = 0;       // [begin, shared_end) take the page's shared ξ, the rest their slot's
       std::uint32_t page_counter = 0;    // Philox counter word of the page's shared ξ
-      std::uint32_t slot_counter = 0;    // Philox counter word of the page's first slot
+      std::uint32_t slot_counter = 0;    // Philox counter word of the page's first token
       RawSide k, v;
       std::uint32_t counter(std::int64_t pos) const {
         return pos < shared_end ? page_counter : slot_counter + static_cast<std::uint32_t>(pos - begin);
@@ -280,7 +301,7 @@ class KvStore {
   // not yet encoded) and the exact backing tier (0 without one).
   std::size_t compressed_bytes() const;
   std::size_t backing_bytes() const;
-  bool has_exact_tier() const { return pool_.has_exact_tier(); }
+  bool has_exact_tier() const { return pool_->has_exact_tier(); }
   // Whether every token of [0, n_ctx) of (layer, kv_head) is served exact (unencoded, fp16 or
   // on a promoted page) on both sides.
   bool served_exact(int layer, int kv_head, std::int64_t n_ctx) const;
@@ -291,8 +312,8 @@ class KvStore {
  private:
   using Side = KvPool::Side;
   std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg().kv_heads + kv_head; }
-  const CacheConfig& cfg() const { return pool_.cfg_; }
-  std::size_t slots() const { return pool_.slots(); }
+  const CacheConfig& cfg() const { return pool_->cfg_; }
+  std::size_t slots() const { return pool_->slots(); }
   // Index in Side::codes of channel c of the dither-int8 key in global slot `at`.
   std::size_t key_code(std::size_t at, int c) const {
     const std::size_t P = static_cast<std::size_t>(cfg().page_size);
@@ -313,7 +334,7 @@ class KvStore {
   // ρ_t = ‖x̂ − x‖ rounded up of a value.
   void scheme_meta(quant::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const;
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
-  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token
+  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token: its page's name and offset
   // Positions [0, packed_prefix) of a stream are served from the packed form, the rest from the
   // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
   std::int64_t packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const;
@@ -325,7 +346,7 @@ class KvStore {
     return !page_promoted(st, pos) && pos < packed_prefix(side, which, st);
   }
 
-  KvPool pool_;
+  std::shared_ptr<KvPool> pool_;
   SequenceState seq_;
 };
 

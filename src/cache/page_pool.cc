@@ -15,7 +15,18 @@ PagePool::PagePool(std::int64_t pages, int page_size, std::uint64_t shuffle_seed
   if (shuffle_seed != 0) std::shuffle(free_.begin(), free_.end(), std::mt19937_64(shuffle_seed));
 }
 
+PagePool::PagePool(const PagePool& other) : pages_(other.pages_), page_size_(other.page_size_) {
+  const std::lock_guard<std::mutex> lock(other.mu_);
+  free_ = other.free_;
+}
+
+std::int64_t PagePool::free_pages() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<std::int64_t>(free_.size());
+}
+
 std::int64_t PagePool::allocate() {
+  const std::lock_guard<std::mutex> lock(mu_);
   if (free_.empty())
     throw std::runtime_error("KV page pool exhausted (" + std::to_string(pages_) + " pages of " +
                              std::to_string(page_size_) + " tokens)");
@@ -24,7 +35,10 @@ std::int64_t PagePool::allocate() {
   return p;
 }
 
-void PagePool::release(std::int64_t page) { free_.push_back(page); }
+void PagePool::release(std::int64_t page) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(page);
+}
 
 PageTable::~PageTable() { clear(); }
 

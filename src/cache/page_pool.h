@@ -1,10 +1,12 @@
 // Paged token storage: a pool of fixed-size pages and per-sequence page tables (DESIGN §2,
 // layer 3). A page holds page_size token slots of every (layer, KV head); the slot of position
-// pos is page_table[pos / page_size]·page_size + pos % page_size. The slot, not the position,
-// names a token's storage and its dither stream, so paging cannot change either.
+// pos is page_table[pos / page_size]·page_size + pos % page_size. The slot names a token's
+// storage; the name its writer gave the page (kept by the pool) names its dither, so neither
+// paging nor sharing a page changes what a token reads back.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace witcert::cache {
@@ -14,18 +16,23 @@ class PagePool {
   // pages × page_size slots. shuffle_seed ≠ 0 hands pages out in a shuffled order (tests:
   // nothing may depend on physical pages being contiguous or ordered).
   PagePool(std::int64_t pages, int page_size, std::uint64_t shuffle_seed = 0);
+  // The same pages, free and taken alike (a copied cache).
+  PagePool(const PagePool& other);
+  PagePool& operator=(const PagePool&) = delete;
 
   int page_size() const { return page_size_; }
   std::int64_t pages() const { return pages_; }
-  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t free_pages() const;
 
-  // Throws std::runtime_error when the pool is exhausted.
+  // Thread-safe: the sequences of one pool take and return pages from any thread. Throws
+  // std::runtime_error when the pool is exhausted.
   std::int64_t allocate();
   void release(std::int64_t page);
 
  private:
   std::int64_t pages_;
   int page_size_;
+  mutable std::mutex mu_;
   std::vector<std::int64_t> free_;  // a stack: the next page handed out is free_.back()
 };
 
@@ -46,6 +53,7 @@ class PageTable {
     return pages_[pos / pool_->page_size()] * pool_->page_size() + pos % pool_->page_size();
   }
   std::int64_t page_of(std::int64_t pos) const { return pages_[pos / pool_->page_size()]; }
+  std::int64_t page_count() const { return static_cast<std::int64_t>(pages_.size()); }
   std::int64_t positions_mapped() const { return static_cast<std::int64_t>(pages_.size()) * pool_->page_size(); }
   void clear();
 

@@ -35,6 +35,17 @@ CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const Certifie
   opts.gate.validate();
 }
 
+CertifiedKvCache::CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const CertifiedOptions& opts)
+    : g_{}, opts_(opts), store_(std::move(pool)) {
+  const cache::CacheConfig& cfg = store_.config();
+  g_ = {cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity};
+  delta_loc_ = cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget);
+  if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
+  opts.gate.validate();
+  if ((opts.gate.on() || opts.check_soundness) && !store_.has_exact_tier())
+    throw std::invalid_argument("the gate and the soundness check read the exact backing tier, and this pool keeps none");
+}
+
 attn::BoundContext CertifiedKvCache::context(std::int64_t S) const {
   return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_};
 }

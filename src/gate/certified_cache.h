@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -33,6 +34,10 @@ class CertifiedKvCache final : public attn::KvCache {
   // exact backing tier is allocated only when the gate or the soundness check needs it
   // (cfg.exact_tier is then set to at least ExactTier::ram).
   CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts);
+  // A new sequence over a shared pool, with its own options (gate, δ, bound, decode budget, sinks).
+  // Throws std::invalid_argument as above, and when the gate or the soundness check needs an exact
+  // tier the pool does not keep.
+  CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const CertifiedOptions& opts);
 
   const attn::KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
@@ -76,7 +81,7 @@ class CertifiedKvCache final : public attn::KvCache {
   attn::KvGeometry g_;
   CertifiedOptions opts_;
   cache::KvStore store_;
-  double delta_loc_;
+  double delta_loc_ = 0.0;
 };
 
 }  // namespace witcert::gate

@@ -319,7 +319,8 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   const double streams = kLayers * kKvHeads, ring = 2 * streams * 16 * 128;  // one page of fp16 rows a side
   EXPECT_NEAR(static_cast<double>(dither.store().compressed_bytes()),
               streams * 4096 * (84.0 + 68.25) + ring, streams * 4096 * 0.1);
-  EXPECT_EQ(fp16.store().compressed_bytes(), static_cast<std::size_t>(streams * (4096 * 256 + kDim)));  // + the mask
+  // + the mask, and each page's name (4 B a page of 16 tokens).
+  EXPECT_EQ(fp16.store().compressed_bytes(), static_cast<std::size_t>(streams * (4096 * 256 + kDim) + 4096 / 16 * 4));
   // A gate keeps the tier: 2 · 128 B a token and KV head, in a file unless asked for RAM.
   CertifiedOptions gated = heads(6);
   gated.gate = {0.2, Granularity::block};
