@@ -1,11 +1,13 @@
-// The store as a pool plus one sequence's state: a cleared sequence returns every page, and a page
-// written again serves only what its new sequence wrote, for every format.
+// The store as a pool plus one sequence's state: a cleared sequence returns every page, a page
+// written again serves only what its new sequence wrote, and sequences sharing one pool each
+// read back exactly what they read alone, for every format, page size and dither mode.
 #include "cache/kv_store.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,21 +20,29 @@ namespace {
 
 constexpr int kDim = 64;
 
-void write_all(KvStore& s, std::int64_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
+// The key and value of (sequence seed, position, head): the same numbers whoever writes them when.
+void token(std::uint64_t seed, std::int64_t p, int h, std::vector<float>& k, std::vector<float>& v) {
+  std::mt19937_64 rng(seed * 1000003 + static_cast<std::uint64_t>(p) * 2 + static_cast<std::uint64_t>(h));
   std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int i = 0; i < kDim; ++i) k[i] = g(rng), v[i] = g(rng);
+  if (p % 7 == 3) k[5] *= 40.0f;  // an outlier channel now and then
+}
+
+void write_range(KvStore& s, std::int64_t b, std::int64_t e, std::uint64_t seed) {
   std::vector<float> k(kDim), v(kDim);
-  for (std::int64_t p = 0; p < n; ++p)
+  for (std::int64_t p = b; p < e; ++p)
     for (int h = 0; h < 2; ++h) {
-      for (int i = 0; i < kDim; ++i) k[i] = g(rng), v[i] = g(rng);
+      token(seed, p, h, k, v);
       s.write(0, h, p, k.data(), v.data());
     }
 }
 
-// Every decoded key and value of stream (0, 1), with each key's bound kind. A dither-int8 key
-// depends on its slot's dither, so it is left out (keys_too false) and checked against its exact
-// value in the exact tier instead: within one quantization step of its group's scale.
-std::vector<float> read_all(const KvStore& s, std::int64_t n, bool keys_too) {
+void write_all(KvStore& s, std::int64_t n, std::uint64_t seed) { write_range(s, 0, n, seed); }
+
+// Every decoded key and value of stream (0, 1), with each key's bound kind and each value's ρ.
+// With keys_too false the keys are left out and checked against their exact values in the exact
+// tier instead: within one quantization step of their group's scale.
+std::vector<float> read_all(const KvStore& s, std::int64_t n, bool keys_too = true) {
   KvStore::Reader r(s, 0, 1);
   std::vector<float> k(kDim), v(kDim), exact(kDim), all;
   for (std::int64_t p = 0; p < n; ++p) {
@@ -75,9 +85,79 @@ TEST(KvStore, AClearedSequenceReturnsItsPagesAndReusedPagesCarryNothingOfIt) {
         EXPECT_EQ(reused.length(0, 1), 0);
         write_all(reused, n - 5, 2);
         write_all(fresh, n - 5, 2);
-        const bool keys_too = fmt != quant::kDitherInt8;
-        EXPECT_EQ(read_all(reused, n - 5, keys_too), read_all(fresh, n - 5, keys_too));
+        // Every format, dither-int8 keys too: a page's dither is named by its writer, not its place.
+        EXPECT_EQ(read_all(reused, n - 5), read_all(fresh, n - 5));
+        if (fmt == quant::kDitherInt8) read_all(reused, n - 5, false);  // and near the exact keys
       }
+}
+
+TEST(KvStore, SequencesInOnePoolEachReadWhatTheyReadAlone) {
+  for (const std::string& fmt : quant::kv_format_names())
+    for (int page : {1, 16, 64})
+      for (DitherMode mode : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt}) {
+        if (fmt != quant::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        SCOPED_TRACE(fmt + " page " + std::to_string(page) + " " + dither_mode_name(mode));
+        const std::int64_t lengths[3] = {70, 33, 129};
+        CacheConfig cfg = test_config(1, 2, kDim, 129, page, fmt, fmt, page == 16 ? 11 : 0);
+        cfg.dither = mode;
+        cfg.exact_tier = true;
+        cfg.backing = BackingPlace::in_ram();
+        // Room for the three at once, and for a fourth once the second has gone.
+        std::int64_t pages = 0;
+        for (std::int64_t n : lengths) pages += (n + page - 1) / page;
+        cfg.pool_pages = pages;
+        auto pool = std::make_shared<KvPool>(cfg);
+        std::vector<std::unique_ptr<KvStore>> seqs;
+        for (int i = 0; i < 3; ++i) {
+          seqs.push_back(std::make_unique<KvStore>(pool));
+          seqs.back()->set_prompt_length(lengths[i] / 2);
+        }
+        // Interleaved writes, a few positions at a time, as a batched step writes them.
+        for (std::int64_t p = 0; p < 129; p += 5)
+          for (int i = 0; i < 3; ++i) write_range(*seqs[i], std::min(p, lengths[i]), std::min(p + 5, lengths[i]), i + 1);
+        EXPECT_EQ(pool->free_pages(), 0);
+        for (int i = 0; i < 3; ++i) {
+          CacheConfig solo_cfg = cfg;
+          solo_cfg.pool_pages = 0;
+          KvStore solo(solo_cfg);
+          solo.set_prompt_length(lengths[i] / 2);
+          write_all(solo, lengths[i], i + 1);
+          EXPECT_EQ(read_all(*seqs[i], lengths[i]), read_all(solo, lengths[i])) << "sequence " << i;
+        }
+        // The second returns its pages; a fourth takes them and reads only its own values.
+        const std::int64_t held = seqs[1]->sequence().pages();
+        seqs[1].reset();
+        EXPECT_EQ(pool->free_pages(), held);
+        KvStore fourth(pool);
+        fourth.set_prompt_length(10);
+        write_all(fourth, lengths[1], 9);
+        CacheConfig solo_cfg = cfg;
+        solo_cfg.pool_pages = 0;
+        KvStore solo(solo_cfg);
+        solo.set_prompt_length(10);
+        write_all(solo, lengths[1], 9);
+        EXPECT_EQ(read_all(fourth, lengths[1]), read_all(solo, lengths[1]));
+        EXPECT_EQ(read_all(*seqs[0], lengths[0]).size(), static_cast<std::size_t>(lengths[0]) * (kDim * 2 + 2));
+        // The pool is full again: one more page is refused with a clear error, nothing written.
+        KvStore fifth(pool);
+        std::vector<float> k(kDim, 1.0f), v(kDim, 1.0f);
+        EXPECT_THROW(fifth.write(0, 0, 0, k.data(), v.data()), std::runtime_error);
+        EXPECT_EQ(fifth.length(0, 0), 0);
+      }
+}
+
+TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
+  CacheConfig cfg = test_config(2, 2, kDim, 256, 16, quant::kDitherInt8, "q4_0", 0);
+  cfg.pool_pages = 40;
+  auto pool = std::make_shared<KvPool>(cfg);
+  const std::size_t before = pool->bytes();
+  KvStore a(pool), b(pool);
+  write_all(a, 100, 1);
+  EXPECT_EQ(pool->bytes(), before);  // pages are allocated with the pool, never per write
+  EXPECT_GT(a.sequence().bytes(), 0u);
+  EXPECT_EQ(a.sequence().pages(), 7);
+  EXPECT_EQ(b.sequence().pages(), 0);
+  EXPECT_EQ(pool->free_pages(), 33);
 }
 
 }  // namespace
