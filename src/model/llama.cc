@@ -159,28 +159,77 @@ void LlamaModel::rope(float* x, int n_heads, std::int64_t pos) const {
 
 void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache,
                          ThreadPool& pool, std::span<float> logits, bool all_logits) const {
+  BatchRow row{tokens, pos0, &cache, all_logits, true};
+  forward_batch(std::span<BatchRow>(&row, 1), pool, logits);
+  if (row.logits_ok) return;
   const std::int64_t n = static_cast<std::int64_t>(tokens.size());
-  if (n == 0) throw std::invalid_argument("forward: no tokens");
-  const attn::KvGeometry& g = cache.geometry();
-  if (g.layers != cfg_.layers || g.kv_heads != cfg_.kv_heads || g.head_dim != cfg_.head_dim)
-    throw std::invalid_argument("forward: KV cache geometry does not match the model");
-  if (pos0 < 0 || pos0 + n > g.capacity || pos0 + n > cfg_.context)
-    throw std::out_of_range("forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
-                            " exceed the context of " + std::to_string(std::min(g.capacity, cfg_.context)) +
-                            " tokens");
   const std::size_t want = static_cast<std::size_t>(all_logits ? n : 1) * cfg_.vocab;
-  if (logits.size() < want) throw std::invalid_argument("forward: logits buffer too small");
-  for (std::int32_t t : tokens)
-    if (t < 0 || t >= cfg_.vocab)
-      throw std::out_of_range("forward: token id " + std::to_string(t) + " outside the vocabulary of " +
-                              std::to_string(cfg_.vocab));
+  for (std::size_t i = 0; i < want; ++i)
+    if (!std::isfinite(logits[i]))
+      throw std::runtime_error("forward: non-finite logit at position " +
+                               std::to_string(pos0 + (all_logits ? 0 : n - 1) + static_cast<std::int64_t>(i / cfg_.vocab)) +
+                               " (NaN or Inf in the activations)");
+}
+
+void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits) const {
+  if (rows.empty()) throw std::invalid_argument("forward: no rows");
+  std::int64_t n = 0, n_out = 0;  // tokens, and tokens whose logits are wanted
+  for (const BatchRow& row : rows) {
+    const std::int64_t m = static_cast<std::int64_t>(row.tokens.size());
+    if (m == 0) throw std::invalid_argument("forward: no tokens");
+    if (row.cache == nullptr) throw std::invalid_argument("forward: a row without a cache");
+    const attn::KvGeometry& g = row.cache->geometry();
+    if (g.layers != cfg_.layers || g.kv_heads != cfg_.kv_heads || g.head_dim != cfg_.head_dim)
+      throw std::invalid_argument("forward: KV cache geometry does not match the model");
+    if (row.pos0 < 0 || row.pos0 + m > g.capacity || row.pos0 + m > cfg_.context)
+      throw std::out_of_range("forward: positions " + std::to_string(row.pos0) + ".." + std::to_string(row.pos0 + m - 1) +
+                              " exceed the context of " + std::to_string(std::min(g.capacity, cfg_.context)) +
+                              " tokens");
+    for (std::int32_t t : row.tokens)
+      if (t < 0 || t >= cfg_.vocab)
+        throw std::out_of_range("forward: token id " + std::to_string(t) + " outside the vocabulary of " +
+                                std::to_string(cfg_.vocab));
+    n += m;
+    n_out += row.all_logits ? m : 1;
+  }
+  if (logits.size() < static_cast<std::size_t>(n_out) * cfg_.vocab)
+    throw std::invalid_argument("forward: logits buffer too small");
 
   const int d = cfg_.d_model, hd = cfg_.head_dim, H = cfg_.heads, KV = cfg_.kv_heads, G = cfg_.group();
   const std::int64_t q_dim = H * hd, kv_dim = KV * hd;
   std::vector<float> x(n * d), xb(n * d), q(n * q_dim), k(n * kv_dim), v(n * kv_dim), att(n * q_dim),
       gate(n * cfg_.d_ff), up(n * cfg_.d_ff);
+  std::vector<std::int64_t> first(rows.size() + 1, 0);  // row r's tokens are [first[r], first[r + 1])
+  for (std::size_t r = 0; r < rows.size(); ++r) first[r + 1] = first[r] + static_cast<std::int64_t>(rows[r].tokens.size());
 
-  for (std::int64_t i = 0; i < n; ++i) embedding_row(tok_embd_, tokens[i], &x[i * d]);
+  // Attention jobs: (row, KV head, run) triples, or a row's KV head taking its runs in order, or
+  // a whole row, as the row's cache asks (KvCache::attend_concurrency). Runs of kAttnRun tokens
+  // start at the row's first token, so that a cache reads its shared prefix once per run.
+  struct Job {
+    std::size_t row;
+    int head;          // −1: every KV head
+    std::int64_t run;  // −1: every run, in order
+  };
+  std::vector<Job> jobs;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t runs = (static_cast<std::int64_t>(rows[r].tokens.size()) + kAttnRun - 1) / kAttnRun;
+    switch (rows[r].cache->attend_concurrency()) {
+      case attn::AttendConcurrency::any:
+        for (std::int64_t run = 0; run < runs; ++run)
+          for (int h = 0; h < KV; ++h) jobs.push_back({r, h, run});
+        break;
+      case attn::AttendConcurrency::per_head:
+        for (int h = 0; h < KV; ++h) jobs.push_back({r, h, -1});
+        break;
+      case attn::AttendConcurrency::serial:
+        jobs.push_back({r, -1, -1});
+        break;
+    }
+  }
+
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(rows[r].tokens.size()); ++i)
+      embedding_row(tok_embd_, rows[r].tokens[i], &x[(first[r] + i) * d]);
 
   for (int l = 0; l < cfg_.layers; ++l) {
     const Layer& L = layers_[l];
@@ -188,41 +237,33 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
     matmul(L.wq, xb.data(), n, q.data(), pool);
     matmul(L.wk, xb.data(), n, k.data(), pool);
     matmul(L.wv, xb.data(), n, v.data(), pool);
-    for (std::int64_t i = 0; i < n; ++i) {
-      rope(&q[i * q_dim], H, pos0 + i);
-      rope(&k[i * kv_dim], KV, pos0 + i);
-      for (int h = 0; h < KV; ++h) cache.write(l, h, pos0 + i, &k[i * kv_dim + h * hd], &v[i * kv_dim + h * hd]);
-      if (qkv_hook)
-        qkv_hook(QkvCapture{l, pos0 + i, {&q[i * q_dim], static_cast<std::size_t>(q_dim)},
-                            {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
-                            {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
-    }
-    // Causal attention: token i sees positions [0, pos0 + i], in runs of kAttnRun tokens so that
-    // a cache can read the shared prefix once per run. Jobs are (run, KV head) pairs, or KV heads
-    // taking their runs in order, or one job, as the cache's concurrency asks.
-    const std::int64_t runs = (n + kAttnRun - 1) / kAttnRun;
-    const auto attend_run = [&](std::int64_t r, int h) {
-      const std::int64_t i = r * kAttnRun;
-      cache.attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, pos0 + i, std::min(kAttnRun, n - i),
-                          &att[i * q_dim + h * G * hd], q_dim);
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (std::int64_t j = 0; j < static_cast<std::int64_t>(rows[r].tokens.size()); ++j) {
+        const std::int64_t i = first[r] + j, pos = rows[r].pos0 + j;
+        rope(&q[i * q_dim], H, pos);
+        rope(&k[i * kv_dim], KV, pos);
+        for (int h = 0; h < KV; ++h) rows[r].cache->write(l, h, pos, &k[i * kv_dim + h * hd], &v[i * kv_dim + h * hd]);
+        if (qkv_hook)
+          qkv_hook(QkvCapture{l, pos, {&q[i * q_dim], static_cast<std::size_t>(q_dim)},
+                              {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
+                              {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
+      }
+    // Causal attention: a row's token j sees positions [0, pos0 + j] of its own cache.
+    const auto attend_run = [&](std::size_t r, std::int64_t run, int h) {
+      const std::int64_t m = static_cast<std::int64_t>(rows[r].tokens.size()), j = run * kAttnRun;
+      const std::int64_t i = first[r] + j;
+      rows[r].cache->attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, rows[r].pos0 + j,
+                                   std::min(kAttnRun, m - j), &att[i * q_dim + h * G * hd], q_dim);
     };
-    const auto heads_in_order = [&](std::int64_t b, std::int64_t e, int) {
-      for (std::int64_t h = b; h < e; ++h)
-        for (std::int64_t r = 0; r < runs; ++r) attend_run(r, static_cast<int>(h));
-    };
-    switch (cache.attend_concurrency()) {
-      case attn::AttendConcurrency::any:
-        pool.parallel_for(runs * KV, [&](std::int64_t b, std::int64_t e, int) {
-          for (std::int64_t job = b; job < e; ++job) attend_run(job / KV, static_cast<int>(job % KV));
-        });
-        break;
-      case attn::AttendConcurrency::per_head:
-        pool.parallel_for(KV, heads_in_order);
-        break;
-      case attn::AttendConcurrency::serial:
-        heads_in_order(0, KV, 0);
-        break;
-    }
+    pool.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t b, std::int64_t e, int) {
+      for (std::int64_t job = b; job < e; ++job) {
+        const Job& J = jobs[job];
+        const std::int64_t runs = (static_cast<std::int64_t>(rows[J.row].tokens.size()) + kAttnRun - 1) / kAttnRun;
+        for (int h = J.head < 0 ? 0 : J.head; h < (J.head < 0 ? KV : J.head + 1); ++h)
+          for (std::int64_t run = J.run < 0 ? 0 : J.run; run < (J.run < 0 ? runs : J.run + 1); ++run)
+            attend_run(J.row, run, h);
+      }
+    });
     matmul(L.wo, att.data(), n, xb.data(), pool);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
 
@@ -234,14 +275,19 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
   }
 
-  const std::int64_t first = all_logits ? 0 : n - 1;
-  for (std::int64_t i = first; i < n; ++i) rms_norm(&x[i * d], output_norm_.data(), d, cfg_.rms_eps, &xb[(i - first) * d]);
-  matmul(output_, xb.data(), n - first, logits.data(), pool);
-  for (std::size_t i = 0; i < want; ++i)
-    if (!std::isfinite(logits[i]))
-      throw std::runtime_error("forward: non-finite logit at position " +
-                               std::to_string(pos0 + first + static_cast<std::int64_t>(i / cfg_.vocab)) +
-                               " (NaN or Inf in the activations)");
+  // The final norm of the tokens whose logits are wanted, in row order, then one output matmul.
+  std::int64_t out = 0;
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    for (std::int64_t i = rows[r].all_logits ? first[r] : first[r + 1] - 1; i < first[r + 1]; ++i, ++out)
+      rms_norm(&x[i * d], output_norm_.data(), d, cfg_.rms_eps, &xb[out * d]);
+  matmul(output_, xb.data(), n_out, logits.data(), pool);
+  out = 0;
+  for (BatchRow& row : rows) {
+    const std::int64_t m = row.all_logits ? static_cast<std::int64_t>(row.tokens.size()) : 1;
+    row.logits_ok = std::all_of(&logits[out * cfg_.vocab], &logits[(out + m) * cfg_.vocab],
+                                [](float f) { return std::isfinite(f); });
+    out += m;
+  }
 }
 
 }  // namespace witcert::model

@@ -46,6 +46,17 @@ struct QkvCapture {
   std::span<const float> v;  // kv_heads × head_dim
 };
 
+// One sequence's part of a batched forward pass: its tokens at positions pos0 .. pos0+n−1 and its
+// cache. logits_ok is set false when the row's logits are not all finite (NaN or Inf in its
+// activations); the other rows are unaffected.
+struct BatchRow {
+  std::span<const std::int32_t> tokens;
+  std::int64_t pos0 = 0;
+  attn::KvCache* cache = nullptr;
+  bool all_logits = false;  // logits of every token, not only the last
+  bool logits_ok = true;    // out
+};
+
 class LlamaModel {
  public:
   // Reads the configuration and binds the weights of a GGUF file (which must outlive the model).
@@ -61,6 +72,13 @@ class LlamaModel {
   // cache, or non-finite logits.
   void forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache, ThreadPool& pool,
                std::span<float> logits, bool all_logits = false) const;
+
+  // One pass over every row's tokens: each weight matrix is read once for all of them, attention
+  // runs per row over its own cache. A row's logits follow the previous row's in `logits` (vocab
+  // floats, or n × vocab with all_logits). Each row's results are bit for bit those of its own
+  // forward call: every token's products keep their order whatever shares the pass. Throws as
+  // forward does on bad input, before anything is written; non-finite logits only mark the row.
+  void forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits) const;
 
   // Called for every (layer, token) with the post-RoPE q, k, v when set.
   std::function<void(const QkvCapture&)> qkv_hook;
