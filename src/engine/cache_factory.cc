@@ -1,6 +1,8 @@
 #include "engine/cache_factory.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "attn/exact_cache.h"
 
@@ -23,14 +25,10 @@ cache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t ca
   return c;
 }
 
-Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t decode_budget,
-                 const CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
-  opts.validate();
-  Cache c;
-  if (!opts.certified) {
-    c.kv = std::make_unique<attn::ExactKvCache>(model.kv_geometry(capacity));
-    return c;
-  }
+namespace {
+
+gate::CertifiedOptions certified_options(const model::LlamaConfig& model, std::int64_t decode_budget,
+                                         const CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
   gate::CertifiedOptions o;
   o.q_heads = model.heads;
   o.delta_req = opts.delta;
@@ -39,7 +37,80 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
   o.bound = opts.bound;
   o.gate = opts.gate;
   o.sinks = std::move(sinks);
-  auto certified = std::make_unique<gate::CertifiedKvCache>(cache_config(model, capacity, opts), o);
+  return o;
+}
+
+}  // namespace
+
+Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t decode_budget,
+                 const CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
+  opts.validate();
+  Cache c;
+  if (!opts.certified) {
+    c.kv = std::make_unique<attn::ExactKvCache>(model.kv_geometry(capacity));
+    return c;
+  }
+  auto certified = std::make_unique<gate::CertifiedKvCache>(
+      cache_config(model, capacity, opts), certified_options(model, decode_budget, opts, std::move(sinks)));
+  c.certified = certified.get();
+  c.kv = std::move(certified);
+  return c;
+}
+
+
+std::int64_t Pool::pages() const { return certified ? certified->pages() : exact ? exact->pages() : 0; }
+std::int64_t Pool::free_pages() const { return certified ? certified->free_pages() : exact ? exact->free_pages() : 0; }
+int Pool::page_size() const { return certified ? certified->config().page_size : exact ? exact->page_size() : 0; }
+std::size_t Pool::bytes() const { return certified ? certified->bytes() : exact ? exact->bytes() : 0; }
+std::size_t Pool::backing_bytes() const { return certified ? certified->backing_bytes() : 0; }
+
+Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
+               bool exact_tier) {
+  opts.validate();
+  if (pages < 0) throw std::invalid_argument("the pool's page count is negative");
+  Pool p;
+  if (!opts.certified) {
+    p.exact = std::make_shared<attn::ExactPool>(model.kv_geometry(capacity), opts.page_size, pages);
+    return p;
+  }
+  cache::CacheConfig cfg = cache_config(model, capacity, opts);
+  cfg.pool_pages = pages;
+  cfg.exact_tier = exact_tier || opts.gate.on() || opts.check_soundness;
+  p.certified = std::make_shared<cache::KvPool>(cfg);
+  return p;
+}
+
+PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts,
+                     std::int64_t budget, int max_seqs) {
+  if (budget <= 0) throw std::invalid_argument("the KV memory budget must be positive");
+  if (max_seqs < 1) throw std::invalid_argument("at most 0 sequences: max_seqs must be at least 1");
+  // Probes without the exact tier: it is accounted apart from the budget.
+  const Pool one = make_pool(model, capacity, 1, opts, false), two = make_pool(model, capacity, 2, opts, false);
+  PoolSizing s;
+  s.page_bytes = two.bytes() - one.bytes();
+  s.fixed_bytes = one.bytes() - s.page_bytes;
+  if (opts.certified) s.sequence_bytes = cache::KvStore(one.certified).sequence().bytes();
+  else s.sequence_bytes = static_cast<std::size_t>((capacity + opts.page_size - 1) / opts.page_size) * sizeof(std::int64_t);
+  const std::size_t reserved = s.fixed_bytes + static_cast<std::size_t>(max_seqs) * s.sequence_bytes;
+  if (static_cast<std::size_t>(budget) < reserved + s.page_bytes)
+    throw std::invalid_argument("--kv-memory " + std::to_string(budget) + " bytes holds not one page of " +
+                                std::to_string(opts.page_size) + " tokens beside " + std::to_string(max_seqs) +
+                                " sequences' own state (" + std::to_string(reserved + s.page_bytes) + " bytes needed)");
+  s.pages = static_cast<std::int64_t>((static_cast<std::size_t>(budget) - reserved) / s.page_bytes);
+  return s;
+}
+
+Cache make_sequence_cache(const Pool& pool, const model::LlamaConfig& model, std::int64_t decode_budget,
+                          const CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
+  opts.validate();
+  Cache c;
+  if (pool.exact) {
+    c.kv = std::make_unique<attn::ExactKvCache>(pool.exact);
+    return c;
+  }
+  if (!pool.certified) throw std::invalid_argument("make_sequence_cache: no pool");
+  auto certified = std::make_unique<gate::CertifiedKvCache>(pool.certified,
+                                                            certified_options(model, decode_budget, opts, std::move(sinks)));
   c.certified = certified.get();
   c.kv = std::move(certified);
   return c;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "attn/exact_cache.h"
 #include "attn/kv_cache.h"
 #include "cache/kv_store.h"
 #include "engine/options.h"
@@ -26,5 +27,42 @@ cache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t ca
 // Throws std::invalid_argument for options validate() rejects or a format the geometry cannot hold.
 Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t decode_budget,
                  const CacheOptions& opts, std::vector<gate::MeterSink*> sinks = {});
+
+// A pool of pages that many sequences share: the certified store's or the plain exact cache's.
+struct Pool {
+  std::shared_ptr<cache::KvPool> certified;
+  std::shared_ptr<attn::ExactPool> exact;
+
+  std::int64_t pages() const;
+  std::int64_t free_pages() const;
+  int page_size() const;
+  // Measured bytes of the pool's allocations: the compressed cache, and the exact backing tier.
+  std::size_t bytes() const;
+  std::size_t backing_bytes() const;
+};
+
+// How many pages a memory budget holds, measured from allocations: the bytes of a pool of one
+// and of two pages give the bytes of a page and the pool's fixed part, and a sequence's own state
+// (page table, group blocks, ring, repair flags) is measured on a probe sequence of `capacity`.
+struct PoolSizing {
+  std::int64_t pages = 0;
+  std::size_t page_bytes = 0;      // compressed bytes per page (every layer and KV head)
+  std::size_t fixed_bytes = 0;     // the pool's bytes that do not grow with its pages
+  std::size_t sequence_bytes = 0;  // a sequence's own state
+};
+// The pages that `budget` bytes hold beside max_seqs sequences' own state. Throws
+// std::invalid_argument when not even one page fits.
+PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts,
+                     std::int64_t budget, int max_seqs);
+
+// A pool of `pages` pages for sequences of up to `capacity` positions; exact_tier keeps the
+// backing tier (a gate or the soundness check reads it) whatever opts says.
+Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
+               bool exact_tier);
+
+// A new sequence over the pool with its own gate, δ, bound, soundness check and sinks (opts:
+// the pool's formats with the request's settings). Throws std::invalid_argument as make_cache.
+Cache make_sequence_cache(const Pool& pool, const model::LlamaConfig& model, std::int64_t decode_budget,
+                          const CacheOptions& opts, std::vector<gate::MeterSink*> sinks = {});
 
 }  // namespace witcert::engine

@@ -80,6 +80,22 @@ struct GenerateArgs {
 // `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.
 int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err);
 
+struct BatchArgs {
+  std::string model;  // "" → default_model_path()
+  std::string input, output;  // JSON lines
+  int threads = 2;
+  int max_seqs = 16;
+  int max_tokens = 128;    // a request's default max_tokens
+  std::string kv_memory;   // "" → room for the max_seqs largest requests; else bytes, 512M, 2G
+  CacheFlags cache;        // an empty kv keeps the plain exact cache
+};
+
+// `witcert batch`: runs every request of args.input together over one KV pool and writes one
+// result line per request, in input order, to args.output; progress and totals go to err.
+int run_batch(const BatchArgs& args, std::ostream& err);
+// A byte count: digits with an optional unit K, M or G (powers of 1024). Throws std::invalid_argument.
+std::int64_t parse_bytes(const std::string& text);
+
 struct LogitsArgs {
   std::string model;
   std::string prompt;

@@ -279,7 +279,32 @@ int main(int argc, char** argv) {
   demo->add_option("--threads", demo_threads, "worker threads")->transform(whole_in("--threads", 1, 256));
   demo->add_option("--tokens", demo_tokens, "length of the haystack in tokens")->transform(whole_in("--tokens", 64, 7000));
 
-  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo};
+  witcert::apps::BatchArgs ba;
+  auto* batch = app.add_subcommand("batch", "Run JSON-lines requests together over one shared KV pool");
+  batch->add_option("--model", ba.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  batch->add_option("--input", ba.input, "requests, one JSON object a line: prompt or messages, max_tokens, "
+                                          "temperature, top_p, seed, and with --kv tau, tau_v, granularity, delta, bound")
+      ->required();
+  batch->add_option("--output", ba.output, "results, one JSON line per request in input order")->required();
+  batch->add_option("--threads", ba.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
+  batch->add_option("--max-seqs", ba.max_seqs, "sequences running at once")->transform(whole_in("--max-seqs", 1, 4096));
+  batch->add_option("--max-tokens", ba.max_tokens, "max_tokens of a request that gives none")
+      ->transform(whole_in("--max-tokens", 1, kMaxTokens));
+  batch->add_option("--kv-memory", ba.kv_memory,
+                    "bytes of the KV pool, measured from its allocations (e.g. 512M, 2G; default: room for the "
+                    "--max-seqs largest requests)");
+  auto* batch_kv = batch->add_option("--kv", ba.cache.kv,
+                                     "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
+                                     "`witcert schemes` (default: the plain exact cache, no meter)");
+  batch->add_option("--kv-v", ba.cache.kv_v, "KV-cache format of the values (default: --kv)");
+  batch->add_option("--page-size", ba.cache.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
+  auto* batch_gate = add_meter_options(batch, ba.cache);
+  batch->add_option("--granularity", ba.cache.granularity, "repair granularity of the gate: block, head or request")
+      ->check(choice("--granularity", {"block", "head", "request"}));
+  batch->add_option("--delta", ba.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
+  const TierOptions batch_tier = add_tier_options(batch, ba.cache);
+
+  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch};
   try {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
@@ -309,6 +334,10 @@ int main(int argc, char** argv) {
       check_tier(gen_tier, gen.cache.exact_tier);
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
+    if (*batch) {
+      if (!given(batch_kv) && given(batch_gate)) throw UsageError("--gate needs --kv: without it batch keeps a plain exact cache");
+      check_tier(batch_tier, ba.cache.exact_tier);
+    }
     if (*runc) {
       check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
@@ -327,6 +356,7 @@ int main(int argc, char** argv) {
     if (*generate) return witcert::apps::run_generate(gen, std::cout, std::cerr);
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
     if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
+    if (*batch) return witcert::apps::run_batch(ba, std::cerr);
     if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";

@@ -1,0 +1,300 @@
+#include "engine/batch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace witcert::engine {
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+std::int64_t pages_for(std::int64_t positions, int page_size) { return (positions + page_size - 1) / page_size; }
+
+// Forwards the cells at positions ≥ first: a recomputed sequence reports each position once.
+class FromPosition final : public gate::MeterSink {
+ public:
+  explicit FromPosition(gate::MeterSink& to) : to_(to) {}
+  void set_first(std::int64_t pos) { first_.store(pos, std::memory_order_relaxed); }
+  void record(std::span<const gate::MeterCell> cells) override {
+    const std::int64_t first = first_.load(std::memory_order_relaxed);
+    // One attention call's cells come in position order.
+    std::size_t i = 0;
+    while (i < cells.size() && cells[i].pos < first) ++i;
+    if (i < cells.size()) to_.record(cells.subspan(i));
+  }
+
+ private:
+  gate::MeterSink& to_;
+  std::atomic<std::int64_t> first_{0};
+};
+
+}  // namespace
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::stop: return "stop";
+    case Finish::length: return "length";
+    case Finish::error: return "error";
+  }
+  return "?";
+}
+
+void BatchOptions::validate() const {
+  require(max_seqs >= 1 && max_seqs <= 4096, "max_seqs must be in [1, 4096], got " + std::to_string(max_seqs));
+  require(kv_memory >= 0, "kv_memory must not be negative, got " + std::to_string(kv_memory));
+  require(prefill_chunk >= 1 && prefill_chunk <= 4096,
+          "the prefill chunk must be in [1, 4096], got " + std::to_string(prefill_chunk));
+  require(step_tokens >= 1, "step_tokens must be at least 1, got " + std::to_string(step_tokens));
+}
+
+struct BatchEngine::Seq {
+  std::size_t index = 0;
+  const BatchRequest* req = nullptr;
+  std::vector<std::int32_t> all;  // prompt, then the generated tokens
+  std::int64_t prompt_len = 0;
+  std::int64_t limit = 0;       // min(context, prompt + max_tokens): solo generate's cache capacity
+  std::int64_t fed = 0;         // positions in the cache
+  std::int64_t reported = 0;    // positions whose cells were reported (a recompute reports none again)
+  std::int64_t admitted = 0;    // admission order: the youngest is preempted first
+  Cache cache;
+  std::unique_ptr<gate::Telemetry> telemetry;  // kept across a preemption
+  std::unique_ptr<FromPosition> sink;
+  model::Sampler sampler;
+  int preemptions = 0;
+  explicit Seq(const model::SamplerConfig& s) : sampler(s) {}
+};
+
+BatchEngine::BatchEngine(const model::LlamaModel& model, ThreadPool& pool, const CacheOptions& cache,
+                         const BatchOptions& opts)
+    : model_(model), threads_(pool), cache_(cache), opts_(opts) {
+  cache_.validate();
+  opts_.validate();
+}
+
+std::size_t BatchEngine::live_bytes(const std::vector<Seq*>& running) const {
+  std::size_t b = pool_.bytes();
+  for (const Seq* s : running)
+    if (s->cache.kv) b += sequence_bytes_;
+  return b;
+}
+
+void BatchEngine::release(Seq& s) {
+  if (s.cache.certified) {
+    const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
+    (*results_)[s.index].page_ins = pi.page_ins;
+    (*results_)[s.index].page_in_bytes = pi.page_in_bytes;
+  }
+  s.cache = Cache{};  // returns every page to the pool
+}
+
+void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
+  BatchResult& r = (*results_)[s.index];
+  r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
+  r.prompt_tokens = s.prompt_len;
+  r.finish = f;
+  r.error = error;
+  r.preemptions = s.preemptions;
+  if (s.telemetry) {
+    r.has_meter = true;
+    r.meter = s.telemetry->summary();
+  }
+  release(s);
+  if (*on_done_) (*on_done_)(s.index, r);
+}
+
+void BatchEngine::admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting) {
+  const int P = pool_.page_size();
+  while (!waiting.empty() && static_cast<int>(running.size()) < opts_.max_seqs) {
+    Seq& s = *waiting.front();
+    // Its known tokens and the next one must fit beside one new page for every running sequence.
+    const std::int64_t need = pages_for(static_cast<std::int64_t>(s.all.size()) + 1, P);
+    if (!running.empty() && pool_.free_pages() < need + static_cast<std::int64_t>(running.size())) return;
+    const model::LlamaConfig& cfg = model_.config();
+    std::vector<gate::MeterSink*> sinks;
+    if (cache_.certified) {
+      if (!s.telemetry)
+        s.telemetry = std::make_unique<gate::Telemetry>(
+            cfg.layers, cfg.heads,
+            gate::Telemetry::Options{s.req->coverage_tau, s.req->coverage_tau_v, s.req->cache.bound, s.prompt_len, 1});
+      s.sink = std::make_unique<FromPosition>(*s.telemetry);
+      sinks.push_back(s.sink.get());
+    }
+    s.cache = make_sequence_cache(pool_, cfg, s.req->max_tokens, s.req->cache, sinks);
+    s.cache.kv->set_prompt_length(s.prompt_len);  // as Session::prefill announces it
+    s.fed = 0;
+    s.admitted = ++admissions_;
+    waiting.erase(waiting.begin());
+    running.push_back(&s);
+  }
+}
+
+std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& requests,
+                                          const std::vector<std::int32_t>& stop_tokens, const ResultSink& on_done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::LlamaConfig& cfg = model_.config();
+  std::vector<BatchResult> results(requests.size());
+  results_ = &results;
+  on_done_ = &on_done;
+  stop_ = &stop_tokens;
+  stats_ = BatchStats{};
+
+  // Check every request; the ones that cannot run get their error now.
+  std::vector<std::unique_ptr<Seq>> seqs;
+  std::vector<std::size_t> valid;
+  std::vector<std::string> errors(requests.size());
+  bool tier = cache_.gate.on() || cache_.check_soundness;
+  capacity_ = 1;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const BatchRequest& q = requests[i];
+    try {
+      require(!q.prompt.empty(), "the prompt is empty");
+      require(static_cast<std::int64_t>(q.prompt.size()) <= cfg.context,
+              "the prompt has " + std::to_string(q.prompt.size()) + " tokens, more than the context of " +
+                  std::to_string(cfg.context));
+      require(q.max_tokens >= 0, "max_tokens must not be negative, got " + std::to_string(q.max_tokens));
+      model::Sampler{q.sampler};
+      q.cache.validate();
+      require(q.cache.certified == cache_.certified && q.cache.k_format.name() == cache_.k_format.name() &&
+                  q.cache.v_format.name() == cache_.v_format.name() && q.cache.page_size == cache_.page_size,
+              "a request's formats and page size are the pool's");
+      tier = tier || q.cache.gate.on() || q.cache.check_soundness;
+      capacity_ = std::max(capacity_, std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(q.prompt.size()) + q.max_tokens));
+      valid.push_back(i);
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+    }
+  }
+
+  // The pool: the budget's pages, or room for the max_seqs largest requests at once.
+  const int P = cache_.page_size;
+  std::int64_t pages = 0;
+  PoolSizing sizing;
+  if (opts_.kv_memory > 0) {
+    sizing = size_pool(cfg, capacity_, cache_, opts_.kv_memory, opts_.max_seqs);
+    pages = sizing.pages;
+  } else {
+    std::vector<std::int64_t> need;
+    for (std::size_t i : valid)
+      need.push_back(pages_for(std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(requests[i].prompt.size()) +
+                                                                       requests[i].max_tokens),
+                               P));
+    std::sort(need.rbegin(), need.rend());
+    for (std::size_t i = 0; i < need.size() && static_cast<int>(i) < opts_.max_seqs; ++i) pages += need[i];
+    pages = std::max<std::int64_t>(pages, 1);
+  }
+  pool_ = make_pool(cfg, capacity_, pages, cache_, tier);
+  sequence_bytes_ = opts_.kv_memory > 0 ? sizing.sequence_bytes
+                    : cache_.certified   ? cache::KvStore(pool_.certified).sequence().bytes()
+                                         : static_cast<std::size_t>(pages_for(capacity_, P)) * sizeof(std::int64_t);
+  stats_.pool_pages = pool_.pages();
+  stats_.pool_bytes = pool_.bytes();
+  stats_.backing_bytes = pool_.backing_bytes();
+  stats_.sequence_bytes = sequence_bytes_;
+
+  std::vector<Seq*> waiting;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    auto s = std::make_unique<Seq>(requests[i].sampler);
+    s->index = i;
+    s->req = &requests[i];
+    s->all = requests[i].prompt;
+    s->prompt_len = static_cast<std::int64_t>(requests[i].prompt.size());
+    s->limit = std::min<std::int64_t>(cfg.context, s->prompt_len + requests[i].max_tokens);
+    if (errors[i].empty() && pages_for(s->limit, P) > pool_.pages())
+      errors[i] = "the request needs " + std::to_string(pages_for(s->limit, P)) + " pages of " + std::to_string(P) +
+                  " tokens, more than the pool's " + std::to_string(pool_.pages()) + " (raise --kv-memory)";
+    if (!errors[i].empty()) {
+      finish(*s, Finish::error, errors[i]);
+    } else if (requests[i].max_tokens == 0) {
+      finish(*s, Finish::length);
+    } else {
+      waiting.push_back(s.get());
+    }
+    seqs.push_back(std::move(s));
+  }
+
+  std::vector<Seq*> running;  // in admission order after each sort
+  std::vector<model::BatchRow> rows;
+  std::vector<Seq*> row_seq;
+  std::vector<float> logits;
+  const std::size_t V = static_cast<std::size_t>(cfg.vocab);
+  while (!waiting.empty() || !running.empty()) {
+    admit(running, waiting);
+    // Oldest first; a sequence that does not fit preempts the youngest not yet in this step.
+    std::sort(running.begin(), running.end(), [](const Seq* a, const Seq* b) { return a->admitted < b->admitted; });
+    rows.clear();
+    row_seq.clear();
+    std::int64_t used = 0, claimed = 0;
+    for (std::size_t k = 0; k < running.size(); ++k) {
+      Seq& s = *running[k];
+      const std::int64_t n = s.fed < s.prompt_len
+                                 ? std::min<std::int64_t>((s.fed / opts_.prefill_chunk + 1) * opts_.prefill_chunk,
+                                                          s.prompt_len) - s.fed
+                                 : 1;
+      if (!rows.empty() && used + n > opts_.step_tokens) continue;
+      const std::int64_t held = pages_for(s.fed, P);
+      const std::int64_t need = pages_for(s.fed + n, P) - held;
+      while (pool_.free_pages() - claimed < need && running.size() > k + 1) {
+        Seq& young = *running.back();  // the youngest: preempted, recomputed later from its tokens
+        release(young);
+        young.preemptions += 1;
+        stats_.preemptions += 1;
+        waiting.insert(waiting.begin(), &young);
+        running.pop_back();
+      }
+      if (pool_.free_pages() - claimed < need) {
+        if (!rows.empty() || k > 0) continue;  // waits for a later step
+        throw std::logic_error("batch: a lone sequence does not fit the pool");  // excluded by the page check
+      }
+      claimed += need;
+      used += n;
+      if (s.sink) s.sink->set_first(s.reported);
+      rows.push_back({std::span<const std::int32_t>(s.all).subspan(s.fed, n), s.fed, s.cache.kv.get(), false, true});
+      row_seq.push_back(&s);
+    }
+    logits.resize(rows.size() * V);
+    model_.forward_batch(rows, threads_, logits);
+    stats_.steps += 1;
+    stats_.max_running = std::max<std::int64_t>(stats_.max_running, static_cast<std::int64_t>(rows.size()));
+    stats_.peak_bytes = std::max(stats_.peak_bytes, live_bytes(running));
+
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      Seq& s = *row_seq[r];
+      const std::int64_t n = static_cast<std::int64_t>(rows[r].tokens.size());
+      stats_.tokens += n;
+      s.fed += n;
+      s.reported = std::max(s.reported, s.fed);
+      if (!rows[r].logits_ok) {
+        finish(s, Finish::error, "non-finite logits at position " + std::to_string(s.fed - 1) +
+                                     " (NaN or Inf in the activations)");
+        continue;
+      }
+      if (s.fed < static_cast<std::int64_t>(s.all.size())) continue;  // the prompt or a recompute goes on
+      // As engine::decode: sample, stop at a stop token, end at the budget or the limit.
+      const std::int32_t next = s.sampler.sample(std::span<const float>(&logits[r * V], V));
+      stats_.generated += 1;
+      if (std::find(stop_->begin(), stop_->end(), next) != stop_->end()) {
+        finish(s, Finish::stop);
+        continue;
+      }
+      s.all.push_back(next);
+      if (static_cast<std::int64_t>(s.all.size()) - s.prompt_len == s.req->max_tokens || s.fed >= s.limit)
+        finish(s, Finish::length);
+    }
+    // Finished sequences leave (their cache is already released).
+    running.erase(std::remove_if(running.begin(), running.end(), [](const Seq* s) { return !s->cache.kv; }),
+                  running.end());
+  }
+  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  results_ = nullptr;
+  on_done_ = nullptr;
+  stop_ = nullptr;
+  return results;
+}
+
+}  // namespace witcert::engine

@@ -1,0 +1,108 @@
+// Many requests over one shared pool (continuous batching): each engine step runs one token of
+// every decoding sequence and a prefill chunk of the others in one forward pass, admits waiting
+// requests while their pages fit, and preempts the youngest sequence when the pool runs out
+// (it is recomputed later, position for position as it first ran). Each sequence's tokens,
+// logits and meters are bit for bit those of its run alone (the batch-invariance guarantee):
+// every token's products keep their order in the batched pass, prefill chunks start at the same
+// positions, and a page's dither is named by the sequence that writes it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "engine/cache_factory.h"
+#include "engine/options.h"
+#include "gate/telemetry.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+
+namespace witcert::engine {
+
+// One request of a batch: its prompt tokens, budget, sampling and meter policy (gate, δ, bound:
+// the cache options' own fields; the formats and page size are the pool's).
+struct BatchRequest {
+  std::vector<std::int32_t> prompt;
+  int max_tokens = 128;
+  model::SamplerConfig sampler;
+  CacheOptions cache;          // certified with the pool's formats; its gate, δ, bound, check apply
+  double coverage_tau = 0.2;   // τ_K of the coverage figures
+  double coverage_tau_v = 0.05;
+};
+
+enum class Finish { stop, length, error };
+const char* finish_name(Finish f);  // "stop", "length", "error"
+
+struct BatchResult {
+  std::vector<std::int32_t> tokens;  // generated, stop token excluded
+  std::int64_t prompt_tokens = 0;
+  Finish finish = Finish::length;
+  std::string error;                 // Finish::error: what went wrong
+  bool has_meter = false;            // certified cache: the summary and page-ins below are set
+  gate::TelemetrySummary meter;      // the request's decode-step cells
+  std::int64_t page_ins = 0, page_in_bytes = 0;
+  int preemptions = 0;               // times the sequence was preempted and recomputed
+};
+
+struct BatchOptions {
+  int max_seqs = 16;           // sequences running at once
+  std::int64_t kv_memory = 0;  // bytes of the pool (0: enough for the max_seqs largest requests at once)
+  int prefill_chunk = 64;      // prompt tokens per sequence per step, from position 0 in whole chunks
+  std::int64_t step_tokens = 512;  // tokens per step, over every row (at least one row always runs)
+
+  // Throws std::invalid_argument: max_seqs ∉ [1, 4096], kv_memory < 0, chunk ∉ [1, 4096], step_tokens < 1.
+  void validate() const;
+};
+
+struct BatchStats {
+  std::int64_t pool_pages = 0;
+  std::size_t pool_bytes = 0, backing_bytes = 0, sequence_bytes = 0;  // measured
+  std::size_t peak_bytes = 0;         // max over steps of pool bytes + live sequences' own bytes
+  std::int64_t steps = 0, tokens = 0;  // forward passes and tokens run (prefill, decode, recompute)
+  std::int64_t generated = 0;          // tokens sampled
+  std::int64_t max_running = 0;        // most sequences in one step
+  std::int64_t preemptions = 0;
+  double seconds = 0.0;
+};
+
+// Receives each request's result as it finishes (index into the request list).
+using ResultSink = std::function<void(std::size_t index, const BatchResult& result)>;
+
+class BatchEngine {
+ public:
+  // The model and pool must outlive the engine. cache: the pool's formats, page size and
+  // default policy. Throws std::invalid_argument for bad options.
+  BatchEngine(const model::LlamaModel& model, ThreadPool& pool, const CacheOptions& cache, const BatchOptions& opts);
+
+  // Runs every request to completion. A request that cannot run (an empty prompt, one beyond the
+  // context, more pages than the pool holds, an invalid policy) or whose activations turn
+  // non-finite gets Finish::error and its message; the others run on. stop_tokens end a request.
+  std::vector<BatchResult> run(const std::vector<BatchRequest>& requests, const std::vector<std::int32_t>& stop_tokens,
+                               const ResultSink& on_done = {});
+  const BatchStats& stats() const { return stats_; }
+
+ private:
+  struct Seq;
+  void admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting);
+  void release(Seq& s);
+  void finish(Seq& s, Finish f, const std::string& error = "");
+  std::size_t live_bytes(const std::vector<Seq*>& running) const;
+
+  const model::LlamaModel& model_;
+  ThreadPool& threads_;
+  CacheOptions cache_;
+  BatchOptions opts_;
+  Pool pool_;
+  std::int64_t capacity_ = 0;
+  std::size_t sequence_bytes_ = 0;
+  std::int64_t admissions_ = 0;
+  BatchStats stats_;
+  std::vector<BatchResult>* results_ = nullptr;
+  const ResultSink* on_done_ = nullptr;
+  const std::vector<std::int32_t>* stop_ = nullptr;
+};
+
+}  // namespace witcert::engine

@@ -1,0 +1,204 @@
+// Many sequences over one pool on the real SmolLM2-135M: every sequence's tokens, meters and
+// page-ins equal its run alone bit for bit, whatever runs beside it, for the plain cache and
+// every kind of certified format, gated or not; preemption and recompute change nothing; the
+// measured bytes never exceed the budget; a bad request fails alone.
+#include "engine/batch.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/cache_factory.h"
+#include "engine/session.h"
+#include "model/real_model_fixture.h"
+
+namespace witcert::engine {
+namespace {
+
+using RealModel = model::RealModelFixture;
+
+struct Solo {
+  std::vector<std::int32_t> tokens;
+  bool stopped = false;
+  gate::TelemetrySummary meter;
+  std::int64_t page_ins = 0, page_in_bytes = 0;
+};
+
+CacheOptions format(const std::string& k, const std::string& v, double tau, gate::Granularity g) {
+  CacheOptions o;
+  if (k.empty()) return o;
+  o.certified = true;
+  o.k_format = quant::KvFormat::parse(k);
+  o.v_format = quant::KvFormat::parse(v);
+  o.gate.tau_k = tau;
+  o.gate.granularity = g;
+  o.backing = cache::BackingPlace::in_ram();
+  return o;
+}
+
+// The request alone, through the one-sequence session (as `witcert generate` runs it).
+Solo solo(const model::LlamaModel& m, const BatchRequest& q, const std::vector<std::int32_t>& stop, ThreadPool& pool) {
+  const model::LlamaConfig& cfg = m.config();
+  const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(q.prompt.size()) + q.max_tokens);
+  gate::Telemetry tel(cfg.layers, cfg.heads,
+                      {q.coverage_tau, q.coverage_tau_v, q.cache.bound, static_cast<std::int64_t>(q.prompt.size()), 1});
+  Cache cache = make_cache(cfg, capacity, q.max_tokens, q.cache, {&tel});
+  Session session(m, *cache.kv, pool);
+  GenerateOptions opts;
+  opts.max_new_tokens = q.max_tokens;
+  opts.sampler = q.sampler;
+  opts.stop_tokens = stop;
+  const GenerateResult r = generate(session, q.prompt, opts);
+  Solo s{r.tokens, r.stopped, tel.summary(), 0, 0};
+  if (cache.certified) {
+    s.page_ins = cache.certified->store().page_in_stats().page_ins;
+    s.page_in_bytes = cache.certified->store().page_in_stats().page_in_bytes;
+  }
+  return s;
+}
+
+void expect_same(const Solo& a, const BatchResult& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(b.tokens, a.tokens);
+  EXPECT_EQ(b.finish == Finish::stop, a.stopped);
+  EXPECT_EQ(b.page_ins, a.page_ins);
+  EXPECT_EQ(b.page_in_bytes, a.page_in_bytes);
+  if (!b.has_meter) return;
+  // Every figure of the summary, compared as its JSON (doubles print round-trip exact).
+  EXPECT_EQ(b.meter.to_json().dump(), a.meter.to_json().dump());
+}
+
+std::vector<BatchRequest> requests(const model::Tokenizer& tok, const CacheOptions& cache) {
+  const char* texts[] = {
+      "The capital of France is",
+      "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+      "def fibonacci(n):",
+      "List three colors:",
+      "The river town kept its records in a long stone hall by the water, and every spring the clerks counted the "
+      "boats, the nets, the bales of wool and the barrels of salted fish that came down from the hills. The river "
+      "town kept its records in a long stone hall by the water. Question: what did the clerks count?",
+      "Water boils at",
+      "A haiku about autumn:",
+      "In 1969, the first humans",
+  };
+  std::vector<BatchRequest> out;
+  int i = 0;
+  for (const char* t : texts) {
+    BatchRequest q;
+    q.prompt = tok.encode(t, false);
+    q.max_tokens = 6 + 5 * (i % 4);
+    q.sampler.temperature = i % 3 == 2 ? 0.8f : 0.0f;  // some sample: the sampler's stream is the request's own
+    q.sampler.seed = 17 + i;
+    q.cache = cache;
+    out.push_back(q);
+    ++i;
+  }
+  return out;
+}
+
+TEST_F(RealModel, EverySequenceInABatchEqualsItsSoloRun) {
+  struct Case {
+    std::string k, v;
+    double tau;
+    gate::Granularity g;
+  };
+  const Case cases[] = {
+      {"", "", 0.0, gate::Granularity::block},          // the plain exact cache
+      {"fp16", "fp16", 0.0, gate::Granularity::block},  // certified fp16
+      {"dither-int8", "dither-int8", 0.0, gate::Granularity::block},
+      {"dither-int8", "dither-int8", 0.05, gate::Granularity::block},
+      {"q4_0", "q4_0", 0.0, gate::Granularity::block},
+      {"q8_0", "rtn-int4", 0.2, gate::Granularity::head},
+      {"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::block},
+      {"fp8-e4m3", "fp8-e4m3", 0.3, gate::Granularity::request},
+  };
+  ThreadPool pool(2);
+  const std::vector<std::int32_t> stop = {tok_->eos()};
+  for (const Case& c : cases) {
+    const std::string name = c.k.empty() ? "plain" : c.k + "/" + c.v + " tau " + std::to_string(c.tau);
+    SCOPED_TRACE(name);
+    const CacheOptions cache = format(c.k, c.v, c.tau, c.g);
+    const std::vector<BatchRequest> all = requests(*tok_, cache);
+    std::vector<Solo> alone;
+    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+    // 1, 3 and 8 at once, with pages that join and leave mid-run (different lengths and budgets).
+    for (int seqs : {1, 3, 8}) {
+      BatchOptions bo;
+      bo.max_seqs = seqs;
+      bo.prefill_chunk = 64;
+      BatchEngine engine(*model_, pool, cache, bo);
+      const std::vector<BatchResult> got = engine.run(all, stop);
+      ASSERT_EQ(got.size(), all.size());
+      for (std::size_t i = 0; i < all.size(); ++i)
+        expect_same(alone[i], got[i], "max_seqs " + std::to_string(seqs) + ", request " + std::to_string(i));
+      EXPECT_LE(engine.stats().max_running, seqs);
+      if (seqs == 8) {
+        EXPECT_GT(engine.stats().max_running, 1);
+      }
+    }
+  }
+}
+
+TEST_F(RealModel, PreemptionAndRecomputeGiveTheUninterruptedTokensWithinTheBudget) {
+  ThreadPool pool(2);
+  const std::vector<std::int32_t> stop = {tok_->eos()};
+  for (const std::string fmt : {"", "dither-int8"}) {
+    SCOPED_TRACE(fmt.empty() ? "plain" : fmt);
+    const CacheOptions cache = format(fmt, fmt, 0.0, gate::Granularity::block);
+    std::vector<BatchRequest> all = requests(*tok_, cache);
+    for (BatchRequest& q : all) q.max_tokens = 40;  // long enough to outgrow a tight pool
+    std::vector<Solo> alone;
+    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+    // A budget of a few sequences' pages: admission fills it, growth preempts the youngest.
+    const PoolSizing one = size_pool(model_->config(), 200, cache, std::int64_t{1} << 30, 8);
+    BatchOptions bo;
+    bo.max_seqs = 8;
+    bo.kv_memory = static_cast<std::int64_t>(one.fixed_bytes + 8 * one.sequence_bytes + 16 * one.page_bytes);
+    BatchEngine engine(*model_, pool, cache, bo);
+    const std::vector<BatchResult> got = engine.run(all, stop);
+    for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
+    EXPECT_GT(engine.stats().preemptions, 0);
+    EXPECT_LE(engine.stats().peak_bytes, static_cast<std::size_t>(bo.kv_memory));
+    std::printf("[batch] %s: %lld pages, %lld preemptions, peak %zu of %lld bytes\n", fmt.empty() ? "plain" : fmt.c_str(),
+                static_cast<long long>(engine.stats().pool_pages), static_cast<long long>(engine.stats().preemptions),
+                engine.stats().peak_bytes, static_cast<long long>(bo.kv_memory));
+  }
+}
+
+TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
+  ThreadPool pool(2);
+  const CacheOptions cache = format("q4_0", "q4_0", 0.0, gate::Granularity::block);
+  std::vector<BatchRequest> all = requests(*tok_, cache);
+  all[1].prompt.clear();
+  all[2].prompt.assign(static_cast<std::size_t>(model_->config().context) + 1, 1);
+  all[3].cache.delta = 2.0;
+  all[4].max_tokens = -1;
+  all[5].cache.k_format = quant::KvFormat::parse("q8_0");
+  BatchEngine engine(*model_, pool, cache, BatchOptions{});
+  const std::vector<BatchResult> got = engine.run(all, {tok_->eos()});
+  EXPECT_EQ(got[1].error, "the prompt is empty");
+  EXPECT_NE(got[2].error.find("more than the context"), std::string::npos) << got[2].error;
+  EXPECT_NE(got[3].error.find("delta"), std::string::npos) << got[3].error;
+  EXPECT_NE(got[4].error.find("max_tokens"), std::string::npos) << got[4].error;
+  EXPECT_NE(got[5].error.find("formats"), std::string::npos) << got[5].error;
+  for (int i : {1, 2, 3, 4, 5}) EXPECT_EQ(got[i].finish, Finish::error);
+  for (int i : {0, 6, 7}) {
+    EXPECT_NE(got[i].finish, Finish::error) << got[i].error;
+    EXPECT_TRUE(got[i].has_meter);
+  }
+  // A budget below one page beside the sequences' state is refused, naming the flag.
+  BatchOptions tiny;
+  tiny.kv_memory = 1000;
+  BatchEngine small(*model_, pool, cache, tiny);
+  try {
+    small.run(all, {tok_->eos()});
+    ADD_FAILURE() << "a budget of 1000 bytes was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-memory"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace witcert::engine
