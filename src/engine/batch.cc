@@ -258,7 +258,15 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
       row_seq.push_back(&s);
     }
     logits.resize(rows.size() * V);
+    bool decode_only = true;
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      decode_only = decode_only && rows[r].tokens.size() == 1 && row_seq[r]->fed >= row_seq[r]->prompt_len;
+    const auto step0 = std::chrono::steady_clock::now();
     model_.forward_batch(rows, threads_, logits);
+    if (decode_only) {
+      stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step0).count();
+      stats_.decode_tokens += static_cast<std::int64_t>(rows.size());
+    }
     stats_.steps += 1;
     stats_.max_running = std::max<std::int64_t>(stats_.max_running, static_cast<std::int64_t>(rows.size()));
     stats_.peak_bytes = std::max(stats_.peak_bytes, live_bytes(running));

@@ -66,6 +66,9 @@ struct BatchStats {
   std::int64_t max_running = 0;        // most sequences in one step
   std::int64_t preemptions = 0;
   double seconds = 0.0;
+  // Steps whose rows were all single decode tokens: their time and the tokens they ran.
+  double decode_seconds = 0.0;
+  std::int64_t decode_tokens = 0;
 };
 
 // Receives each request's result as it finishes (index into the request list).

@@ -133,6 +133,7 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
   std::vector<engine::BatchRequest> requests;
   std::vector<std::string> errors;
   std::vector<nlohmann::json> ids;
+  std::vector<std::size_t> lines;  // the input line of each request
   std::string line;
   for (std::size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not requests
@@ -147,6 +148,7 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
       errors.push_back(fmt::format("line {}: {}", n, e.what()));
     }
     ids.push_back(id);
+    lines.push_back(n);
   }
   require(!requests.empty(), "'" + args.input + "' holds no requests");
 
@@ -163,7 +165,8 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
     generated += static_cast<std::int64_t>(r.tokens.size());
     err << fmt::format("\r[{}/{}] {} tokens generated", done, runnable.size(), generated) << std::flush;
   };
-  const std::vector<engine::BatchResult> results = engine.run(runnable, m.stop_tokens(), progress);
+  const std::vector<engine::BatchResult> results =
+      engine.run(runnable, args.ignore_eos ? std::vector<std::int32_t>{} : m.stop_tokens(), progress);
   err << "\n";
 
   const std::string tmp = args.output + ".partial";
@@ -176,7 +179,7 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
       o["index"] = i;
       if (!ids[i].is_null()) o["id"] = ids[i];
       if (!errors[i].empty() || r.finish == engine::Finish::error) {
-        o["error"] = errors[i].empty() ? r.error : errors[i];
+        o["error"] = errors[i].empty() ? fmt::format("line {}: {}", lines[i], r.error) : errors[i];
         out << o.dump() << "\n";
         continue;
       }
@@ -205,6 +208,9 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
       "{} preemptions\n",
       results.size(), s.generated, s.seconds, s.generated / std::max(s.seconds, 1e-9), s.steps, s.max_running,
       s.preemptions);
+  if (s.decode_tokens > 0)
+    err << fmt::format("  decode-only steps: {} tokens in {:.2f} s ({:.1f} tok/s)\n", s.decode_tokens, s.decode_seconds,
+                       s.decode_tokens / s.decode_seconds);
   err << fmt::format("  KV pool: {} pages of {} tokens, {} bytes (peak with sequences {}), exact tier {} bytes\n",
                      s.pool_pages, base.page_size, s.pool_bytes, s.peak_bytes, s.backing_bytes);
   return 0;

@@ -87,6 +87,7 @@ struct BatchArgs {
   int max_seqs = 16;
   int max_tokens = 128;    // a request's default max_tokens
   std::string kv_memory;   // "" → room for the max_seqs largest requests; else bytes, 512M, 2G
+  bool ignore_eos = false; // run every request to its max_tokens (benchmarks)
   CacheFlags cache;        // an empty kv keeps the plain exact cache
 };
 

@@ -293,6 +293,7 @@ int main(int argc, char** argv) {
   batch->add_option("--kv-memory", ba.kv_memory,
                     "bytes of the KV pool, measured from its allocations (e.g. 512M, 2G; default: room for the "
                     "--max-seqs largest requests)");
+  batch->add_flag("--ignore-eos", ba.ignore_eos, "run every request to its max_tokens (benchmarks)");
   auto* batch_kv = batch->add_option("--kv", ba.cache.kv,
                                      "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
                                      "`witcert schemes` (default: the plain exact cache, no meter)");
