@@ -38,6 +38,15 @@ ExactKvCache::ExactKvCache(std::shared_ptr<ExactPool> pool)
 ExactKvCache::ExactKvCache(const ExactKvCache& other)
     : KvCache(other), pool_(std::make_shared<ExactPool>(*other.pool_)), table_(other.table_, pool_->pool_) {}
 
+bool ExactKvCache::share_prefix(const KvCache& donor, std::int64_t n) {
+  const auto* d = dynamic_cast<const ExactKvCache*>(&donor);
+  if (d == nullptr || d->pool_ != pool_ || n <= 0 || n % pool_->page_size() != 0 ||
+      n > d->table_.positions_mapped() || table_.page_count() != 0)
+    return false;
+  table_.share_prefix(d->table_, n / pool_->page_size());
+  return true;
+}
+
 std::size_t ExactKvCache::index(int layer, int kv_head, std::int64_t pos) const {
   const KvGeometry& g = pool_->g_;
   const std::size_t slots = static_cast<std::size_t>(pool_->pages()) * pool_->page_size();

@@ -56,6 +56,8 @@ class ExactKvCache final : public KvCache {
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
                      std::int64_t n, float* out, std::int64_t out_stride) override;
   void clear() override { table_.clear(); }
+  // Shares whole pages of an exact cache over the same pool (n a multiple of the page size).
+  bool share_prefix(const KvCache& donor, std::int64_t n) override;
 
   // The stored key / value of one written position (head_dim fp16 values).
   const f16* key(int layer, int kv_head, std::int64_t pos) const { return &pool_->k_[index(layer, kv_head, pos)]; }

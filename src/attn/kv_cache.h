@@ -54,6 +54,17 @@ class KvCache {
   // may use it (DitherMode::shared_prompt: the prompt's keys share their page's dither); the
   // default ignores it.
   virtual void set_prompt_length(std::int64_t n) { (void)n; }
+
+  // Prefix sharing, for caches over one shared pool: this cache, holding nothing yet, takes
+  // positions [0, n) of `donor` (a cache of the same kind over the same pool whose tokens there
+  // are this one's) without writing them, and reads them back as it would have. Returns false,
+  // taking nothing, where it cannot (the default; a cache may also refuse an n that splits its
+  // blocks).
+  virtual bool share_prefix(const KvCache& donor, std::int64_t n) {
+    (void)donor;
+    (void)n;
+    return false;
+  }
 };
 
 }  // namespace witcert::attn

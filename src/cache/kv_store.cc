@@ -199,6 +199,33 @@ DitherMode parse_dither_mode(const std::string& name) {
   throw std::invalid_argument("unknown dither mode '" + name + "' (per-slot, shared-page or shared-prompt)");
 }
 
+bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
+  if (donor.pool_ != pool_) throw std::logic_error("KV cache: sharing a prefix of a sequence over another pool");
+  if (std::any_of(seq_.written_.begin(), seq_.written_.end(), [](std::int64_t w) { return w > 0; }))
+    throw std::logic_error("KV cache: a sequence shares a prefix before it writes");
+  const int P = cfg().page_size;
+  if (n <= 0 || n % P != 0) return false;
+  for (const Side* sd : {&pool_->k_, &pool_->v_})
+    if (sd->kind == FormatKind::scheme && n % sd->T != 0) return false;
+  if (pool_->k_.kind == FormatKind::dither_int8 && n < cfg().calibration_tokens) return false;
+  if (std::any_of(donor.seq_.written_.begin(), donor.seq_.written_.end(), [n](std::int64_t w) { return w < n; }))
+    return false;
+  if (seq_.prompt_length_ < n || donor.seq_.prompt_length_ < n) return false;
+  seq_.table_.share_prefix(donor.seq_.table_, n / P);
+  std::fill(seq_.written_.begin(), seq_.written_.end(), n);
+  seq_.outlier_mask_ = donor.seq_.outlier_mask_;
+  seq_.outliers_fixed_ = donor.seq_.outliers_fixed_;
+  for (const quant::KvSide which : {quant::KvSide::key, quant::KvSide::value}) {
+    const Side& sd = which == quant::KvSide::key ? pool_->k_ : pool_->v_;
+    if (sd.kind != FormatKind::scheme || sd.T == 1) continue;
+    const std::size_t blocks = group_blocks(sd), used = static_cast<std::size_t>(n / sd.T);
+    for (std::size_t st = 0; st < seq_.written_.size(); ++st)
+      std::copy_n(&donor.seq_side(which).groups[st * blocks * sd.block_bytes], used * sd.block_bytes,
+                  &seq_side(which).groups[st * blocks * sd.block_bytes]);
+  }
+  return true;
+}
+
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
   if (!pool_->exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
   std::uint8_t expected = 0;

@@ -216,6 +216,16 @@ class KvStore {
     return 0;
   }
   bool shared_dither(std::int64_t pos) const { return pos < shared_dither_end(); }
+
+  // Prefix sharing: this empty sequence takes positions [0, n) of `donor`, a sequence of the
+  // same pool whose tokens there are this one's, by sharing its pages (payload, metadata, exact
+  // tier) and copying its own state of those positions (outlier pairs, group blocks): what this
+  // sequence reads of [0, n) is then what it would have written itself. Returns false, sharing
+  // nothing, unless n is a whole number of pages and of group-scheme blocks, the donor has
+  // written it, it covers the dither-int8 calibration tokens, and it lies inside both prompts
+  // (set_prompt_length first). Throws std::logic_error for a donor over another pool or a
+  // sequence that has written.
+  bool share_prefix(const KvStore& donor, std::int64_t n);
   std::int64_t length(int layer, int kv_head) const { return seq_.written_[stream(layer, kv_head)]; }
 
   // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.

@@ -146,6 +146,44 @@ TEST(KvStore, SequencesInOnePoolEachReadWhatTheyReadAlone) {
       }
 }
 
+TEST(KvStore, ASharedPrefixReadsAsIfWrittenAndItsPagesLiveWhileHeld) {
+  for (const std::string& fmt : quant::kv_format_names())
+    for (int page : {16, 32}) {
+      SCOPED_TRACE(fmt + " page " + std::to_string(page));
+      const std::int64_t n = 150, shared = 64;
+      CacheConfig cfg = test_config(1, 2, kDim, n, page, fmt, fmt, 0);
+      cfg.dither = DitherMode::shared_prompt;
+      cfg.pool_pages = 3 * ((n + page - 1) / page);
+      auto pool = std::make_shared<KvPool>(cfg);
+      auto donor = std::make_unique<KvStore>(pool);
+      donor->set_prompt_length(100);
+      write_all(*donor, 90, 4);  // the donor's prompt, partly run
+      KvStore taker(pool);
+      taker.set_prompt_length(120);
+      const std::int64_t free_before = pool->free_pages();
+      EXPECT_FALSE(taker.share_prefix(*donor, 20)) << "not a whole number of pages";
+      EXPECT_FALSE(taker.share_prefix(*donor, 96 + page)) << "beyond what the donor wrote";
+      ASSERT_TRUE(taker.share_prefix(*donor, shared));
+      EXPECT_EQ(pool->free_pages(), free_before);  // shared, not copied
+      // The taker's own tokens from the prefix on (the same tokens as the donor's up to 64: the
+      // same seed), then the donor goes: the shared pages stay with the taker.
+      write_range(taker, shared, n, 4);
+      donor.reset();
+      CacheConfig solo_cfg = cfg;
+      solo_cfg.pool_pages = 0;
+      KvStore solo(solo_cfg);
+      solo.set_prompt_length(120);
+      write_all(solo, n, 4);
+      EXPECT_EQ(read_all(taker, n), read_all(solo, n));
+      const std::int64_t held = taker.sequence().pages();
+      EXPECT_EQ(pool->free_pages(), pool->pages() - held);
+      taker.clear();
+      EXPECT_EQ(pool->free_pages(), pool->pages());
+      KvStore other(std::make_shared<KvPool>(cfg));
+      EXPECT_THROW(other.share_prefix(solo, shared), std::logic_error);
+    }
+}
+
 TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
   CacheConfig cfg = test_config(2, 2, kDim, 256, 16, quant::kDitherInt8, "q4_0", 0);
   cfg.pool_pages = 40;

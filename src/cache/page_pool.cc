@@ -12,12 +12,14 @@ PagePool::PagePool(std::int64_t pages, int page_size, std::uint64_t shuffle_seed
   if (pages <= 0) throw std::invalid_argument("a page pool needs at least one page");
   if (page_size <= 0) throw std::invalid_argument("page size must be positive, got " + std::to_string(page_size));
   for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(p);
+  holders_.assign(static_cast<std::size_t>(pages), 0);
   if (shuffle_seed != 0) std::shuffle(free_.begin(), free_.end(), std::mt19937_64(shuffle_seed));
 }
 
 PagePool::PagePool(const PagePool& other) : pages_(other.pages_), page_size_(other.page_size_) {
   const std::lock_guard<std::mutex> lock(other.mu_);
   free_ = other.free_;
+  holders_ = other.holders_;
 }
 
 std::int64_t PagePool::free_pages() const {
@@ -32,12 +34,25 @@ std::int64_t PagePool::allocate() {
                              std::to_string(page_size_) + " tokens)");
   const std::int64_t p = free_.back();
   free_.pop_back();
+  holders_[static_cast<std::size_t>(p)] = 1;
   return p;
+}
+
+void PagePool::share(std::int64_t page) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (page < 0 || page >= pages_ || holders_[static_cast<std::size_t>(page)] == 0)
+    throw std::logic_error("sharing page " + std::to_string(page) + ", which no sequence holds");
+  ++holders_[static_cast<std::size_t>(page)];
+}
+
+int PagePool::holders(std::int64_t page) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return holders_[static_cast<std::size_t>(page)];
 }
 
 void PagePool::release(std::int64_t page) {
   const std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(page);
+  if (--holders_[static_cast<std::size_t>(page)] == 0) free_.push_back(page);
 }
 
 PageTable::~PageTable() { clear(); }
@@ -48,6 +63,18 @@ std::int64_t PageTable::slot_for_write(std::int64_t pos) {
     throw std::out_of_range("position " + std::to_string(pos) + " written before the positions ahead of it");
   if (logical == static_cast<std::int64_t>(pages_.size())) pages_.push_back(pool_->allocate());
   return slot(pos);
+}
+
+void PageTable::share_prefix(const PageTable& donor, std::int64_t pages) {
+  if (donor.pool_ != pool_) throw std::logic_error("sharing pages across pools");
+  if (!pages_.empty()) throw std::logic_error("a sequence shares a prefix before it holds any page");
+  if (pages < 0 || pages > static_cast<std::int64_t>(donor.pages_.size()))
+    throw std::logic_error("sharing " + std::to_string(pages) + " pages of a sequence that holds " +
+                           std::to_string(donor.pages_.size()));
+  for (std::int64_t i = 0; i < pages; ++i) {
+    pool_->share(donor.pages_[i]);
+    pages_.push_back(donor.pages_[i]);
+  }
 }
 
 void PageTable::clear() {

@@ -27,13 +27,18 @@ class PagePool {
   // Thread-safe: the sequences of one pool take and return pages from any thread. Throws
   // std::runtime_error when the pool is exhausted.
   std::int64_t allocate();
+  // One more holder of a taken page (a sequence that shares it); release drops one holder, and
+  // the page is free again when none is left.
+  void share(std::int64_t page);
   void release(std::int64_t page);
+  int holders(std::int64_t page) const;
 
  private:
   std::int64_t pages_;
   int page_size_;
   mutable std::mutex mu_;
   std::vector<std::int64_t> free_;  // a stack: the next page handed out is free_.back()
+  std::vector<int> holders_;        // [page]: sequences holding it (0: free)
 };
 
 // One sequence's logical pages, mapped to physical pages on demand.
@@ -46,6 +51,9 @@ class PageTable {
   PageTable(const PageTable&) = delete;
   PageTable& operator=(const PageTable&) = delete;
 
+  // Maps this empty table's first `pages` logical pages to `donor`'s physical ones, shared
+  // (the donor's table is over the same pool). Throws std::logic_error otherwise.
+  void share_prefix(const PageTable& donor, std::int64_t pages);
   // The slot of position pos, allocating its page when pos is the first position on it.
   std::int64_t slot_for_write(std::int64_t pos);
   // The slot of an already written position.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,10 @@ void BatchEngine::release(Seq& s) {
   s.cache = Cache{};  // returns every page to the pool
 }
 
+void BatchEngine::make_room(std::int64_t pages) {
+  while (pool_.free_pages() < pages && !retired_.empty()) retired_.erase(retired_.begin());
+}
+
 void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
   BatchResult& r = (*results_)[s.index];
   r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
@@ -104,7 +109,20 @@ void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
     r.has_meter = true;
     r.meter = s.telemetry->summary();
   }
-  release(s);
+  if (opts_.share_prefixes && f != Finish::error && s.cache.kv) {
+    // Kept as a donor of its prompt's pages until they are needed.
+    Cache kept = std::move(s.cache);
+    s.cache = Cache{};
+    if (kept.certified) {
+      (*results_)[s.index].page_ins = kept.certified->store().page_in_stats().page_ins;
+      (*results_)[s.index].page_in_bytes = kept.certified->store().page_in_stats().page_in_bytes;
+    }
+    retired_.push_back({std::vector<std::int32_t>(s.all.begin(), s.all.begin() + s.prompt_len),
+                        std::min(s.fed, s.prompt_len), std::move(kept)});
+    if (static_cast<int>(retired_.size()) > opts_.max_seqs) retired_.erase(retired_.begin());
+  } else {
+    release(s);
+  }
   if (*on_done_) (*on_done_)(s.index, r);
 }
 
@@ -114,6 +132,7 @@ void BatchEngine::admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting) 
     Seq& s = *waiting.front();
     // Its known tokens and the next one must fit beside one new page for every running sequence.
     const std::int64_t need = pages_for(static_cast<std::int64_t>(s.all.size()) + 1, P);
+    make_room(need + static_cast<std::int64_t>(running.size()));
     if (!running.empty() && pool_.free_pages() < need + static_cast<std::int64_t>(running.size())) return;
     const model::LlamaConfig& cfg = model_.config();
     std::vector<gate::MeterSink*> sinks;
@@ -128,9 +147,38 @@ void BatchEngine::admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting) 
     s.cache = make_sequence_cache(pool_, cfg, s.req->max_tokens, s.req->cache, sinks);
     s.cache.kv->set_prompt_length(s.prompt_len);  // as Session::prefill announces it
     s.fed = 0;
+    if (opts_.share_prefixes) share_prefix(s, running);
     s.admitted = ++admissions_;
     waiting.erase(waiting.begin());
     running.push_back(&s);
+  }
+}
+
+void BatchEngine::share_prefix(Seq& s, const std::vector<Seq*>& running) {
+  // Whole chunks keep the prefill's chunk boundaries (and so every result) as they are alone;
+  // whole pages and group blocks are what a cache can share.
+  std::int64_t unit = std::lcm<std::int64_t>(opts_.prefill_chunk, cache_.page_size);
+  if (cache_.certified)
+    for (const quant::KvSide side : {quant::KvSide::key, quant::KvSide::value}) {
+      const quant::KvFormat& f = side == quant::KvSide::key ? cache_.k_format : cache_.v_format;
+      if (f.kind() == quant::FormatKind::scheme) unit = std::lcm<std::int64_t>(unit, f.scheme(side)->tokens_per_block());
+    }
+  const attn::KvCache* best = nullptr;
+  std::int64_t best_n = 0;
+  const auto consider = [&](const std::vector<std::int32_t>& tokens, std::int64_t prompt_len, std::int64_t fed,
+                            const attn::KvCache* cache) {
+    const std::int64_t limit = std::min({s.prompt_len - 1, prompt_len, fed});
+    std::int64_t common = 0;
+    while (common < limit && s.all[common] == tokens[common]) ++common;
+    const std::int64_t n = common / unit * unit;
+    if (n > best_n) best = cache, best_n = n;
+  };
+  for (const Seq* d : running) consider(d->all, d->prompt_len, d->fed, d->cache.kv.get());
+  for (const Retired& d : retired_)
+    consider(d.prompt, static_cast<std::int64_t>(d.prompt.size()), d.fed, d.cache.kv.get());
+  if (best != nullptr && s.cache.kv->share_prefix(*best, best_n)) {
+    s.fed = best_n;
+    stats_.shared_tokens += best_n;
   }
 }
 
@@ -239,6 +287,7 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
       if (!rows.empty() && used + n > opts_.step_tokens) continue;
       const std::int64_t held = pages_for(s.fed, P);
       const std::int64_t need = pages_for(s.fed + n, P) - held;
+      make_room(claimed + need);
       while (pool_.free_pages() - claimed < need && running.size() > k + 1) {
         Seq& young = *running.back();  // the youngest: preempted, recomputed later from its tokens
         release(young);
@@ -298,6 +347,7 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
     running.erase(std::remove_if(running.begin(), running.end(), [](const Seq* s) { return !s->cache.kv; }),
                   running.end());
   }
+  retired_.clear();
   stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   results_ = nullptr;
   on_done_ = nullptr;

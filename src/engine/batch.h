@@ -52,6 +52,11 @@ struct BatchOptions {
   std::int64_t kv_memory = 0;  // bytes of the pool (0: enough for the max_seqs largest requests at once)
   int prefill_chunk = 64;      // prompt tokens per sequence per step, from position 0 in whole chunks
   std::int64_t step_tokens = 512;  // tokens per step, over every row (at least one row always runs)
+  // A new sequence whose prompt begins with a running or recently finished sequence's takes
+  // those positions' pages instead of computing them (whole prefill chunks, pages and group
+  // blocks; never with a gate). A finished sequence's pages stay as a donor until a step or an
+  // admission needs them, oldest first.
+  bool share_prefixes = true;
 
   // Throws std::invalid_argument: max_seqs ∉ [1, 4096], kv_memory < 0, chunk ∉ [1, 4096], step_tokens < 1.
   void validate() const;
@@ -65,6 +70,7 @@ struct BatchStats {
   std::int64_t generated = 0;          // tokens sampled
   std::int64_t max_running = 0;        // most sequences in one step
   std::int64_t preemptions = 0;
+  std::int64_t shared_tokens = 0;      // prompt positions taken from another sequence's pages
   double seconds = 0.0;
   // Steps whose rows were all single decode tokens: their time and the tokens they ran.
   double decode_seconds = 0.0;
@@ -90,6 +96,11 @@ class BatchEngine {
  private:
   struct Seq;
   void admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting);
+  // Shares the longest whole-chunk prefix of s's prompt that a running or retired sequence has
+  // written.
+  void share_prefix(Seq& s, const std::vector<Seq*>& running);
+  // Frees retired donors, oldest first, until `pages` pages are free or none is left.
+  void make_room(std::int64_t pages);
   void release(Seq& s);
   void finish(Seq& s, Finish f, const std::string& error = "");
   std::size_t live_bytes(const std::vector<Seq*>& running) const;
@@ -102,6 +113,12 @@ class BatchEngine {
   std::int64_t capacity_ = 0;
   std::size_t sequence_bytes_ = 0;
   std::int64_t admissions_ = 0;
+  struct Retired {  // a finished sequence's cache, kept as a prefix donor
+    std::vector<std::int32_t> prompt;
+    std::int64_t fed = 0;
+    Cache cache;
+  };
+  std::vector<Retired> retired_;
   BatchStats stats_;
   std::vector<BatchResult>* results_ = nullptr;
   const ResultSink* on_done_ = nullptr;

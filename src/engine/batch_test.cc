@@ -167,6 +167,53 @@ TEST_F(RealModel, PreemptionAndRecomputeGiveTheUninterruptedTokensWithinTheBudge
   }
 }
 
+TEST_F(RealModel, SharedPrefixesGiveTheSoloResults) {
+  const std::string system =
+      "You are a careful assistant for a river town's archive. The town keeps its records in a long stone hall by "
+      "the water. Every spring the clerks count the boats, the nets, the bales of wool and the barrels of salted "
+      "fish that come down from the hills, and they write each count in a ledger bound in green leather. The "
+      "ledgers go back two hundred years, and the oldest are kept in a locked chest under the stairs. Answer "
+      "questions about the archive briefly and plainly. When a visitor asks for a ledger, the keeper of the hall "
+      "fetches it, sets it on the reading table by the window, and stays beside it until it is returned; no "
+      "ledger leaves the hall, and no page is copied without the keeper's leave.\n";
+  const char* questions[] = {"Question: where are the records kept?", "Question: what do the clerks count?",
+                             "Question: what colour are the ledgers?", "Question: where are the oldest ledgers?",
+                             "Question: how old are the ledgers?", "Question: who counts the boats?"};
+  struct Case {
+    std::string k, v;
+    double tau;
+  };
+  const Case cases[] = {{"", "", 0.0}, {"dither-int8", "dither-int8", 0.0}, {"q4_0", "q4_0", 0.0},
+                        {"kivi-2bit", "kivi-2bit", 0.0}, {"q8_0", "rtn-int4", 0.2}};
+  ThreadPool pool(2);
+  const std::vector<std::int32_t> stop = {tok_->eos()};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.k.empty() ? "plain" : c.k + " tau " + std::to_string(c.tau));
+    const CacheOptions cache = format(c.k, c.v, c.tau, gate::Granularity::block);
+    std::vector<BatchRequest> all;
+    for (const char* q : questions) {
+      BatchRequest r;
+      r.prompt = tok_->encode(system + q, false);
+      r.max_tokens = 8;
+      r.cache = cache;
+      all.push_back(r);
+    }
+    ASSERT_GT(all[0].prompt.size(), 128u);
+    std::vector<Solo> alone;
+    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+    BatchOptions bo;
+    bo.max_seqs = 2;  // later requests find a running sequence that has run the shared text
+    BatchEngine engine(*model_, pool, cache, bo);
+    const std::vector<BatchResult> got = engine.run(all, stop);
+    for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
+    if (c.tau > 0) {
+      EXPECT_EQ(engine.stats().shared_tokens, 0) << "a gated sequence makes its own repairs";
+    } else {
+      EXPECT_GE(engine.stats().shared_tokens, 4 * 128) << "the shared text is taken, not recomputed";
+    }
+  }
+}
+
 TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   ThreadPool pool(2);
   const CacheOptions cache = format("q4_0", "q4_0", 0.0, gate::Granularity::block);

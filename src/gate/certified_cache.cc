@@ -82,6 +82,13 @@ void CertifiedKvCache::write(int layer, int kv_head, std::int64_t pos, const flo
 
 void CertifiedKvCache::clear() { store_.clear(); }
 
+bool CertifiedKvCache::share_prefix(const attn::KvCache& donor, std::int64_t n) {
+  const auto* d = dynamic_cast<const CertifiedKvCache*>(&donor);
+  if (d == nullptr || d->store_.shared_pool() != store_.shared_pool()) return false;
+  if (opts_.gate.on() || opts_.check_soundness) return false;
+  return store_.share_prefix(d->store_, n);
+}
+
 attn::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
   if (!opts_.gate.on()) return attn::AttendConcurrency::any;
   return opts_.gate.granularity == Granularity::request ? attn::AttendConcurrency::serial

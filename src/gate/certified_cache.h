@@ -48,6 +48,10 @@ class CertifiedKvCache final : public attn::KvCache {
                      std::int64_t n, float* out, std::int64_t out_stride) override;
   void clear() override;
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
+  // Shares [0, n) of a certified cache over the same pool (cache::KvStore::share_prefix); never
+  // for a cache with a gate or the soundness check, whose own repairs of [0, n) sharing would
+  // skip (the donor's repairs are its own and change nothing it shares).
+  bool share_prefix(const attn::KvCache& donor, std::int64_t n) override;
   // Repairs promote pages that later calls read: per_head when gated by head or block, serial
   // when a repair promotes every head (request granularity).
   attn::AttendConcurrency attend_concurrency() const override;
