@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -287,6 +289,61 @@ TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
       EXPECT_TRUE(std::isinf(c.eform_raw)) << fmt;
     }
   }
+}
+
+// Two sequences over one pool: a NaN in one's keys gives it no guarantee (infinite raw score,
+// meter 1) and a repair when gated; the other's outputs and cells are bit for bit its own alone.
+TEST(CertifiedCache, ANonFiniteKeyInOneSequenceLeavesTheOthersUnchanged) {
+  const Tokens bad_tokens = [] {
+    Tokens t = draw_tokens(40, 9);
+    t.k[((1 * kKvHeads + 0) * t.n + 5) * kDim + 3] = NAN;  // layer 1, head 0, position 5
+    return t;
+  }();
+  const Tokens good_tokens = draw_tokens(40, 10);
+  for (const std::string& fmt : {std::string("q4_0"), std::string(cache::kDitherInt8)})
+    for (double tau : {0.0, 0.2}) {
+      SCOPED_TRACE(fmt + " tau " + std::to_string(tau));
+      CertifiedOptions o = heads(kGroup * kKvHeads);
+      o.gate.tau_k = tau;
+      cache::CacheConfig cfg = config_with_tier(fmt, fmt, 40, 16, 0);
+      cfg.pool_pages = 6;
+      auto pool = std::make_shared<cache::KvPool>(cfg);
+      CellLog bad_log, good_log, solo_log;
+      CertifiedKvCache bad(pool, logged(o, bad_log)), good(pool, logged(o, good_log));
+      cfg.pool_pages = 0;
+      CertifiedKvCache solo(cfg, logged(o, solo_log));
+      // Interleaved, as one batched step after another writes and reads them.
+      std::vector<float> q(kGroup * kDim, 0.1f), out_good(kGroup * kDim), out_solo(kGroup * kDim), out_bad(kGroup * kDim);
+      for (std::int64_t p = 0; p < 40; ++p)
+        for (int l = 0; l < kLayers; ++l)
+          for (int h = 0; h < kKvHeads; ++h) {
+            bad.write(l, h, p, bad_tokens.key(l, h, p), bad_tokens.value(l, h, p));
+            good.write(l, h, p, good_tokens.key(l, h, p), good_tokens.value(l, h, p));
+            solo.write(l, h, p, good_tokens.key(l, h, p), good_tokens.value(l, h, p));
+            bad.attend(l, h, q.data(), kGroup, p + 1, out_bad.data());
+            good.attend(l, h, q.data(), kGroup, p + 1, out_good.data());
+            solo.attend(l, h, q.data(), kGroup, p + 1, out_solo.data());
+            ASSERT_EQ(0, std::memcmp(out_good.data(), out_solo.data(), out_good.size() * sizeof(float)));
+          }
+      const std::vector<MeterCell> g = good_log.cells(), s = solo_log.cells();
+      ASSERT_EQ(g.size(), s.size());
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        EXPECT_EQ(g[i].eform_raw, s[i].eform_raw);
+        EXPECT_EQ(g[i].meter, s[i].meter);
+        EXPECT_EQ(g[i].v_meter, s[i].v_meter);
+        EXPECT_EQ(g[i].repaired, s[i].repaired);
+      }
+      int no_guarantee = 0, repaired = 0;
+      for (const MeterCell& c : bad_log.cells())
+        if (c.layer == 1 && c.q_head < kGroup && c.pos >= 5) {
+          no_guarantee += std::isinf(c.raw_before) && c.meter_before == 1.0;
+          repaired += c.repaired;
+        }
+      EXPECT_GT(no_guarantee, 0);
+      if (tau > 0) {
+        EXPECT_GT(repaired, 0);
+      }
+    }
 }
 
 TEST(CertifiedCache, RejectsBadConfiguration) {

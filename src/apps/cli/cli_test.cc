@@ -383,6 +383,56 @@ TEST(CliEngine, ClearErrorsOnBadInput) {
   EXPECT_NE(r.out.find("--temp"), std::string::npos) << r.out;
 }
 
+TEST(CliEngine, BatchWritesEveryLineInOrderAndBadLinesAlone) {
+  const std::string in = scratch("batch_in.jsonl"), out = scratch("batch_out.jsonl");
+  std::filesystem::remove(out);
+  std::ofstream(in) << "{\"id\": \"a\", \"prompt\": \"The capital of France is\", \"max_tokens\": 6}\n"
+                    << "not json\n"
+                    << "\n"
+                    << "{\"prompt\": \"\"}\n"
+                    << "{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"tau\": 0.3}\n"
+                    << "{\"prompt\": \"One, two, three,\", \"max_tokens\": 4, \"tau\": -1}\n";
+  Result r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --kv q4_0 --max-seqs 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream f(out);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::vector<nlohmann::json> got = lines(text.str());
+  ASSERT_EQ(got.size(), 5u) << text.str();  // the blank line is not a request
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["index"], i);
+  EXPECT_EQ(got[0]["id"], "a");
+  EXPECT_NE(got[0]["text"].get<std::string>().find("Paris"), std::string::npos) << got[0];
+  EXPECT_EQ(got[0]["completion_tokens"], 6);
+  EXPECT_TRUE(got[0]["meter"].contains("coverage")) << got[0];
+  EXPECT_NE(got[1]["error"].get<std::string>().find("line 2"), std::string::npos) << got[1];
+  EXPECT_NE(got[2]["error"].get<std::string>().find("empty"), std::string::npos) << got[2];
+  EXPECT_TRUE(got[3].contains("text")) << got[3];
+  EXPECT_NE(got[4]["error"].get<std::string>().find("tau"), std::string::npos) << got[4];
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+
+  // Nothing is overwritten: not the input, not a file where the results are staged.
+  r = run("batch --model " + kModel + " --input " + in + " --output " + in);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("refusing"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(in));
+  std::ofstream(out + ".partial") << "someone's file";
+  r = run("batch --model " + kModel + " --input " + in + " --output " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("exists"), std::string::npos) << r.out;
+  std::ifstream kept(out + ".partial");
+  std::string word;
+  kept >> word;
+  EXPECT_EQ(word, "someone's");
+  std::filesystem::remove(out + ".partial");
+  r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --kv-memory 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--kv-memory"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+  r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --tau-v 0.1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("needs --kv"), std::string::npos) << r.out;
+}
+
 TEST(CliEngine, DitherSeedAndModeNameTheDitherStream) {
   // The meters depend on the dither: one seed reproduces them exactly, another seed or the
   // shared-page mode changes them. Cells are logged in the order the threads finish: sorted.

@@ -2,6 +2,7 @@
 // requests run together over one shared KV pool (engine/batch.h).
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -116,7 +117,9 @@ std::int64_t parse_bytes(const std::string& text) {
   return static_cast<std::int64_t>(bytes);
 }
 
-int run_batch(const BatchArgs& args, std::ostream& err) {
+namespace {
+
+int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& err) {
   const std::string model_path = args.model.empty() ? engine::default_model_path() : args.model;
   const engine::CacheOptions base = cache_options(args.cache, args.cache.kv, model_path);
   engine::BatchOptions bo;
@@ -169,7 +172,6 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
       engine.run(runnable, args.ignore_eos ? std::vector<std::int32_t>{} : m.stop_tokens(), progress);
   err << "\n";
 
-  const std::string tmp = args.output + ".partial";
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw std::runtime_error("cannot write '" + tmp + "'");
@@ -214,6 +216,26 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
   err << fmt::format("  KV pool: {} pages of {} tokens, {} bytes (peak with sequences {}), exact tier {} bytes\n",
                      s.pool_pages, base.page_size, s.pool_bytes, s.peak_bytes, s.backing_bytes);
   return 0;
+}
+
+}  // namespace
+
+int run_batch(const BatchArgs& args, std::ostream& err) {
+  // The results go to a new file beside the output, renamed to it once every line is written; it
+  // is made now, so that an unwritable place fails before the run, and never over an existing file.
+  const std::string tmp = args.output + ".partial";
+  std::FILE* f = std::fopen(tmp.c_str(), "wx");
+  if (f == nullptr)
+    throw std::runtime_error(errno == EEXIST ? "'" + tmp + "' exists (another batch writing there?); remove it to go on"
+                                             : "cannot write '" + tmp + "'");
+  std::fclose(f);
+  try {
+    return run_batch_to(args, tmp, err);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);  // no half-written file is left behind
+    throw;
+  }
 }
 
 }  // namespace witcert::apps

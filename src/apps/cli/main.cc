@@ -297,12 +297,15 @@ int main(int argc, char** argv) {
   auto* batch_kv = batch->add_option("--kv", ba.cache.kv,
                                      "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
                                      "`witcert schemes` (default: the plain exact cache, no meter)");
-  batch->add_option("--kv-v", ba.cache.kv_v, "KV-cache format of the values (default: --kv)");
-  batch->add_option("--page-size", ba.cache.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
+  auto* batch_kv_v = batch->add_option("--kv-v", ba.cache.kv_v, "KV-cache format of the values (default: --kv)");
+  batch->add_option("--page-size", ba.cache.page_size, "tokens per cache page")
+      ->transform(whole_in("--page-size", 1, 4096));
   auto* batch_gate = add_meter_options(batch, ba.cache);
-  batch->add_option("--granularity", ba.cache.granularity, "repair granularity of the gate: block, head or request")
-      ->check(choice("--granularity", {"block", "head", "request"}));
-  batch->add_option("--delta", ba.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
+  auto* batch_granularity =
+      batch->add_option("--granularity", ba.cache.granularity, "repair granularity of the gate: block, head or request")
+          ->check(choice("--granularity", {"block", "head", "request"}));
+  auto* batch_delta =
+      batch->add_option("--delta", ba.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
   const TierOptions batch_tier = add_tier_options(batch, ba.cache);
 
   const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch};
@@ -336,7 +339,14 @@ int main(int argc, char** argv) {
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
     if (*batch) {
-      if (!given(batch_kv) && given(batch_gate)) throw UsageError("--gate needs --kv: without it batch keeps a plain exact cache");
+      if (!given(batch_kv))
+        for (const CLI::Option* opt :
+             {batch_kv_v, batch_gate, batch_granularity, batch_delta, batch->get_option("--bound"),
+              batch->get_option("--tau-v"), batch->get_option("--coverage-tau"), batch_tier.backing_file,
+              batch_tier.overwrite, batch_tier.keep, batch_tier.exact_tier})
+          if (given(opt))
+            throw UsageError(opt->get_name() + " needs --kv: without it batch keeps a plain exact cache");
+      if (given(batch_granularity) && !given(batch_gate)) throw UsageError("--granularity applies to a gate; give --gate");
       check_tier(batch_tier, ba.cache.exact_tier);
     }
     if (*runc) {
