@@ -85,12 +85,15 @@ std::size_t BatchEngine::live_bytes(const std::vector<Seq*>& running) const {
   return b;
 }
 
+void BatchEngine::record_page_ins(const Seq& s) {
+  if (!s.cache.certified) return;
+  const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
+  (*results_)[s.index].page_ins = pi.page_ins;
+  (*results_)[s.index].page_in_bytes = pi.page_in_bytes;
+}
+
 void BatchEngine::release(Seq& s) {
-  if (s.cache.certified) {
-    const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
-    (*results_)[s.index].page_ins = pi.page_ins;
-    (*results_)[s.index].page_in_bytes = pi.page_in_bytes;
-  }
+  record_page_ins(s);
   s.cache = Cache{};  // returns every page to the pool
 }
 
@@ -111,12 +114,9 @@ void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
   }
   if (opts_.share_prefixes && f != Finish::error && s.cache.kv) {
     // Kept as a donor of its prompt's pages until they are needed.
+    record_page_ins(s);
     Cache kept = std::move(s.cache);
     s.cache = Cache{};
-    if (kept.certified) {
-      (*results_)[s.index].page_ins = kept.certified->store().page_in_stats().page_ins;
-      (*results_)[s.index].page_in_bytes = kept.certified->store().page_in_stats().page_in_bytes;
-    }
     retired_.push_back({std::vector<std::int32_t>(s.all.begin(), s.all.begin() + s.prompt_len),
                         std::min(s.fed, s.prompt_len), std::move(kept)});
     if (static_cast<int>(retired_.size()) > opts_.max_seqs) retired_.erase(retired_.begin());
@@ -222,10 +222,8 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
   // The pool: the budget's pages, or room for the max_seqs largest requests at once.
   const int P = cache_.page_size;
   std::int64_t pages = 0;
-  PoolSizing sizing;
   if (opts_.kv_memory > 0) {
-    sizing = size_pool(cfg, capacity_, cache_, opts_.kv_memory, opts_.max_seqs);
-    pages = sizing.pages;
+    pages = size_pool(cfg, capacity_, cache_, opts_.kv_memory, opts_.max_seqs).pages;
   } else {
     std::vector<std::int64_t> need;
     for (std::size_t i : valid)
@@ -237,9 +235,7 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
     pages = std::max<std::int64_t>(pages, 1);
   }
   pool_ = make_pool(cfg, capacity_, pages, cache_, tier);
-  sequence_bytes_ = opts_.kv_memory > 0 ? sizing.sequence_bytes
-                    : cache_.certified   ? cache::KvStore(pool_.certified).sequence().bytes()
-                                         : static_cast<std::size_t>(pages_for(capacity_, P)) * sizeof(std::int64_t);
+  sequence_bytes_ = pool_.sequence_bytes(capacity_);
   stats_.pool_pages = pool_.pages();
   stats_.pool_bytes = pool_.bytes();
   stats_.backing_bytes = pool_.backing_bytes();

@@ -101,6 +101,7 @@ class BatchEngine {
   void share_prefix(Seq& s, const std::vector<Seq*>& running);
   // Frees retired donors, oldest first, until `pages` pages are free or none is left.
   void make_room(std::int64_t pages);
+  void record_page_ins(const Seq& s);  // the sequence's page-ins into its result
   void release(Seq& s);
   void finish(Seq& s, Finish f, const std::string& error = "");
   std::size_t live_bytes(const std::vector<Seq*>& running) const;

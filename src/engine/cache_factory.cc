@@ -63,6 +63,10 @@ std::int64_t Pool::free_pages() const { return certified ? certified->free_pages
 int Pool::page_size() const { return certified ? certified->config().page_size : exact ? exact->page_size() : 0; }
 std::size_t Pool::bytes() const { return certified ? certified->bytes() : exact ? exact->bytes() : 0; }
 std::size_t Pool::backing_bytes() const { return certified ? certified->backing_bytes() : 0; }
+std::size_t Pool::sequence_bytes(std::int64_t capacity) const {
+  if (certified) return cache::KvStore(certified).sequence().bytes();
+  return static_cast<std::size_t>((capacity + page_size() - 1) / page_size()) * sizeof(std::int64_t);
+}
 
 Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
                bool exact_tier) {
@@ -89,8 +93,7 @@ PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, con
   PoolSizing s;
   s.page_bytes = two.bytes() - one.bytes();
   s.fixed_bytes = one.bytes() - s.page_bytes;
-  if (opts.certified) s.sequence_bytes = cache::KvStore(one.certified).sequence().bytes();
-  else s.sequence_bytes = static_cast<std::size_t>((capacity + opts.page_size - 1) / opts.page_size) * sizeof(std::int64_t);
+  s.sequence_bytes = one.sequence_bytes(capacity);
   const std::size_t reserved = s.fixed_bytes + static_cast<std::size_t>(max_seqs) * s.sequence_bytes;
   if (static_cast<std::size_t>(budget) < reserved + s.page_bytes)
     throw std::invalid_argument("--kv-memory " + std::to_string(budget) + " bytes holds not one page of " +

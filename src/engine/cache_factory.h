@@ -39,6 +39,9 @@ struct Pool {
   // Measured bytes of the pool's allocations: the compressed cache, and the exact backing tier.
   std::size_t bytes() const;
   std::size_t backing_bytes() const;
+  // Measured bytes of the own state of a sequence of up to `capacity` positions (page table,
+  // group blocks, ring, repair flags), from a probe sequence over this pool.
+  std::size_t sequence_bytes(std::int64_t capacity) const;
 };
 
 // How many pages a memory budget holds, measured from allocations: the bytes of a pool of one

@@ -27,16 +27,10 @@ cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opt
 }  // namespace
 
 CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts)
-    : g_{cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity},
-      opts_(opts),
-      store_(with_tier(cfg, opts)),
-      delta_loc_(cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget)) {
-  if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
-  opts.gate.validate();
-}
+    : CertifiedKvCache(std::make_shared<cache::KvPool>(with_tier(cfg, opts)), opts) {}
 
 CertifiedKvCache::CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const CertifiedOptions& opts)
-    : g_{}, opts_(opts), store_(std::move(pool)) {
+    : opts_(opts), store_(std::move(pool)) {
   const cache::CacheConfig& cfg = store_.config();
   g_ = {cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity};
   delta_loc_ = cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget);
