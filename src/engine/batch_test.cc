@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -70,7 +72,9 @@ void expect_same(const Solo& a, const BatchResult& b, const std::string& what) {
   EXPECT_EQ(b.meter.to_json().dump(), a.meter.to_json().dump());
 }
 
-std::vector<BatchRequest> requests(const model::Tokenizer& tok, const CacheOptions& cache) {
+// Eight requests of different lengths, budgets and samplers (five shorter ones under the sanitizers).
+std::vector<BatchRequest> requests(const model::Tokenizer& tok, const CacheOptions& cache,
+                                   int count = model::kSanitized ? 5 : 8) {
   const char* texts[] = {
       "The capital of France is",
       "Once upon a time, in a small village by the sea, there lived an old fisherman who",
@@ -84,90 +88,116 @@ std::vector<BatchRequest> requests(const model::Tokenizer& tok, const CacheOptio
       "In 1969, the first humans",
   };
   std::vector<BatchRequest> out;
-  int i = 0;
-  for (const char* t : texts) {
+  for (int i = 0; i < count; ++i) {
     BatchRequest q;
-    q.prompt = tok.encode(t, false);
-    q.max_tokens = 6 + 5 * (i % 4);
+    q.prompt = tok.encode(texts[i], false);
+    q.max_tokens = model::kSanitized ? 3 + 2 * (i % 4) : 6 + 5 * (i % 4);
     q.sampler.temperature = i % 3 == 2 ? 0.8f : 0.0f;  // some sample: the sampler's stream is the request's own
     q.sampler.seed = 17 + i;
     q.cache = cache;
     out.push_back(q);
-    ++i;
   }
   return out;
 }
 
-TEST_F(RealModel, EverySequenceInABatchEqualsItsSoloRun) {
-  struct Case {
-    std::string k, v;
-    double tau;
-    gate::Granularity g;
-  };
-  const Case cases[] = {
-      {"", "", 0.0, gate::Granularity::block},          // the plain exact cache
-      {"fp16", "fp16", 0.0, gate::Granularity::block},  // certified fp16
-      {"dither-int8", "dither-int8", 0.0, gate::Granularity::block},
-      {"dither-int8", "dither-int8", 0.05, gate::Granularity::block},
-      {"q4_0", "q4_0", 0.0, gate::Granularity::block},
-      {"q8_0", "rtn-int4", 0.2, gate::Granularity::head},
-      {"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::block},
-      {"fp8-e4m3", "fp8-e4m3", 0.3, gate::Granularity::request},
-  };
+// One cache kind: K and V formats, τ_K and the gate's granularity; empty formats are the plain cache.
+struct Kind {
+  std::string k, v;
+  double tau;
+  gate::Granularity g;
+  bool sanitized;  // also run in the sanitizer build
+};
+
+void PrintTo(const Kind& c, std::ostream* os) {
+  *os << (c.k.empty() ? std::string("plain") : c.k + "/" + c.v + " tau " + std::to_string(c.tau));
+}
+
+std::string kind_name(const ::testing::TestParamInfo<Kind>& info) {
+  const Kind& c = info.param;
+  std::string n = c.k.empty() ? "plain" : c.k + "_" + c.v + (c.tau > 0 ? "_gated" : "");
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+class BatchKind : public model::RealModelFixture, public ::testing::WithParamInterface<Kind> {
+ protected:
+  void SetUp() override {
+    if (model::kSanitized && !GetParam().sanitized) GTEST_SKIP() << "run in the release build";
+    model::RealModelFixture::SetUp();
+  }
+  CacheOptions cache() const { return format(GetParam().k, GetParam().v, GetParam().tau, GetParam().g); }
+};
+
+using BatchInvariance = BatchKind;
+using BatchPreemption = BatchKind;
+using BatchSharedPrefix = BatchKind;
+
+TEST_P(BatchInvariance, EverySequenceEqualsItsSoloRun) {
   ThreadPool pool(2);
   const std::vector<std::int32_t> stop = {tok_->eos()};
-  for (const Case& c : cases) {
-    const std::string name = c.k.empty() ? "plain" : c.k + "/" + c.v + " tau " + std::to_string(c.tau);
-    SCOPED_TRACE(name);
-    const CacheOptions cache = format(c.k, c.v, c.tau, c.g);
-    const std::vector<BatchRequest> all = requests(*tok_, cache);
-    std::vector<Solo> alone;
-    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
-    // 1, 3 and 8 at once, with pages that join and leave mid-run (different lengths and budgets).
-    for (int seqs : {1, 3, 8}) {
-      BatchOptions bo;
-      bo.max_seqs = seqs;
-      bo.prefill_chunk = 64;
-      BatchEngine engine(*model_, pool, cache, bo);
-      const std::vector<BatchResult> got = engine.run(all, stop);
-      ASSERT_EQ(got.size(), all.size());
-      for (std::size_t i = 0; i < all.size(); ++i)
-        expect_same(alone[i], got[i], "max_seqs " + std::to_string(seqs) + ", request " + std::to_string(i));
-      EXPECT_LE(engine.stats().max_running, seqs);
-      if (seqs == 8) {
-        EXPECT_GT(engine.stats().max_running, 1);
-      }
+  const std::vector<BatchRequest> all = requests(*tok_, cache());
+  std::vector<Solo> alone;
+  for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+  // One at a time, a few, and all at once, with pages that join and leave mid-run.
+  const std::vector<int> widths = model::kSanitized ? std::vector<int>{8} : std::vector<int>{1, 3, 8};
+  for (int seqs : widths) {
+    BatchOptions bo;
+    bo.max_seqs = seqs;
+    bo.prefill_chunk = 64;
+    BatchEngine engine(*model_, pool, cache(), bo);
+    const std::vector<BatchResult> got = engine.run(all, stop);
+    ASSERT_EQ(got.size(), all.size());
+    for (std::size_t i = 0; i < all.size(); ++i)
+      expect_same(alone[i], got[i], "max_seqs " + std::to_string(seqs) + ", request " + std::to_string(i));
+    EXPECT_LE(engine.stats().max_running, seqs);
+    if (seqs == 8) {
+      EXPECT_GT(engine.stats().max_running, 1);
     }
   }
 }
 
-TEST_F(RealModel, PreemptionAndRecomputeGiveTheUninterruptedTokensWithinTheBudget) {
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchInvariance,
+                         ::testing::Values(Kind{"", "", 0.0, gate::Granularity::block, true},
+                                           Kind{"fp16", "fp16", 0.0, gate::Granularity::block, false},
+                                           Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, false},
+                                           Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, true},
+                                           Kind{"q4_0", "q4_0", 0.0, gate::Granularity::block, false},
+                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true},
+                                           Kind{"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::block, false},
+                                           Kind{"fp8-e4m3", "fp8-e4m3", 0.3, gate::Granularity::request, false}),
+                         kind_name);
+
+TEST_P(BatchPreemption, RecomputeGivesTheUninterruptedTokensWithinTheBudget) {
   ThreadPool pool(2);
   const std::vector<std::int32_t> stop = {tok_->eos()};
-  for (const std::string fmt : {"", "dither-int8"}) {
-    SCOPED_TRACE(fmt.empty() ? "plain" : fmt);
-    const CacheOptions cache = format(fmt, fmt, 0.0, gate::Granularity::block);
-    std::vector<BatchRequest> all = requests(*tok_, cache);
-    for (BatchRequest& q : all) q.max_tokens = 40;  // long enough to outgrow a tight pool
-    std::vector<Solo> alone;
-    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
-    // A budget of a few sequences' pages: admission fills it, growth preempts the youngest.
-    const PoolSizing one = size_pool(model_->config(), 200, cache, std::int64_t{1} << 30, 8);
-    BatchOptions bo;
-    bo.max_seqs = 8;
-    bo.kv_memory = static_cast<std::int64_t>(one.fixed_bytes + 8 * one.sequence_bytes + 16 * one.page_bytes);
-    BatchEngine engine(*model_, pool, cache, bo);
-    const std::vector<BatchResult> got = engine.run(all, stop);
-    for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
-    EXPECT_GT(engine.stats().preemptions, 0);
-    EXPECT_LE(engine.stats().peak_bytes, static_cast<std::size_t>(bo.kv_memory));
-    std::printf("[batch] %s: %lld pages, %lld preemptions, peak %zu of %lld bytes\n", fmt.empty() ? "plain" : fmt.c_str(),
-                static_cast<long long>(engine.stats().pool_pages), static_cast<long long>(engine.stats().preemptions),
-                engine.stats().peak_bytes, static_cast<long long>(bo.kv_memory));
-  }
+  std::vector<BatchRequest> all = requests(*tok_, cache());
+  for (BatchRequest& q : all) q.max_tokens = model::kSanitized ? 24 : 40;  // long enough to outgrow a tight pool
+  std::vector<Solo> alone;
+  for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+  // A budget of a few sequences' pages: admission fills it, growth preempts the youngest.
+  const int n = static_cast<int>(all.size());
+  const PoolSizing one = size_pool(model_->config(), 200, cache(), std::int64_t{1} << 30, n);
+  BatchOptions bo;
+  bo.max_seqs = n;
+  bo.kv_memory = static_cast<std::int64_t>(one.fixed_bytes + n * one.sequence_bytes + 2 * n * one.page_bytes);
+  BatchEngine engine(*model_, pool, cache(), bo);
+  const std::vector<BatchResult> got = engine.run(all, stop);
+  for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
+  EXPECT_GT(engine.stats().preemptions, 0);
+  EXPECT_LE(engine.stats().peak_bytes, static_cast<std::size_t>(bo.kv_memory));
+  std::printf("[batch] %lld pages, %lld preemptions, peak %zu of %lld bytes\n",
+              static_cast<long long>(engine.stats().pool_pages), static_cast<long long>(engine.stats().preemptions),
+              engine.stats().peak_bytes, static_cast<long long>(bo.kv_memory));
 }
 
-TEST_F(RealModel, SharedPrefixesGiveTheSoloResults) {
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchPreemption,
+                         ::testing::Values(Kind{"", "", 0.0, gate::Granularity::block, false},
+                                           Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
+                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, false}),
+                         kind_name);
+
+TEST_P(BatchSharedPrefix, SharedPrefixesGiveTheSoloResults) {
   const std::string system =
       "You are a careful assistant for a river town's archive. The town keeps its records in a long stone hall by "
       "the water. Every spring the clerks count the boats, the nets, the bales of wool and the barrels of salted "
@@ -179,45 +209,43 @@ TEST_F(RealModel, SharedPrefixesGiveTheSoloResults) {
   const char* questions[] = {"Question: where are the records kept?", "Question: what do the clerks count?",
                              "Question: what colour are the ledgers?", "Question: where are the oldest ledgers?",
                              "Question: how old are the ledgers?", "Question: who counts the boats?"};
-  struct Case {
-    std::string k, v;
-    double tau;
-  };
-  const Case cases[] = {
-      {"", "", 0.0}, {"dither-int8", "dither-int8", 0.0}, {"kivi-2bit", "kivi-2bit", 0.0}, {"q8_0", "rtn-int4", 0.2}};
+  const int count = model::kSanitized ? 3 : 6;
   ThreadPool pool(2);
   const std::vector<std::int32_t> stop = {tok_->eos()};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.k.empty() ? "plain" : c.k + " tau " + std::to_string(c.tau));
-    const CacheOptions cache = format(c.k, c.v, c.tau, gate::Granularity::block);
-    std::vector<BatchRequest> all;
-    for (const char* q : questions) {
-      BatchRequest r;
-      r.prompt = tok_->encode(system + q, false);
-      r.max_tokens = 5;
-      r.cache = cache;
-      all.push_back(r);
-    }
-    ASSERT_GT(all[0].prompt.size(), 128u);
-    std::vector<Solo> alone;
-    for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
-    BatchOptions bo;
-    bo.max_seqs = 2;  // later requests find a running sequence that has run the shared text
-    BatchEngine engine(*model_, pool, cache, bo);
-    const std::vector<BatchResult> got = engine.run(all, stop);
-    for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
-    if (c.tau > 0) {
-      EXPECT_EQ(engine.stats().shared_tokens, 0) << "a gated sequence makes its own repairs";
-    } else {
-      EXPECT_GE(engine.stats().shared_tokens, 4 * 128) << "the shared text is taken, not recomputed";
-    }
+  std::vector<BatchRequest> all;
+  for (int i = 0; i < count; ++i) {
+    BatchRequest r;
+    r.prompt = tok_->encode(system + questions[i], false);
+    r.max_tokens = model::kSanitized ? 2 : 5;
+    r.cache = cache();
+    all.push_back(r);
+  }
+  ASSERT_GT(all[0].prompt.size(), 128u);
+  std::vector<Solo> alone;
+  for (const BatchRequest& q : all) alone.push_back(solo(*model_, q, stop, pool));
+  BatchOptions bo;
+  bo.max_seqs = 2;  // later requests find a running or retired sequence that has run the shared text
+  BatchEngine engine(*model_, pool, cache(), bo);
+  const std::vector<BatchResult> got = engine.run(all, stop);
+  for (std::size_t i = 0; i < all.size(); ++i) expect_same(alone[i], got[i], "request " + std::to_string(i));
+  if (GetParam().tau > 0) {
+    EXPECT_EQ(engine.stats().shared_tokens, 0) << "a gated sequence makes its own repairs";
+  } else {
+    EXPECT_GE(engine.stats().shared_tokens, (count - 2) * 128) << "the shared text is taken, not recomputed";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchSharedPrefix,
+                         ::testing::Values(Kind{"", "", 0.0, gate::Granularity::block, false},
+                                           Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
+                                           Kind{"kivi-2bit", "kivi-2bit", 0.0, gate::Granularity::block, false},
+                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true}),
+                         kind_name);
 
 TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   ThreadPool pool(2);
   const CacheOptions cache = format("q4_0", "q4_0", 0.0, gate::Granularity::block);
-  std::vector<BatchRequest> all = requests(*tok_, cache);
+  std::vector<BatchRequest> all = requests(*tok_, cache, 8);
   all[1].prompt.clear();
   all[2].prompt.assign(static_cast<std::size_t>(model_->config().context) + 1, 1);
   all[3].cache.delta = 2.0;

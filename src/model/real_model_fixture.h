@@ -14,6 +14,14 @@
 
 namespace witcert::model {
 
+// True in the sanitizer build, where the real model runs ~30x slower: the long real-model sweeps
+// run a representative subset there and the whole class in the release build.
+#ifdef WITCERT_SANITIZED
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 class RealModelFixture : public ::testing::Test {
  protected:
   void SetUp() override {
