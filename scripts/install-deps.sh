@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
-  libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libboost-dev
+  libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libboost-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
   python3 python3-pip unzip ca-certificates
   coq
 )

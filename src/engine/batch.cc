@@ -42,6 +42,7 @@ const char* finish_name(Finish f) {
     case Finish::stop: return "stop";
     case Finish::length: return "length";
     case Finish::error: return "error";
+    case Finish::cancelled: return "cancelled";
   }
   return "?";
 }
@@ -55,8 +56,12 @@ void BatchOptions::validate() const {
 }
 
 struct BatchEngine::Seq {
-  std::size_t index = 0;
-  const BatchRequest* req = nullptr;
+  std::uint64_t id = 0;
+  BatchRequest req;
+  RequestEvents events;
+  std::vector<std::int32_t> stop;
+  BatchResult result;
+  bool done = false;
   std::vector<std::int32_t> all;  // prompt, then the generated tokens
   std::int64_t prompt_len = 0;
   std::int64_t limit = 0;       // min(context, prompt + max_tokens): solo generate's cache capacity
@@ -78,18 +83,32 @@ BatchEngine::BatchEngine(const model::LlamaModel& model, ThreadPool& pool, const
   opts_.validate();
 }
 
-std::size_t BatchEngine::live_bytes(const std::vector<Seq*>& running) const {
+BatchEngine::~BatchEngine() = default;
+
+std::size_t BatchEngine::live_bytes() const {
   std::size_t b = pool_.bytes();
-  for (const Seq* s : running)
+  for (const Seq* s : running_)
     if (s->cache.kv) b += sequence_bytes_;
   return b;
 }
 
-void BatchEngine::record_page_ins(const Seq& s) {
+BatchLoad BatchEngine::load() const {
+  BatchLoad l;
+  l.running = static_cast<std::int64_t>(running_.size());
+  l.waiting = static_cast<std::int64_t>(waiting_.size());
+  if (!open_) return l;
+  l.pool_pages = pool_.pages();
+  l.free_pages = pool_.free_pages();
+  l.cached_prefixes = static_cast<std::int64_t>(retired_.size());
+  l.pool_bytes = live_bytes();
+  return l;
+}
+
+void BatchEngine::record_page_ins(Seq& s) {
   if (!s.cache.certified) return;
   const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
-  (*results_)[s.index].page_ins = pi.page_ins;
-  (*results_)[s.index].page_in_bytes = pi.page_in_bytes;
+  s.result.page_ins = pi.page_ins;
+  s.result.page_in_bytes = pi.page_in_bytes;
 }
 
 void BatchEngine::release(Seq& s) {
@@ -102,7 +121,7 @@ void BatchEngine::make_room(std::int64_t pages) {
 }
 
 void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
-  BatchResult& r = (*results_)[s.index];
+  BatchResult& r = s.result;
   r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
   r.prompt_tokens = s.prompt_len;
   r.finish = f;
@@ -111,6 +130,8 @@ void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
   if (s.telemetry) {
     r.has_meter = true;
     r.meter = s.telemetry->summary();
+    r.heatmap = s.telemetry->heatmap();
+    r.raw_histogram = s.telemetry->raw_histogram();
   }
   if (opts_.share_prefixes && f != Finish::error && s.cache.kv) {
     // Kept as a donor of its prompt's pages until they are needed.
@@ -123,34 +144,35 @@ void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
   } else {
     release(s);
   }
-  if (*on_done_) (*on_done_)(s.index, r);
+  s.done = true;
+  if (s.events.on_done) s.events.on_done(r);
 }
 
-void BatchEngine::admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting) {
+void BatchEngine::admit() {
   const int P = pool_.page_size();
-  while (!waiting.empty() && static_cast<int>(running.size()) < opts_.max_seqs) {
-    Seq& s = *waiting.front();
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < opts_.max_seqs) {
+    Seq& s = *waiting_.front();
     // Its known tokens and the next one must fit beside one new page for every running sequence.
     const std::int64_t need = pages_for(static_cast<std::int64_t>(s.all.size()) + 1, P);
-    make_room(need + static_cast<std::int64_t>(running.size()));
-    if (!running.empty() && pool_.free_pages() < need + static_cast<std::int64_t>(running.size())) return;
+    make_room(need + static_cast<std::int64_t>(running_.size()));
+    if (!running_.empty() && pool_.free_pages() < need + static_cast<std::int64_t>(running_.size())) return;
     const model::LlamaConfig& cfg = model_.config();
     std::vector<gate::MeterSink*> sinks;
     if (cache_.certified) {
       if (!s.telemetry)
         s.telemetry = std::make_unique<gate::Telemetry>(
             cfg.layers, cfg.heads,
-            gate::Telemetry::Options{s.req->coverage_tau, s.req->coverage_tau_v, s.req->cache.bound, s.prompt_len, 1});
+            gate::Telemetry::Options{s.req.coverage_tau, s.req.coverage_tau_v, s.req.cache.bound, s.prompt_len, 1});
       s.sink = std::make_unique<FromPosition>(*s.telemetry);
       sinks.push_back(s.sink.get());
     }
-    s.cache = make_sequence_cache(pool_, cfg, s.req->max_tokens, s.req->cache, sinks);
+    s.cache = make_sequence_cache(pool_, cfg, s.req.max_tokens, s.req.cache, sinks);
     s.cache.kv->set_prompt_length(s.prompt_len);  // as Session::prefill announces it
     s.fed = 0;
-    if (opts_.share_prefixes) share_prefix(s, running);
+    if (opts_.share_prefixes) share_prefix(s, running_);
     s.admitted = ++admissions_;
-    waiting.erase(waiting.begin());
-    running.push_back(&s);
+    waiting_.erase(waiting_.begin());
+    running_.push_back(&s);
   }
 }
 
@@ -182,172 +204,218 @@ void BatchEngine::share_prefix(Seq& s, const std::vector<Seq*>& running) {
   }
 }
 
-std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& requests,
-                                          const std::vector<std::int32_t>& stop_tokens, const ResultSink& on_done) {
-  const auto t0 = std::chrono::steady_clock::now();
+std::string BatchEngine::check(const BatchRequest& q) const {
   const model::LlamaConfig& cfg = model_.config();
-  std::vector<BatchResult> results(requests.size());
-  results_ = &results;
-  on_done_ = &on_done;
-  stop_ = &stop_tokens;
-  stats_ = BatchStats{};
-
-  // Check every request; the ones that cannot run get their error now.
-  std::vector<std::unique_ptr<Seq>> seqs;
-  std::vector<std::size_t> valid;
-  std::vector<std::string> errors(requests.size());
-  bool tier = cache_.gate.on() || cache_.check_soundness;
-  capacity_ = 1;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const BatchRequest& q = requests[i];
-    try {
-      require(!q.prompt.empty(), "the prompt is empty");
-      require(static_cast<std::int64_t>(q.prompt.size()) <= cfg.context,
-              "the prompt has " + std::to_string(q.prompt.size()) + " tokens, more than the context of " +
-                  std::to_string(cfg.context));
-      require(q.max_tokens >= 0, "max_tokens must not be negative, got " + std::to_string(q.max_tokens));
-      model::Sampler{q.sampler};
-      q.cache.validate();
-      require(q.cache.certified == cache_.certified && q.cache.k_format.name() == cache_.k_format.name() &&
-                  q.cache.v_format.name() == cache_.v_format.name() && q.cache.page_size == cache_.page_size,
-              "a request's formats and page size are the pool's");
-      tier = tier || q.cache.gate.on() || q.cache.check_soundness;
-      capacity_ = std::max(capacity_, std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(q.prompt.size()) + q.max_tokens));
-      valid.push_back(i);
-    } catch (const std::exception& e) {
-      errors[i] = e.what();
-    }
+  try {
+    require(!q.prompt.empty(), "the prompt is empty");
+    require(static_cast<std::int64_t>(q.prompt.size()) <= cfg.context,
+            "the prompt has " + std::to_string(q.prompt.size()) + " tokens, more than the context of " +
+                std::to_string(cfg.context));
+    require(q.max_tokens >= 0, "max_tokens must not be negative, got " + std::to_string(q.max_tokens));
+    model::Sampler{q.sampler};
+    q.cache.validate();
+    require(q.cache.certified == cache_.certified && q.cache.k_format.name() == cache_.k_format.name() &&
+                q.cache.v_format.name() == cache_.v_format.name() && q.cache.page_size == cache_.page_size,
+            "a request's formats and page size are the pool's");
+  } catch (const std::exception& e) {
+    return e.what();
   }
+  return "";
+}
 
-  // The pool: the budget's pages, or room for the max_seqs largest requests at once.
-  const int P = cache_.page_size;
-  std::int64_t pages = 0;
-  if (opts_.kv_memory > 0) {
-    pages = size_pool(cfg, capacity_, cache_, opts_.kv_memory, opts_.max_seqs).pages;
-  } else {
-    std::vector<std::int64_t> need;
-    for (std::size_t i : valid)
-      need.push_back(pages_for(std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(requests[i].prompt.size()) +
-                                                                       requests[i].max_tokens),
-                               P));
-    std::sort(need.rbegin(), need.rend());
-    for (std::size_t i = 0; i < need.size() && static_cast<int>(i) < opts_.max_seqs; ++i) pages += need[i];
-    pages = std::max<std::int64_t>(pages, 1);
-  }
-  pool_ = make_pool(cfg, capacity_, pages, cache_, tier);
+void BatchEngine::build_pool(std::int64_t capacity, std::int64_t pages, bool exact_tier) {
+  retired_.clear();
+  capacity_ = capacity;
+  pool_ = make_pool(model_.config(), capacity_, std::max<std::int64_t>(pages, 1), cache_, exact_tier);
   sequence_bytes_ = pool_.sequence_bytes(capacity_);
   stats_.pool_pages = pool_.pages();
   stats_.pool_bytes = pool_.bytes();
   stats_.backing_bytes = pool_.backing_bytes();
   stats_.sequence_bytes = sequence_bytes_;
+  open_ = true;
+}
 
-  std::vector<Seq*> waiting;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    auto s = std::make_unique<Seq>(requests[i].sampler);
-    s->index = i;
-    s->req = &requests[i];
-    s->all = requests[i].prompt;
-    s->prompt_len = static_cast<std::int64_t>(requests[i].prompt.size());
-    s->limit = std::min<std::int64_t>(cfg.context, s->prompt_len + requests[i].max_tokens);
-    if (errors[i].empty() && pages_for(s->limit, P) > pool_.pages())
-      errors[i] = "the request needs " + std::to_string(pages_for(s->limit, P)) + " pages of " + std::to_string(P) +
-                  " tokens, more than the pool's " + std::to_string(pool_.pages()) + " (raise --kv-memory)";
-    if (!errors[i].empty()) {
-      finish(*s, Finish::error, errors[i]);
-    } else if (requests[i].max_tokens == 0) {
-      finish(*s, Finish::length);
-    } else {
-      waiting.push_back(s.get());
-    }
-    seqs.push_back(std::move(s));
+void BatchEngine::open(std::int64_t capacity, bool exact_tier) {
+  require(!open_, "the batch engine's pool is already open");
+  const model::LlamaConfig& cfg = model_.config();
+  capacity = std::clamp<std::int64_t>(capacity, 1, cfg.context);
+  build_pool(capacity,
+             opts_.kv_memory > 0 ? size_pool(cfg, capacity, cache_, opts_.kv_memory, opts_.max_seqs).pages
+                                 : opts_.max_seqs * pages_for(capacity, cache_.page_size),
+             exact_tier);
+}
+
+std::uint64_t BatchEngine::submit(const BatchRequest& request, RequestEvents events,
+                                  std::vector<std::int32_t> stop_tokens) {
+  require(open_, "submit before open");
+  const model::LlamaConfig& cfg = model_.config();
+  const int P = cache_.page_size;
+  auto s = std::make_unique<Seq>(request.sampler);
+  s->id = ++next_id_;
+  s->req = request;
+  s->events = std::move(events);
+  s->stop = std::move(stop_tokens);
+  s->all = request.prompt;
+  s->prompt_len = static_cast<std::int64_t>(request.prompt.size());
+  s->limit = std::min<std::int64_t>(cfg.context, s->prompt_len + request.max_tokens);
+  std::string error = check(request);
+  if (error.empty() && (request.cache.gate.on() || request.cache.check_soundness) && !pool_.has_exact_tier())
+    error = "the request's gate or soundness check needs the exact tier, which this pool does not keep";
+  if (error.empty() && s->limit > capacity_)
+    error = "the request needs " + std::to_string(s->limit) + " positions, more than the pool's sequences hold (" +
+            std::to_string(capacity_) + ")";
+  if (error.empty() && pages_for(s->limit, P) > pool_.pages())
+    error = "the request needs " + std::to_string(pages_for(s->limit, P)) + " pages of " + std::to_string(P) +
+            " tokens, more than the pool's " + std::to_string(pool_.pages()) + " (raise --kv-memory)";
+  const std::uint64_t id = s->id;
+  if (!error.empty()) {
+    finish(*s, Finish::error, error);
+  } else if (request.max_tokens == 0) {
+    finish(*s, Finish::length);
+  } else {
+    waiting_.push_back(s.get());
+    seqs_.push_back(std::move(s));
   }
+  return id;
+}
 
-  std::vector<Seq*> running;  // in admission order after each sort
-  std::vector<model::BatchRow> rows;
-  std::vector<Seq*> row_seq;
-  std::vector<float> logits;
+bool BatchEngine::cancel(std::uint64_t id) {
+  const auto it = std::find_if(seqs_.begin(), seqs_.end(), [id](const auto& s) { return s->id == id; });
+  if (it == seqs_.end()) return false;
+  Seq& s = **it;
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &s), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
+  release(s);  // its pages go back at once: a cancelled sequence donates nothing
+  finish(s, Finish::cancelled);
+  seqs_.erase(it);
+  return true;
+}
+
+void BatchEngine::step() {
+  if (idle()) return;
+  const model::LlamaConfig& cfg = model_.config();
+  const int P = pool_.page_size();
+  admit();
+  // Oldest first; a sequence that does not fit preempts the youngest not yet in this step.
+  std::sort(running_.begin(), running_.end(), [](const Seq* a, const Seq* b) { return a->admitted < b->admitted; });
+  rows_.clear();
+  row_seq_.clear();
+  std::int64_t used = 0, claimed = 0;
+  for (std::size_t k = 0; k < running_.size(); ++k) {
+    Seq& s = *running_[k];
+    const std::int64_t n = s.fed < s.prompt_len
+                               ? std::min<std::int64_t>((s.fed / opts_.prefill_chunk + 1) * opts_.prefill_chunk,
+                                                        s.prompt_len) - s.fed
+                               : 1;
+    if (!rows_.empty() && used + n > opts_.step_tokens) continue;
+    const std::int64_t held = pages_for(s.fed, P);
+    const std::int64_t need = pages_for(s.fed + n, P) - held;
+    make_room(claimed + need);
+    while (pool_.free_pages() - claimed < need && running_.size() > k + 1) {
+      Seq& young = *running_.back();  // the youngest: preempted, recomputed later from its tokens
+      release(young);
+      young.preemptions += 1;
+      stats_.preemptions += 1;
+      waiting_.insert(waiting_.begin(), &young);
+      running_.pop_back();
+    }
+    if (pool_.free_pages() - claimed < need) {
+      if (!rows_.empty() || k > 0) continue;  // waits for a later step
+      throw std::logic_error("batch: a lone sequence does not fit the pool");  // excluded by submit's page check
+    }
+    claimed += need;
+    used += n;
+    if (s.sink) s.sink->set_first(s.reported);
+    rows_.push_back({std::span<const std::int32_t>(s.all).subspan(s.fed, n), s.fed, s.cache.kv.get(), false, true});
+    row_seq_.push_back(&s);
+  }
   const std::size_t V = static_cast<std::size_t>(cfg.vocab);
-  while (!waiting.empty() || !running.empty()) {
-    admit(running, waiting);
-    // Oldest first; a sequence that does not fit preempts the youngest not yet in this step.
-    std::sort(running.begin(), running.end(), [](const Seq* a, const Seq* b) { return a->admitted < b->admitted; });
-    rows.clear();
-    row_seq.clear();
-    std::int64_t used = 0, claimed = 0;
-    for (std::size_t k = 0; k < running.size(); ++k) {
-      Seq& s = *running[k];
-      const std::int64_t n = s.fed < s.prompt_len
-                                 ? std::min<std::int64_t>((s.fed / opts_.prefill_chunk + 1) * opts_.prefill_chunk,
-                                                          s.prompt_len) - s.fed
-                                 : 1;
-      if (!rows.empty() && used + n > opts_.step_tokens) continue;
-      const std::int64_t held = pages_for(s.fed, P);
-      const std::int64_t need = pages_for(s.fed + n, P) - held;
-      make_room(claimed + need);
-      while (pool_.free_pages() - claimed < need && running.size() > k + 1) {
-        Seq& young = *running.back();  // the youngest: preempted, recomputed later from its tokens
-        release(young);
-        young.preemptions += 1;
-        stats_.preemptions += 1;
-        waiting.insert(waiting.begin(), &young);
-        running.pop_back();
-      }
-      if (pool_.free_pages() - claimed < need) {
-        if (!rows.empty() || k > 0) continue;  // waits for a later step
-        throw std::logic_error("batch: a lone sequence does not fit the pool");  // excluded by the page check
-      }
-      claimed += need;
-      used += n;
-      if (s.sink) s.sink->set_first(s.reported);
-      rows.push_back({std::span<const std::int32_t>(s.all).subspan(s.fed, n), s.fed, s.cache.kv.get(), false, true});
-      row_seq.push_back(&s);
-    }
-    logits.resize(rows.size() * V);
-    bool decode_only = true;
-    for (std::size_t r = 0; r < rows.size(); ++r)
-      decode_only = decode_only && rows[r].tokens.size() == 1 && row_seq[r]->fed >= row_seq[r]->prompt_len;
-    const auto step0 = std::chrono::steady_clock::now();
-    model_.forward_batch(rows, threads_, logits);
-    if (decode_only) {
-      stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step0).count();
-      stats_.decode_tokens += static_cast<std::int64_t>(rows.size());
-    }
-    stats_.steps += 1;
-    stats_.max_running = std::max<std::int64_t>(stats_.max_running, static_cast<std::int64_t>(rows.size()));
-    stats_.peak_bytes = std::max(stats_.peak_bytes, live_bytes(running));
-
-    for (std::size_t r = 0; r < rows.size(); ++r) {
-      Seq& s = *row_seq[r];
-      const std::int64_t n = static_cast<std::int64_t>(rows[r].tokens.size());
-      stats_.tokens += n;
-      s.fed += n;
-      s.reported = std::max(s.reported, s.fed);
-      if (!rows[r].logits_ok) {
-        finish(s, Finish::error, "non-finite logits at position " + std::to_string(s.fed - 1) +
-                                     " (NaN or Inf in the activations)");
-        continue;
-      }
-      if (s.fed < static_cast<std::int64_t>(s.all.size())) continue;  // the prompt or a recompute goes on
-      // As engine::decode: sample, stop at a stop token, end at the budget or the limit.
-      const std::int32_t next = s.sampler.sample(std::span<const float>(&logits[r * V], V));
-      stats_.generated += 1;
-      if (std::find(stop_->begin(), stop_->end(), next) != stop_->end()) {
-        finish(s, Finish::stop);
-        continue;
-      }
-      s.all.push_back(next);
-      if (static_cast<std::int64_t>(s.all.size()) - s.prompt_len == s.req->max_tokens || s.fed >= s.limit)
-        finish(s, Finish::length);
-    }
-    // Finished sequences leave (their cache is already released).
-    running.erase(std::remove_if(running.begin(), running.end(), [](const Seq* s) { return !s->cache.kv; }),
-                  running.end());
+  logits_.resize(rows_.size() * V);
+  bool decode_only = true;
+  for (std::size_t r = 0; r < rows_.size(); ++r)
+    decode_only = decode_only && rows_[r].tokens.size() == 1 && row_seq_[r]->fed >= row_seq_[r]->prompt_len;
+  const auto step0 = std::chrono::steady_clock::now();
+  model_.forward_batch(rows_, threads_, logits_);
+  if (decode_only) {
+    stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step0).count();
+    stats_.decode_tokens += static_cast<std::int64_t>(rows_.size());
   }
+  stats_.steps += 1;
+  stats_.max_running = std::max<std::int64_t>(stats_.max_running, static_cast<std::int64_t>(rows_.size()));
+  stats_.peak_bytes = std::max(stats_.peak_bytes, live_bytes());
+
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    Seq& s = *row_seq_[r];
+    const std::int64_t n = static_cast<std::int64_t>(rows_[r].tokens.size());
+    stats_.tokens += n;
+    s.fed += n;
+    s.reported = std::max(s.reported, s.fed);
+    if (!rows_[r].logits_ok) {
+      finish(s, Finish::error, "non-finite logits at position " + std::to_string(s.fed - 1) +
+                                   " (NaN or Inf in the activations)");
+      continue;
+    }
+    if (s.fed < static_cast<std::int64_t>(s.all.size())) continue;  // the prompt or a recompute goes on
+    // As engine::decode: sample, stop at a stop token, end at the budget or the limit.
+    const std::int32_t next = s.sampler.sample(std::span<const float>(&logits_[r * V], V));
+    stats_.generated += 1;
+    if (std::find(s.stop.begin(), s.stop.end(), next) != s.stop.end()) {
+      finish(s, Finish::stop);
+      continue;
+    }
+    s.all.push_back(next);
+    if (s.events.on_token) s.events.on_token(next, std::span<const float>(&logits_[r * V], V));
+    if (static_cast<std::int64_t>(s.all.size()) - s.prompt_len == s.req.max_tokens || s.fed >= s.limit)
+      finish(s, Finish::length);
+  }
+  // Finished sequences leave (their cache is already released or retired).
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](const Seq* s) { return s->done; }),
+                 running_.end());
+  seqs_.erase(std::remove_if(seqs_.begin(), seqs_.end(), [](const auto& s) { return s->done; }), seqs_.end());
+}
+
+std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& requests,
+                                          const std::vector<std::int32_t>& stop_tokens, const ResultSink& on_done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::LlamaConfig& cfg = model_.config();
+  stats_ = BatchStats{};
   retired_.clear();
+  open_ = false;
+
+  // The pool: the budget's pages, or room for the max_seqs largest valid requests at once, with
+  // the exact tier when any of them reads it.
+  bool tier = cache_.gate.on() || cache_.check_soundness;
+  std::int64_t capacity = 1;
+  std::vector<std::int64_t> need;
+  for (const BatchRequest& q : requests) {
+    if (!check(q).empty()) continue;
+    tier = tier || q.cache.gate.on() || q.cache.check_soundness;
+    const std::int64_t limit = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(q.prompt.size()) + q.max_tokens);
+    capacity = std::max(capacity, limit);
+    need.push_back(pages_for(limit, cache_.page_size));
+  }
+  if (opts_.kv_memory > 0) {
+    open(capacity, tier);
+  } else {
+    std::sort(need.rbegin(), need.rend());
+    std::int64_t pages = 0;
+    for (std::size_t i = 0; i < need.size() && static_cast<int>(i) < opts_.max_seqs; ++i) pages += need[i];
+    build_pool(capacity, pages, tier);
+  }
+
+  std::vector<BatchResult> results(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    submit(requests[i],
+           {nullptr,
+            [&results, &on_done, i](const BatchResult& r) {
+              results[i] = r;
+              if (on_done) on_done(i, r);
+            }},
+           stop_tokens);
+  while (!idle()) step();
+  retired_.clear();
+  open_ = false;
   stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  results_ = nullptr;
-  on_done_ = nullptr;
-  stop_ = nullptr;
   return results;
 }
 

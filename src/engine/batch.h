@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,8 @@ struct BatchRequest {
   double coverage_tau_v = 0.05;
 };
 
-enum class Finish { stop, length, error };
-const char* finish_name(Finish f);  // "stop", "length", "error"
+enum class Finish { stop, length, error, cancelled };
+const char* finish_name(Finish f);  // "stop", "length", "error", "cancelled"
 
 struct BatchResult {
   std::vector<std::int32_t> tokens;  // generated, stop token excluded
@@ -43,6 +44,8 @@ struct BatchResult {
   std::string error;                 // Finish::error: what went wrong
   bool has_meter = false;            // certified cache: the summary and page-ins below are set
   gate::TelemetrySummary meter;      // the request's decode-step cells
+  std::vector<double> heatmap;       // mean served meter per (layer, query head), row-major
+  gate::Telemetry::RawHistogram raw_histogram;  // raw scores before repair, per gate::kRawScoreBounds
   std::int64_t page_ins = 0, page_in_bytes = 0;
   int preemptions = 0;               // times the sequence was preempted and recomputed
 };
@@ -80,11 +83,27 @@ struct BatchStats {
 // Receives each request's result as it finishes (index into the request list).
 using ResultSink = std::function<void(std::size_t index, const BatchResult& result)>;
 
+// What a submitted request's owner hears, on the thread that runs step(): every sampled token as
+// it is accepted (a stop token is not) with the logits it was sampled from, then the result, once.
+struct RequestEvents {
+  std::function<void(std::int32_t token, std::span<const float> logits)> on_token;
+  std::function<void(const BatchResult& result)> on_done;
+};
+
+// The pool's occupancy between steps.
+struct BatchLoad {
+  std::int64_t running = 0, waiting = 0;
+  std::int64_t pool_pages = 0, free_pages = 0;
+  std::int64_t cached_prefixes = 0;  // finished sequences kept as prefix donors (their pages are taken)
+  std::size_t pool_bytes = 0;  // measured: pages, metadata and the running sequences' own state
+};
+
 class BatchEngine {
  public:
   // The model and pool must outlive the engine. cache: the pool's formats, page size and
   // default policy. Throws std::invalid_argument for bad options.
   BatchEngine(const model::LlamaModel& model, ThreadPool& pool, const CacheOptions& cache, const BatchOptions& opts);
+  ~BatchEngine();
 
   // Runs every request to completion. A request that cannot run (an empty prompt, one beyond the
   // context, more pages than the pool holds, an invalid policy) or whose activations turn
@@ -93,18 +112,35 @@ class BatchEngine {
                                const ResultSink& on_done = {});
   const BatchStats& stats() const { return stats_; }
 
+  // Serving, one thread: open() builds the pool once for sequences of up to `capacity` positions
+  // (BatchOptions::kv_memory's pages, or max_seqs such sequences), with the exact tier that a gate
+  // or soundness check reads when `exact_tier`; then submit() queues requests between steps,
+  // step() runs one forward pass (admission, preemption, sampling, events) and cancel() ends a
+  // request at once, its pages back in the pool. A request that cannot run gets Finish::error
+  // from submit itself.
+  void open(std::int64_t capacity, bool exact_tier);
+  std::uint64_t submit(const BatchRequest& request, RequestEvents events, std::vector<std::int32_t> stop_tokens);
+  bool cancel(std::uint64_t id);  // false: no such request (finished already)
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  void step();
+  BatchLoad load() const;
+
  private:
   struct Seq;
-  void admit(std::vector<Seq*>& running, std::vector<Seq*>& waiting);
+  // Why a request cannot run ("" when it can): an empty prompt, one beyond the context, an invalid
+  // policy or sampler, formats or page size other than the pool's.
+  std::string check(const BatchRequest& q) const;
+  void admit();
   // Shares the longest whole-chunk prefix of s's prompt that a running or retired sequence has
   // written.
   void share_prefix(Seq& s, const std::vector<Seq*>& running);
   // Frees retired donors, oldest first, until `pages` pages are free or none is left.
   void make_room(std::int64_t pages);
-  void record_page_ins(const Seq& s);  // the sequence's page-ins into its result
+  void record_page_ins(Seq& s);  // the sequence's page-ins into its result
+  void build_pool(std::int64_t capacity, std::int64_t pages, bool exact_tier);
   void release(Seq& s);
   void finish(Seq& s, Finish f, const std::string& error = "");
-  std::size_t live_bytes(const std::vector<Seq*>& running) const;
+  std::size_t live_bytes() const;
 
   const model::LlamaModel& model_;
   ThreadPool& threads_;
@@ -121,9 +157,14 @@ class BatchEngine {
   };
   std::vector<Retired> retired_;
   BatchStats stats_;
-  std::vector<BatchResult>* results_ = nullptr;
-  const ResultSink* on_done_ = nullptr;
-  const std::vector<std::int32_t>* stop_ = nullptr;
+  bool open_ = false;
+  std::uint64_t next_id_ = 0;
+  std::vector<std::unique_ptr<Seq>> seqs_;  // every request not yet finished
+  std::vector<Seq*> waiting_, running_;     // running_: in admission order after each step's sort
+  // The step's rows, kept between steps so that a decode step allocates nothing new.
+  std::vector<model::BatchRow> rows_;
+  std::vector<Seq*> row_seq_;
+  std::vector<float> logits_;
 };
 
 }  // namespace witcert::engine

@@ -63,6 +63,7 @@ std::int64_t Pool::free_pages() const { return certified ? certified->free_pages
 int Pool::page_size() const { return certified ? certified->config().page_size : exact ? exact->page_size() : 0; }
 std::size_t Pool::bytes() const { return certified ? certified->bytes() : exact ? exact->bytes() : 0; }
 std::size_t Pool::backing_bytes() const { return certified ? certified->backing_bytes() : 0; }
+bool Pool::has_exact_tier() const { return !certified || certified->has_exact_tier(); }
 std::size_t Pool::sequence_bytes(std::int64_t capacity) const {
   if (certified) return cache::KvStore(certified).sequence().bytes();
   return static_cast<std::size_t>((capacity + page_size() - 1) / page_size()) * sizeof(std::int64_t);

@@ -39,6 +39,7 @@ struct Pool {
   // Measured bytes of the pool's allocations: the compressed cache, and the exact backing tier.
   std::size_t bytes() const;
   std::size_t backing_bytes() const;
+  bool has_exact_tier() const;  // a gate or soundness check can read exact rows (the plain cache is exact)
   // Measured bytes of the own state of a sequence of up to `capacity` positions (page table,
   // group blocks, ring, repair flags), from a probe sequence over this pool.
   std::size_t sequence_bytes(std::int64_t capacity) const;

@@ -161,6 +161,19 @@ std::vector<double> Telemetry::heatmap() const {
   return h;
 }
 
+Telemetry::RawHistogram Telemetry::raw_histogram() const {
+  RawHistogram h;
+  h.counts.assign(std::size(kRawScoreBounds) + 1, 0);
+  shards_.for_each([&](const Shard& t) {
+    for (const MeterCell& c : t.samples) {
+      const double r = c.raw_before;
+      h.counts[std::lower_bound(std::begin(kRawScoreBounds), std::end(kRawScoreBounds), r) - std::begin(kRawScoreBounds)] += 1;
+      if (std::isfinite(r)) h.finite_sum += r;
+    }
+  });
+  return h;
+}
+
 void write_cells_jsonl(std::ostream& out, std::span<const MeterCell> cells) {
   for (const MeterCell& c : cells) {
     nlohmann::json j = {{"layer", c.layer},

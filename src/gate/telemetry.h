@@ -16,6 +16,9 @@
 
 namespace witcert::gate {
 
+// Upper bounds of the raw-score histogram's buckets (Telemetry::raw_histogram).
+inline constexpr double kRawScoreBounds[] = {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0};
+
 // Coverage is the fraction of cells that pass: joint (pass_K ∧ pass_V, the paper's headline),
 // K alone (K meter ≤ τ_K), V alone (V meter ≤ τ_V), and the K coverage of Theorem 1's e-form
 // (clamped raw score ≤ τ_K), which is what the paper's coverage figures count whatever shape the
@@ -66,6 +69,14 @@ class Telemetry final : public MeterSink {
   std::vector<MeterCell> samples() const;
   // Mean served meter per (layer, head), row-major [layer][head] (NaN where no cell was seen).
   std::vector<double> heatmap() const;
+  // The sampled cells' raw scores before repair, counted per bucket of kRawScoreBounds (a score
+  // ≤ the bound and above the one before; the last count is everything above, +inf included),
+  // and the sum of the finite ones.
+  struct RawHistogram {
+    std::vector<std::int64_t> counts;
+    double finite_sum = 0.0;
+  };
+  RawHistogram raw_histogram() const;
   int layers() const { return layers_; }
   int heads() const { return heads_; }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apps/cli/commands.h"
+#include "apps/serve/request_policy.h"
 #include "engine/batch.h"
 #include "engine/model.h"
 
@@ -21,16 +22,6 @@ namespace {
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument(what);
-}
-
-template <class T>
-void read(const nlohmann::json& j, const char* key, T& out) {
-  if (!j.contains(key)) return;
-  try {
-    out = j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw std::invalid_argument(std::string(key) + " has the wrong type");
-  }
 }
 
 // One input line as a request. Keys: prompt (text) or messages ([{role, content}], rendered by
@@ -49,7 +40,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   engine::BatchRequest r;
   if (j.contains("prompt")) {
     std::string text;
-    read(j, "prompt", text);
+    read_field(j, "prompt", text);
     r.prompt = m.prompt_tokens(text, false);
   } else {
     require(j.at("messages").is_array() && !j.at("messages").empty(), "messages must be a non-empty array");
@@ -63,35 +54,12 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
     r.prompt = m.tokenizer->encode(m.tokenizer->apply_chat_template(turns, true), true);
   }
   r.max_tokens = args.max_tokens;
-  read(j, "max_tokens", r.max_tokens);
+  read_field(j, "max_tokens", r.max_tokens);
   require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "max_tokens must be in [1, 1000000], got " + std::to_string(r.max_tokens));
-  read(j, "temperature", r.sampler.temperature);
-  read(j, "top_p", r.sampler.top_p);
-  read(j, "seed", r.sampler.seed);
-  r.cache = base;
-  r.coverage_tau = args.cache.coverage_tau;
-  r.coverage_tau_v = args.cache.tau_v;
-  const bool policy = j.contains("tau") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
-                      j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
-  require(!policy || base.certified, "tau, tau_v, granularity, delta, bound and coverage figures need --kv");
-  read(j, "tau", r.cache.gate.tau_k);
-  read(j, "tau_v", r.cache.gate.tau_v);
-  if (j.contains("granularity")) {
-    std::string g;
-    read(j, "granularity", g);
-    r.cache.gate.granularity = gate::parse_granularity(g);
-  }
-  read(j, "delta", r.cache.delta);
-  if (j.contains("bound")) {
-    std::string b;
-    read(j, "bound", b);
-    r.cache.bound = cert::parse_bound_shape(b);
-  }
-  read(j, "coverage_tau", r.coverage_tau);
-  read(j, "coverage_tau_v", r.coverage_tau_v);
-  require(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
-  require(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
-  r.cache.validate();
+  read_field(j, "temperature", r.sampler.temperature);
+  read_field(j, "top_p", r.sampler.top_p);
+  read_field(j, "seed", r.sampler.seed);
+  apply_policy(j, base, args.cache.coverage_tau, args.cache.tau_v, r);
   return r;
 }
 

@@ -97,6 +97,24 @@ int run_batch(const BatchArgs& args, std::ostream& err);
 // A byte count: digits with an optional unit K, M or G (powers of 1024). Throws std::invalid_argument.
 std::int64_t parse_bytes(const std::string& text);
 
+struct ServeArgs {
+  std::string model;  // "" → default_model_path()
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  int threads = 2;
+  int max_seqs = 16;
+  int max_tokens = 256;        // a request's default max_tokens
+  int max_waiting = 64;        // queued requests beyond which the server answers 503
+  std::string kv_memory = "512M";
+  std::string max_body = "1M";  // request bodies above it get 413
+  double drain_seconds = 30.0;  // on SIGTERM/SIGINT: how long running requests may finish
+  CacheFlags cache;             // an empty kv keeps the plain exact cache
+};
+
+// `witcert serve`: the OpenAI-compatible server until SIGINT/SIGTERM; status lines go to err.
+int run_serve(const ServeArgs& args, std::ostream& err);
+
 struct LogitsArgs {
   std::string model;
   std::string prompt;

@@ -308,7 +308,36 @@ int main(int argc, char** argv) {
       batch->add_option("--delta", ba.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
   const TierOptions batch_tier = add_tier_options(batch, ba.cache);
 
-  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch};
+  witcert::apps::ServeArgs sa;
+  auto* serve = app.add_subcommand("serve", "OpenAI-compatible HTTP server with the meter in every response and /metrics");
+  serve->add_option("--model", sa.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  serve->add_option("--host", sa.host, "address to bind (default 127.0.0.1: this machine only)");
+  serve->add_option("--port", sa.port, "TCP port (0: any free port)")->transform(whole_in("--port", 0, 65535));
+  serve->add_option("--api-key", sa.api_key, "require 'Authorization: Bearer KEY' on /v1 (/health, /metrics and / stay open)");
+  serve->add_option("--threads", sa.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
+  serve->add_option("--max-seqs", sa.max_seqs, "sequences running at once")->transform(whole_in("--max-seqs", 1, 4096));
+  serve->add_option("--max-tokens", sa.max_tokens, "max_tokens of a request that gives none")
+      ->transform(whole_in("--max-tokens", 1, kMaxTokens));
+  serve->add_option("--max-waiting", sa.max_waiting, "requests queued beyond the running batch; more get 503")
+      ->transform(whole_in("--max-waiting", 1, 1000000));
+  serve->add_option("--kv-memory", sa.kv_memory, "bytes of the KV pool, measured from its allocations (e.g. 512M, 2G)");
+  serve->add_option("--max-body", sa.max_body, "largest request body (e.g. 1M); larger ones get 413");
+  serve->add_option("--drain-seconds", sa.drain_seconds, "on SIGTERM/SIGINT, how long running requests may finish")
+      ->check(CLI::Range(0.0, 3600.0));
+  auto* serve_kv = serve->add_option("--kv", sa.cache.kv,
+                                     "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
+                                     "`witcert schemes` (default: the plain exact cache, no meter)");
+  auto* serve_kv_v = serve->add_option("--kv-v", sa.cache.kv_v, "KV-cache format of the values (default: --kv)");
+  serve->add_option("--page-size", sa.cache.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
+  auto* serve_gate = add_meter_options(serve, sa.cache);
+  auto* serve_granularity =
+      serve->add_option("--granularity", sa.cache.granularity, "repair granularity of the gate: block, head or request")
+          ->check(choice("--granularity", {"block", "head", "request"}));
+  auto* serve_delta =
+      serve->add_option("--delta", sa.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
+  const TierOptions serve_tier = add_tier_options(serve, sa.cache);
+
+  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch, serve};
   try {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
@@ -349,6 +378,17 @@ int main(int argc, char** argv) {
       if (given(batch_granularity) && !given(batch_gate)) throw UsageError("--granularity applies to a gate; give --gate");
       check_tier(batch_tier, ba.cache.exact_tier);
     }
+    if (*serve) {
+      if (!given(serve_kv))
+        for (const CLI::Option* opt :
+             {serve_kv_v, serve_gate, serve_granularity, serve_delta, serve->get_option("--bound"),
+              serve->get_option("--tau-v"), serve->get_option("--coverage-tau"), serve_tier.backing_file,
+              serve_tier.overwrite, serve_tier.keep, serve_tier.exact_tier})
+          if (given(opt))
+            throw UsageError(opt->get_name() + " needs --kv: without it serve keeps a plain exact cache");
+      if (given(serve_granularity) && !given(serve_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+      check_tier(serve_tier, sa.cache.exact_tier);
+    }
     if (*runc) {
       check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
@@ -368,6 +408,7 @@ int main(int argc, char** argv) {
     if (*logits) return witcert::apps::run_logits(lg, std::cout);
     if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
     if (*batch) return witcert::apps::run_batch(ba, std::cerr);
+    if (*serve) return witcert::apps::run_serve(sa, std::cerr);
     if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";

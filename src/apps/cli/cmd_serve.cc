@@ -1,0 +1,63 @@
+// `witcert serve`: the OpenAI-compatible server (apps/serve/server.h) until SIGINT or SIGTERM,
+// then a graceful stop: no new requests, running ones finish within the drain deadline.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <ostream>
+#include <thread>
+
+#include "apps/cli/commands.h"
+#include "apps/serve/server.h"
+#include "engine/model.h"
+
+namespace witcert::apps {
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+}  // namespace
+
+int run_serve(const ServeArgs& args, std::ostream& err) {
+  ServeOptions o;
+  o.model_path = args.model.empty() ? engine::default_model_path() : args.model;
+  o.cache = cache_options(args.cache, args.cache.kv, o.model_path);
+  o.batch.max_seqs = args.max_seqs;
+  o.batch.kv_memory = parse_bytes(args.kv_memory);
+  o.batch.validate();
+  o.coverage_tau = args.cache.gate > 0 && args.cache.gate < 1 ? args.cache.gate : args.cache.coverage_tau;
+  o.coverage_tau_v = args.cache.tau_v;
+  o.threads = args.threads;
+  o.host = args.host;
+  o.port = args.port;
+  o.api_key = args.api_key;
+  o.max_tokens = args.max_tokens;
+  o.max_waiting = args.max_waiting;
+  o.max_body = static_cast<std::size_t>(parse_bytes(args.max_body));
+
+  Server server(o);
+  const int port = server.start();
+  err << fmt::format("witcert serve: listening on http://{}:{} (loading {})\n", o.host, port, o.model_path) << std::flush;
+  if (!server.wait_ready()) {
+    err << "witcert: error: " << server.load_error() << "\n";
+    server.shutdown(std::chrono::milliseconds(0));
+    return 2;
+  }
+  std::string kv = o.cache.certified ? std::string(o.cache.k_format.name()) : "exact";
+  if (o.cache.certified && o.cache.v_format.name() != o.cache.k_format.name()) kv.append("/").append(o.cache.v_format.name());
+  err << fmt::format("witcert serve: ready: KV {}, pool {}, up to {} sequences{}\n", kv, args.kv_memory, o.batch.max_seqs,
+                     o.api_key.empty() ? "" : ", API key required on /v1")
+      << std::flush;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  err << fmt::format("witcert serve: signal {}: draining for up to {} s\n", g_signal.load(), args.drain_seconds)
+      << std::flush;
+  server.shutdown(std::chrono::milliseconds(static_cast<std::int64_t>(args.drain_seconds * 1000)));
+  err << "witcert serve: stopped\n";
+  return 0;
+}
+
+}  // namespace witcert::apps

@@ -1,0 +1,78 @@
+// The live dashboard's page: self-contained HTML, CSS and JavaScript (nothing fetched but /state).
+#include "apps/serve/dashboard.h"
+
+namespace witcert::apps {
+
+const char* dashboard_html() {
+  return R"HTML(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>WitCert serve</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}
+h1{font-size:18px;margin:0 0 4px} .sub{color:#666;margin-bottom:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:12px}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:10px}
+.card h2{font-size:14px;margin:0 0 6px} canvas{width:100%;height:220px}
+.stats{display:flex;gap:18px;flex-wrap:wrap;margin-bottom:12px}
+.stat{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 12px}
+.stat b{display:block;font-size:20px} .note{color:#666;font-size:12px}
+</style></head><body>
+<h1>WitCert serve</h1>
+<div class="sub" id="sub">connecting…</div>
+<div class="stats">
+ <div class="stat">running<b id="running">–</b></div>
+ <div class="stat">waiting<b id="waiting">–</b></div>
+ <div class="stat">KV pool used<b id="pool">–</b></div>
+ <div class="stat">requests finished<b id="requests">–</b></div>
+ <div class="stat">K coverage (all time)<b id="cov">–</b></div>
+</div>
+<div class="grid">
+ <div class="card"><h2>Coverage over time: share of metered cells whose served meter met τ (per poll interval)</h2>
+  <canvas id="coverage" width="600" height="220"></canvas><div class="note">y: fraction 0–1 · x: seconds ago · K (blue), V (orange)</div></div>
+ <div class="card"><h2>Meter heatmap: mean served K meter per (layer, query head), recent requests</h2>
+  <canvas id="heatmap" width="600" height="220" data-drawn="0"></canvas><div class="note">rows: layers 0 (top) to last · columns: query heads · colour: 0 (white) to ≥ τ (red)</div></div>
+ <div class="card"><h2>Page-in traffic: bytes read from the exact tier by repairs</h2>
+  <canvas id="pageins" width="600" height="220"></canvas><div class="note">y: bytes per second · x: seconds ago</div></div>
+ <div class="card"><h2>Requests running and waiting</h2>
+  <canvas id="load" width="600" height="220"></canvas><div class="note">y: requests · x: seconds ago · running (blue), waiting (orange)</div></div>
+</div>
+<script>
+"use strict";
+function axes(c, ymax, unit){const g=c.getContext("2d");g.clearRect(0,0,c.width,c.height);g.strokeStyle="#999";g.fillStyle="#444";g.font="11px sans-serif";
+ g.beginPath();g.moveTo(50,10);g.lineTo(50,c.height-20);g.lineTo(c.width-5,c.height-20);g.stroke();
+ for(let i=0;i<=4;i++){const y=c.height-20-(c.height-30)*i/4;g.fillText(fmt(ymax*i/4)+unit,2,y+4);}
+ return g;}
+function fmt(v){if(v>=1e9)return (v/1e9).toFixed(1)+"G";if(v>=1e6)return (v/1e6).toFixed(1)+"M";if(v>=1e3)return (v/1e3).toFixed(1)+"k";return v<10&&v!==Math.round(v)?v.toFixed(2):String(Math.round(v));}
+function line(c, pts, ymax, color, span){const g=c.getContext("2d");g.strokeStyle=color;g.lineWidth=2;g.beginPath();let first=true;
+ for(const [age,v] of pts){if(v===null||!isFinite(v))continue;const x=50+(c.width-55)*(1-age/span),y=c.height-20-(c.height-30)*Math.min(v/ymax,1);
+  if(first){g.moveTo(x,y);first=false;}else g.lineTo(x,y);} g.stroke();}
+function heat(c, hm, tau){const g=c.getContext("2d");g.clearRect(0,0,c.width,c.height);if(!hm||!hm.length)return false;
+ const L=hm.length,H=hm[0].length,w=(c.width-40)/H,h=(c.height-10)/L;g.font="10px sans-serif";g.fillStyle="#444";
+ for(let l=0;l<L;l++){if(l%5===0)g.fillText(String(l),2,10+h*l+h);for(let k=0;k<H;k++){const v=hm[l][k];
+  if(v===null){g.fillStyle="#eee";}else{const t=Math.min(v/tau,1);g.fillStyle="rgb(255,"+Math.round(255*(1-t))+","+Math.round(255*(1-t))+")";}
+  g.fillRect(40+w*k,5+h*l,w-1,h-1);}} return true;}
+async function tick(){try{const s=await (await fetch("state")).json();
+ document.getElementById("sub").textContent=s.model+" · KV "+s.kv+(s.kv_v!==s.kv?"/"+s.kv_v:"")+" · τ_K "+s.tau_k+" · pool "+fmt(s.pool_capacity_bytes)+"B";
+ const now=s.samples.length?s.samples[s.samples.length-1].t:0, span=Math.max(60,now-(s.samples.length?s.samples[0].t:0));
+ const last=s.samples[s.samples.length-1]||{};
+ document.getElementById("running").textContent=last.running??"–";document.getElementById("waiting").textContent=last.waiting??"–";
+ document.getElementById("pool").textContent=last.pool_ratio!==undefined?(100*last.pool_ratio).toFixed(1)+" %":"–";
+ document.getElementById("requests").textContent=last.requests??"–";
+ document.getElementById("cov").textContent=last.cells_k?(100*last.certified_k/last.cells_k).toFixed(1)+" %":"–";
+ const cov=[],covv=[],pin=[],run=[],wait=[];
+ for(let i=0;i<s.samples.length;i++){const a=s.samples[i],age=now-a.t;run.push([age,a.running]);wait.push([age,a.waiting]);
+  if(i>0){const b=s.samples[i-1],dc=a.cells_k-b.cells_k,dv=a.cells_v-b.cells_v,dt=a.t-b.t;
+   cov.push([age,dc>0?(a.certified_k-b.certified_k)/dc:null]);covv.push([age,dv>0?(a.certified_v-b.certified_v)/dv:null]);
+   pin.push([age,dt>0?(a.page_in_bytes-b.page_in_bytes)/dt:0]);}}
+ let c=document.getElementById("coverage");axes(c,1,"");line(c,cov,1,"#1f77b4",span);line(c,covv,1,"#ff7f0e",span);
+ c=document.getElementById("pageins");const pmax=Math.max(1,...pin.map(p=>p[1]));axes(c,pmax,"B/s");line(c,pin,pmax,"#2ca02c",span);
+ c=document.getElementById("load");const lmax=Math.max(1,...run.map(p=>p[1]),...wait.map(p=>p[1]));axes(c,lmax,"");line(c,run,lmax,"#1f77b4",span);line(c,wait,lmax,"#ff7f0e",span);
+ c=document.getElementById("heatmap");if(heat(c,s.heatmap,s.tau_k))c.dataset.drawn=String(Number(c.dataset.drawn)+1);
+ document.body.dataset.polls=String(Number(document.body.dataset.polls||0)+1);
+}catch(e){document.getElementById("sub").textContent="cannot reach the server: "+e;}}
+tick();setInterval(tick,1000);
+</script></body></html>
+)HTML";
+}
+
+}  // namespace witcert::apps

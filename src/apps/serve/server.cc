@@ -1,0 +1,899 @@
+#include "apps/serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "apps/serve/dashboard.h"
+#include "apps/serve/request_policy.h"
+#include "base/thread_pool.h"
+
+namespace witcert::apps {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// An OpenAI-style error: HTTP status, message, type, the offending parameter and a code.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int s, const std::string& message, std::string p = "", std::string c = "", std::string t = "")
+      : std::runtime_error(message),
+        status(s),
+        type(t.empty() ? (s == 401 ? "authentication_error" : s >= 500 ? "server_error" : "invalid_request_error") : t),
+        param(std::move(p)),
+        code(std::move(c)) {}
+};
+
+json error_body(const ApiError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e).dump(), "application/json");
+}
+
+// A field of the body with its type checked: absent leaves `out` as it is.
+template <class T>
+void field(const json& body, const char* key, T& out, const char* type_name) {
+  if (!body.contains(key) || body.at(key).is_null()) return;
+  const json& v = body.at(key);
+  bool ok = false;
+  if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
+  else if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
+  else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
+  else ok = v.is_number();
+  if (!ok) throw ApiError(400, fmt::format("'{}' must be {}", key, type_name), key, "invalid_type");
+  out = v.get<T>();
+}
+
+void require(bool ok, const std::string& message, const std::string& param, const std::string& code = "invalid_value") {
+  if (!ok) throw ApiError(400, message, param, code);
+}
+
+// The number of leading bytes of s that form whole UTF-8 characters (a token may end inside one).
+std::size_t whole_utf8(const std::string& s) {
+  std::size_t end = s.size(), i = s.size();
+  for (int back = 0; back < 4 && i > 0; ++back) {
+    const auto c = static_cast<unsigned char>(s[--i]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    if (i + static_cast<std::size_t>(len) > s.size()) end = i;
+    break;
+  }
+  return end;
+}
+
+std::string unix_id(const char* prefix, std::uint64_t n) { return fmt::format("{}-{}", prefix, n); }
+
+}  // namespace
+
+// One request between its handler and the engine thread. The engine thread appends pieces and
+// sets the result under mu; the handler reads them; cancel asks the engine to drop the sequence.
+struct Server::Job {
+  struct Piece {
+    std::int32_t token = 0;
+    float logprob = 0.0f;
+    std::vector<std::pair<std::int32_t, float>> top;  // the top_logprobs alternatives
+  };
+  std::uint64_t id = 0;
+  bool chat = false, stream = false, detail = false, include_usage = true;
+  int top_logprobs = -1;  // < 0: no logprobs
+  bool logprobs = false;
+  engine::BatchRequest req;
+  std::vector<std::string> stop;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Piece> pieces;
+  bool done = false;
+  engine::BatchResult result;
+  std::atomic<bool> cancel{false};
+  Clock::time_point arrived = Clock::now(), first_token, finished;
+  bool has_first = false;
+};
+
+namespace {
+
+// Turns a job's tokens into its text: stop strings end it (the text stops before the match),
+// and a stream sends only what can no longer change (whole UTF-8 characters, nothing that could
+// begin a stop string).
+class Reply {
+ public:
+  Reply(const engine::Model& m, const Server::Job& job) : m_(m), job_(job) {}
+  // Takes one token; false once a stop string has matched (later tokens are dropped).
+  bool add(const Server::Job::Piece& p) {
+    if (stopped_) return false;
+    const std::size_t before = text_.size();
+    text_ += m_.tokenizer->token_piece(p.token);
+    tokens_ += 1;
+    if (job_.logprobs) pieces_.push_back(p);
+    for (const std::string& s : job_.stop) {
+      const std::size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+      const std::size_t at = text_.find(s, from);
+      if (at != std::string::npos) {
+        text_.resize(at);
+        stopped_ = true;
+      }
+    }
+    return !stopped_;
+  }
+  bool stopped() const { return stopped_; }
+  std::int64_t tokens() const { return tokens_; }
+  const std::string& text() const { return text_; }
+  // The text not sent yet that can be sent now (all of it when `final`).
+  std::string take(bool final) {
+    std::size_t end = text_.size();
+    if (!final && !stopped_) {
+      for (const std::string& s : job_.stop)
+        for (std::size_t k = std::min(s.size() - 1, end - sent_); k > 0; --k)
+          if (text_.compare(end - k, k, s, 0, k) == 0) {
+            end -= k;
+            break;
+          }
+    }
+    if (!final) end = whole_utf8(text_.substr(0, end));
+    std::string out = text_.substr(sent_, end - std::min(end, sent_));
+    sent_ = std::max(sent_, end);
+    return out;
+  }
+  // The logprobs of the tokens taken since the last call, as the endpoint writes them.
+  json logprobs(bool chat) {
+    std::vector<Server::Job::Piece> ps(pieces_.begin() + static_cast<std::ptrdiff_t>(lp_sent_), pieces_.end());
+    lp_sent_ = pieces_.size();
+    const auto piece = [&](std::int32_t t) { return json(m_.tokenizer->token_piece(t)).dump(-1, ' ', false, json::error_handler_t::replace); };
+    const auto text_of = [&](std::int32_t t) { return json::parse(piece(t)).get<std::string>(); };
+    if (chat) {
+      json content = json::array();
+      for (const auto& p : ps) {
+        json top = json::array();
+        for (const auto& [t, lp] : p.top) top.push_back({{"token", text_of(t)}, {"logprob", lp}});
+        content.push_back({{"token", text_of(p.token)}, {"logprob", p.logprob}, {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    json tokens = json::array(), lps = json::array(), tops = json::array();
+    for (const auto& p : ps) {
+      tokens.push_back(text_of(p.token));
+      lps.push_back(p.logprob);
+      json top = json::object();
+      for (const auto& [t, lp] : p.top) top[text_of(t)] = lp;
+      tops.push_back(top);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+  }
+
+ private:
+  const engine::Model& m_;
+  const Server::Job& job_;
+  std::string text_;
+  std::size_t sent_ = 0, lp_sent_ = 0;
+  std::int64_t tokens_ = 0;
+  bool stopped_ = false;
+  std::vector<Server::Job::Piece> pieces_;
+};
+
+// The request's meter, as every response carries it beside usage.
+json witcert_object(const Server::Job& job, const engine::Model& m) {
+  const engine::BatchResult& r = job.result;
+  const engine::CacheOptions& c = job.req.cache;
+  json w;
+  w["kv"] = c.certified ? std::string(c.k_format.name()) : "exact";
+  w["kv_v"] = c.certified ? std::string(c.v_format.name()) : "exact";
+  if (c.gate.on()) {
+    w["gate"] = {{"tau_k", c.gate.tau_k},
+                 {"tau_v", c.gate.tau_v},
+                 {"granularity", gate::granularity_name(c.gate.granularity)},
+                 {"label", c.gate.tau_k < 1.0 ? "certified" : "risk-ranked"}};
+  } else {
+    w["gate"] = nullptr;
+  }
+  if (!r.has_meter) {
+    w["cells"] = 0;
+    w["certified"] = false;  // the plain exact cache has no meter
+    return w;
+  }
+  w.update(r.meter.to_json());
+  w["overflow_fraction"] = r.meter.cells > 0 ? static_cast<double>(r.meter.overflow) / r.meter.cells : 0.0;
+  w["page_ins"] = r.page_ins;
+  w["page_in_bytes"] = r.page_in_bytes;
+  // Every served cell met τ_K and τ_V (coverage is a ratio of integer counts: 1 exactly).
+  w["certified"] = r.meter.cells > 0 && r.meter.coverage.joint == 1.0;
+  if (job.detail) {
+    const model::LlamaConfig& cfg = m.model->config();
+    json layers = json::array();
+    for (int l = 0; l < cfg.layers; ++l) {
+      json heads = json::array();
+      for (int h = 0; h < cfg.heads; ++h) {
+        const double v = r.heatmap[static_cast<std::size_t>(l) * cfg.heads + h];
+        heads.push_back(std::isnan(v) ? json(nullptr) : json(v));
+      }
+      layers.push_back(heads);
+    }
+    w["mean_meter_by_layer_head"] = layers;
+  }
+  return w;
+}
+
+}  // namespace
+
+Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_unique<httplib::Server>()) {
+  if (opts_.model_name.empty()) opts_.model_name = std::filesystem::path(opts_.model_path).stem().string();
+  const std::string kv = opts_.cache.certified ? std::string(opts_.cache.k_format.name()) : "exact";
+  const std::string kv_v = opts_.cache.certified ? std::string(opts_.cache.v_format.name()) : "exact";
+  metrics_.counter("witcert_prompt_tokens_total", "Prompt tokens of finished requests.");
+  metrics_.counter("witcert_generation_tokens_total", "Tokens generated for finished requests.");
+  metrics_.counter("witcert_requests_total", "Finished requests by finish reason (stop, length, cancelled, error).");
+  metrics_.gauge("witcert_requests_running", "Sequences in the running batch.");
+  metrics_.gauge("witcert_requests_waiting", "Requests queued for admission.");
+  metrics_.counter("witcert_meter_cells_total", "Metered (layer, query head, decode step) cells by side and scheme.");
+  metrics_.counter("witcert_meter_certified_cells_total",
+                   "Cells whose served meter met the request's tau, by side (K: tau_k, V: tau_v) and scheme.");
+  metrics_.histogram("witcert_meter_raw_score", "Raw e-form scores of metered cells before repair.",
+                     std::vector<double>(std::begin(gate::kRawScoreBounds), std::end(gate::kRawScoreBounds)));
+  metrics_.counter("witcert_meter_overflow_cells_total", "Cells whose raw score overflowed (no guarantee).");
+  metrics_.counter("witcert_page_ins_total", "Pages promoted to exact by the gate's repairs.");
+  metrics_.counter("witcert_page_in_bytes_total", "Bytes read from the exact tier by the gate's repairs.");
+  metrics_.gauge("witcert_kv_pool_used_bytes", "Measured bytes of the KV pool in use by live sequences.");
+  metrics_.gauge("witcert_kv_pool_capacity_bytes", "Measured bytes of the whole KV pool.");
+  metrics_.gauge("witcert_kv_pool_usage_ratio", "Used pages over the pool's pages.");
+  metrics_.gauge("witcert_kv_pool_cached_prefixes",
+                 "Finished sequences whose prompt pages stay in the pool for prefix sharing (counted as used until "
+                 "a new sequence needs the room).");
+  const std::vector<double> seconds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  metrics_.histogram("witcert_time_to_first_token_seconds", "Time from arrival to the first generated token.", seconds);
+  metrics_.histogram("witcert_time_per_output_token_seconds", "Mean time between a request's generated tokens.", seconds);
+  metrics_.histogram("witcert_request_duration_seconds", "Time from arrival to the last byte of the response.", seconds);
+  metrics_.set("witcert_requests_running", 0);
+  metrics_.set("witcert_requests_waiting", 0);
+  (void)kv, (void)kv_v;
+}
+
+Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
+
+int Server::start() {
+  http_->set_payload_max_length(opts_.max_body);
+  route();
+  port_ = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
+  if (port_ < 0) throw std::runtime_error(fmt::format("cannot listen on {}:{}", opts_.host, opts_.port));
+  started_ = std::chrono::system_clock::now();
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  engine_ = std::thread([this] {
+    load();
+    engine_loop();
+  });
+  return port_;
+}
+
+void Server::load() {
+  try {
+    engine::Model m = engine::Model::load(opts_.model_path);
+    std::lock_guard lock(mu_);
+    model_ = std::move(m);
+    stop_tokens_ = model_.stop_tokens();
+    loaded_ = true;
+  } catch (const std::exception& e) {
+    std::lock_guard lock(mu_);
+    load_failed_ = true;
+    load_error_ = e.what();
+  }
+  cv_.notify_all();
+}
+
+bool Server::wait_ready() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return loaded_ || load_failed_; });
+  return loaded_;
+}
+
+std::string Server::load_error() const {
+  std::lock_guard lock(mu_);
+  return load_error_;
+}
+
+std::shared_ptr<Server::Job> Server::enqueue(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || draining_) return nullptr;
+    const std::int64_t waiting = static_cast<std::int64_t>(inbox_.size()) +
+                                 std::max<std::int64_t>(0, live_ - opts_.batch.max_seqs);
+    if (waiting >= opts_.max_waiting) return nullptr;
+    inbox_.push_back(job);
+  }
+  cv_.notify_all();
+  return job;
+}
+
+void Server::cancel(const std::shared_ptr<Job>& job) {
+  job->cancel = true;
+  cv_.notify_all();
+}
+
+void Server::publish_load(const engine::BatchLoad& l) {
+  metrics_.set("witcert_requests_running", static_cast<double>(l.running));
+  std::int64_t queued = 0;
+  {
+    std::lock_guard lock(mu_);
+    queued = static_cast<std::int64_t>(inbox_.size());
+  }
+  metrics_.set("witcert_requests_waiting", static_cast<double>(l.waiting + queued));
+  metrics_.set("witcert_kv_pool_used_bytes",
+               l.pool_pages > 0 ? static_cast<double>(l.pool_bytes) * (l.pool_pages - l.free_pages) / l.pool_pages : 0.0);
+  metrics_.set("witcert_kv_pool_capacity_bytes", static_cast<double>(l.pool_bytes));
+  metrics_.set("witcert_kv_pool_cached_prefixes", static_cast<double>(l.cached_prefixes));
+  metrics_.set("witcert_kv_pool_usage_ratio",
+               l.pool_pages > 0 ? static_cast<double>(l.pool_pages - l.free_pages) / l.pool_pages : 0.0);
+}
+
+void Server::engine_loop() {
+  {
+    std::lock_guard lock(mu_);
+    if (!loaded_) return;
+  }
+  ThreadPool threads(opts_.threads);
+  const model::LlamaConfig& cfg = model_.model->config();
+  const auto make_engine = [&] {
+    auto e = std::make_unique<engine::BatchEngine>(*model_.model, threads, opts_.cache, opts_.batch);
+    e->open(cfg.context, opts_.cache.certified);  // the tier that any request's gate may read
+    return e;
+  };
+  std::unique_ptr<engine::BatchEngine> eng = make_engine();
+  {
+    std::lock_guard lock(state_mu_);
+    heat_layers_ = cfg.layers;
+    heat_heads_ = cfg.heads;
+    heat_.assign(static_cast<std::size_t>(cfg.layers) * cfg.heads, NAN);
+  }
+  publish_load(eng->load());
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>> live;
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> fresh;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !eng->idle(); });
+      if (stopping_ && inbox_.empty() && eng->idle()) break;
+      fresh.swap(inbox_);
+    }
+    for (const std::shared_ptr<Job>& job : fresh) {
+      Job* j = job.get();
+      engine::RequestEvents ev;
+      ev.on_token = [j](std::int32_t t, std::span<const float> logits) {
+        Job::Piece p;
+        p.token = t;
+        if (j->logprobs) {
+          double mx = -INFINITY;
+          for (float v : logits) mx = std::max<double>(mx, v);
+          double sum = 0.0;
+          for (float v : logits) sum += std::exp(v - mx);
+          const double lse = mx + std::log(sum);
+          p.logprob = static_cast<float>(logits[static_cast<std::size_t>(t)] - lse);
+          if (j->top_logprobs > 0) {
+            std::vector<std::int32_t> ids(logits.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
+            const auto k = static_cast<std::ptrdiff_t>(std::min<std::size_t>(j->top_logprobs, ids.size()));
+            std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                              [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; });
+            for (std::ptrdiff_t i = 0; i < k; ++i) p.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+          }
+        }
+        {
+          std::lock_guard lock(j->mu);
+          if (!j->has_first) j->first_token = Clock::now(), j->has_first = true;
+          j->pieces.push_back(std::move(p));
+        }
+        j->cv.notify_all();
+      };
+      ev.on_done = [j](const engine::BatchResult& r) {
+        {
+          std::lock_guard lock(j->mu);
+          j->result = r;
+          j->done = true;
+          j->finished = Clock::now();
+        }
+        j->cv.notify_all();
+      };
+      const std::uint64_t id = eng->submit(j->req, std::move(ev), stop_tokens_);
+      std::lock_guard lock(j->mu);
+      if (!j->done) live.push_back({id, job});
+    }
+    bool stopping = false;
+    {
+      std::lock_guard lock(mu_);
+      stopping = stopping_;
+    }
+    for (const auto& [id, job] : live)
+      if (job->cancel || stopping) eng->cancel(id);  // past the drain deadline every request ends
+    try {
+      eng->step();
+    } catch (const std::exception& e) {
+      // An internal failure ends the requests of this batch alone; the server goes on with a new pool.
+      for (const auto& [id, job] : live) {
+        {
+          std::lock_guard lock(job->mu);
+          if (job->done) continue;
+          job->result.finish = engine::Finish::error;
+          job->result.error = std::string("internal error: ") + e.what();
+          job->done = true;
+          job->finished = Clock::now();
+        }
+        job->cv.notify_all();
+      }
+      live.clear();
+      eng.reset();
+      eng = make_engine();
+    }
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [](const auto& e) {
+                                std::lock_guard lock(e.second->mu);
+                                return e.second->done;
+                              }),
+               live.end());
+    {
+      std::lock_guard lock(mu_);
+      live_ = static_cast<std::int64_t>(live.size());
+    }
+    publish_load(eng->load());
+  }
+  publish_load(eng->load());
+}
+
+nlohmann::json Server::state() {
+  const engine::CacheOptions& c = opts_.cache;
+  const std::string kv = c.certified ? std::string(c.k_format.name()) : "exact", kv_v = c.certified ? std::string(c.v_format.name()) : "exact";
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", kv}}, v = {{"side", "V"}, {"scheme", kv_v}};
+  double requests = 0.0;
+  for (const char* f : {"stop", "length", "cancelled", "error"})
+    requests += metrics_.value("witcert_requests_total", {{"finish_reason", f}});
+  json sample = {{"t", std::chrono::duration<double>(std::chrono::system_clock::now() - started_).count()},
+                 {"running", metrics_.value("witcert_requests_running")},
+                 {"waiting", metrics_.value("witcert_requests_waiting")},
+                 {"pool_ratio", metrics_.value("witcert_kv_pool_usage_ratio")},
+                 {"requests", requests},
+                 {"cells_k", metrics_.value("witcert_meter_cells_total", k)},
+                 {"certified_k", metrics_.value("witcert_meter_certified_cells_total", k)},
+                 {"cells_v", metrics_.value("witcert_meter_cells_total", v)},
+                 {"certified_v", metrics_.value("witcert_meter_certified_cells_total", v)},
+                 {"page_in_bytes", metrics_.value("witcert_page_in_bytes_total")}};
+  std::lock_guard lock(state_mu_);
+  samples_.push_back(sample);
+  while (samples_.size() > 600) samples_.pop_front();
+  json heat = json::array();
+  for (int l = 0; l < heat_layers_; ++l) {
+    json row = json::array();
+    for (int h = 0; h < heat_heads_; ++h) {
+      const double x = heat_[static_cast<std::size_t>(l) * heat_heads_ + h];
+      row.push_back(std::isnan(x) ? json(nullptr) : json(x));
+    }
+    heat.push_back(row);
+  }
+  return {{"model", opts_.model_name},
+          {"kv", kv},
+          {"kv_v", kv_v},
+          {"tau_k", opts_.coverage_tau},
+          {"pool_capacity_bytes", metrics_.value("witcert_kv_pool_capacity_bytes")},
+          {"samples", json(std::vector<json>(samples_.begin(), samples_.end()))},
+          {"heatmap", heat}};
+}
+
+void Server::record(const Job& job, const std::string& finish, std::int64_t completion_tokens) {
+  const engine::BatchResult& r = job.result;
+  metrics_.add("witcert_requests_total", 1, {{"finish_reason", finish}});
+  metrics_.add("witcert_prompt_tokens_total", static_cast<double>(job.req.prompt.size()));
+  metrics_.add("witcert_generation_tokens_total", static_cast<double>(completion_tokens));
+  const double now = std::chrono::duration<double>(Clock::now() - job.arrived).count();
+  metrics_.observe("witcert_request_duration_seconds", now);
+  if (job.has_first) {
+    metrics_.observe("witcert_time_to_first_token_seconds",
+                     std::chrono::duration<double>(job.first_token - job.arrived).count());
+    if (completion_tokens > 1)
+      metrics_.observe("witcert_time_per_output_token_seconds",
+                       std::chrono::duration<double>(job.finished - job.first_token).count() /
+                           static_cast<double>(completion_tokens - 1));
+  }
+  if (!r.has_meter) return;
+  {
+    // The heatmap of recent requests: each finished request moves every cell a fifth of the way.
+    std::lock_guard lock(state_mu_);
+    if (heat_.size() != r.heatmap.size()) heat_.assign(r.heatmap.size(), NAN);
+    for (std::size_t i = 0; i < heat_.size(); ++i)
+      if (!std::isnan(r.heatmap[i])) heat_[i] = std::isnan(heat_[i]) ? r.heatmap[i] : 0.8 * heat_[i] + 0.2 * r.heatmap[i];
+  }
+  const engine::CacheOptions& c = job.req.cache;
+  const double cells = static_cast<double>(r.meter.cells);
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", std::string(c.k_format.name())}}, v = {{"side", "V"}, {"scheme", std::string(c.v_format.name())}};
+  metrics_.add("witcert_meter_cells_total", cells, k);
+  metrics_.add("witcert_meter_cells_total", cells, v);
+  metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.k * cells), k);
+  metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.v * cells), v);
+  metrics_.observe_counts("witcert_meter_raw_score", r.raw_histogram.counts, r.raw_histogram.finite_sum);
+  metrics_.add("witcert_meter_overflow_cells_total", static_cast<double>(r.meter.overflow));
+  metrics_.add("witcert_page_ins_total", static_cast<double>(r.page_ins));
+  metrics_.add("witcert_page_in_bytes_total", static_cast<double>(r.page_in_bytes));
+}
+
+void Server::shutdown(std::chrono::milliseconds deadline) {
+  if (!http_) return;
+  draining_ = true;
+  const auto until = Clock::now() + deadline;
+  {
+    std::unique_lock lock(mu_);
+    while ((live_ > 0 || !inbox_.empty()) && Clock::now() < until) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      lock.lock();
+    }
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  http_->stop();  // open streams see their jobs cancelled below and end
+  if (engine_.joinable()) engine_.join();
+  if (listener_.joinable()) listener_.join();
+  http_.reset();
+}
+
+void Server::route() {
+  httplib::Server& s = *http_;
+  // Authentication and readiness before any /v1 route; /health, /metrics and the dashboard stay open.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (!opts_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + opts_.api_key) {
+      send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    std::lock_guard lock(mu_);
+    if (!loaded_) {
+      send_error(res, ApiError(503, load_failed_ ? "the model failed to load: " + load_error_ : "the model is loading",
+                               "", "model_not_ready"));
+      res.set_header("Retry-After", "1");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, "internal error: " + what, "", "internal_error"));
+  });
+  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413) send_error(res, ApiError(413, "the request body is too large", "", "body_too_large"));
+    else if (res.status == 404) send_error(res, ApiError(404, "no such endpoint", "", "not_found"));
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard lock(mu_);
+    if (!loaded_) {
+      res.status = 503;
+      res.set_content(json{{"status", load_failed_ ? "failed" : "loading"}, {"error", load_error_}}.dump(),
+                      "application/json");
+      return;
+    }
+    res.set_content(json{{"status", "ok"}, {"model", opts_.model_name}}.dump(), "application/json");
+  });
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dashboard_html(), "text/html; charset=utf-8");
+  });
+  s.Get("/state", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(state().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.exposition(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(started_.time_since_epoch()).count();
+    json data = json::array({{{"id", opts_.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "witcert"}}});
+    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+  });
+  const auto completion = [this](bool chat) {
+    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+      try {
+        serve_completion(req, res, chat);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    };
+  };
+  s.Post("/v1/completions", completion(false));
+  s.Post("/v1/chat/completions", completion(true));
+}
+
+std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  require(body.is_object(), "the body must be a JSON object", "");
+  static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
+                                                  "stream", "stream_options", "logprobs", "n", "user",
+                                                  "presence_penalty", "frequency_penalty", "witcert"};
+  static const std::vector<std::string> chat_only = {"messages", "top_logprobs", "max_completion_tokens"};
+  static const std::vector<std::string> completion_only = {"prompt", "echo"};
+  for (const auto& [key, value] : body.items()) {
+    const auto known = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), key) != v.end(); };
+    if (!known(common) && !known(chat ? chat_only : completion_only))
+      throw ApiError(400, fmt::format("'{}' is not supported by this server", key), key, "unsupported_parameter");
+  }
+  auto job = std::make_shared<Job>();
+  job->id = ++next_id_;
+  job->chat = chat;
+  engine::BatchRequest& r = job->req;
+
+  std::string model_name;
+  field(body, "model", model_name, "a string");
+  require(model_name.empty() || model_name == opts_.model_name,
+          fmt::format("model '{}' is not served here (it serves '{}')", model_name, opts_.model_name), "model",
+          "model_not_found");
+  int n = 1;
+  field(body, "n", n, "an integer");
+  require(n == 1, "n > 1 is not supported: one choice per request", "n", "unsupported_parameter");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    double v = 0.0;
+    field(body, penalty, v, "a number");
+    require(v == 0.0, fmt::format("'{}' is not supported (only 0)", penalty), penalty, "unsupported_parameter");
+  }
+  bool echo = false;
+  if (!chat) field(body, "echo", echo, "a boolean");
+  require(!echo, "echo is not supported", "echo", "unsupported_parameter");
+
+  if (chat) {
+    require(body.contains("messages"), "'messages' is required", "messages", "missing_parameter");
+    const json& msgs = body.at("messages");
+    require(msgs.is_array() && !msgs.empty(), "'messages' must be a non-empty array", "messages");
+    std::vector<model::ChatMessage> turns;
+    for (const json& t : msgs) {
+      require(t.is_object() && t.contains("role") && t.at("role").is_string() && t.contains("content") &&
+                  t.at("content").is_string(),
+              "each message is an object with a string role and string content", "messages");
+      const std::string role = t.at("role").get<std::string>();
+      require(role == "system" || role == "user" || role == "assistant",
+              "a message's role is system, user or assistant, got '" + role + "'", "messages");
+      turns.push_back({role, t.at("content").get<std::string>()});
+    }
+    r.prompt = model_.tokenizer->encode(model_.tokenizer->apply_chat_template(turns, true), true);
+  } else {
+    require(body.contains("prompt"), "'prompt' is required", "prompt", "missing_parameter");
+    require(body.at("prompt").is_string(), "'prompt' must be a string", "prompt", "invalid_type");
+    r.prompt = model_.prompt_tokens(body.at("prompt").get<std::string>(), false);
+  }
+  require(!r.prompt.empty(), "the prompt is empty", chat ? "messages" : "prompt");
+  const std::int64_t context = model_.model->config().context;
+  if (static_cast<std::int64_t>(r.prompt.size()) >= context)
+    throw ApiError(400,
+                   fmt::format("the prompt has {} tokens; the model's context is {} (the prompt and at least one new "
+                               "token must fit)",
+                               r.prompt.size(), context),
+                   chat ? "messages" : "prompt", "context_length_exceeded");
+
+  r.max_tokens = opts_.max_tokens;
+  field(body, "max_tokens", r.max_tokens, "an integer");
+  if (chat) field(body, "max_completion_tokens", r.max_tokens, "an integer");
+  require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "'max_tokens' must be in [1, 1000000]", "max_tokens");
+  field(body, "temperature", r.sampler.temperature, "a number");
+  require(std::isfinite(r.sampler.temperature) && r.sampler.temperature >= 0 && r.sampler.temperature <= 2,
+          "'temperature' must be in [0, 2]", "temperature");
+  field(body, "top_p", r.sampler.top_p, "a number");
+  require(r.sampler.top_p > 0 && r.sampler.top_p <= 1, "'top_p' must be in (0, 1]", "top_p");
+  if (body.contains("seed") && !body.at("seed").is_null()) {
+    require(body.at("seed").is_number_integer(), "'seed' must be an integer", "seed", "invalid_type");
+    r.sampler.seed = body.at("seed").is_number_unsigned() ? body.at("seed").get<std::uint64_t>()
+                                                           : static_cast<std::uint64_t>(body.at("seed").get<std::int64_t>());
+  }
+  if (body.contains("stop") && !body.at("stop").is_null()) {
+    const json& st = body.at("stop");
+    if (st.is_string()) job->stop.push_back(st.get<std::string>());
+    else if (st.is_array())
+      for (const json& x : st) {
+        require(x.is_string(), "'stop' must be a string or an array of strings", "stop", "invalid_type");
+        job->stop.push_back(x.get<std::string>());
+      }
+    else throw ApiError(400, "'stop' must be a string or an array of strings", "stop", "invalid_type");
+    require(job->stop.size() <= 4, "'stop' holds at most 4 strings", "stop");
+    for (const std::string& x : job->stop) require(!x.empty(), "a stop string must not be empty", "stop");
+  }
+  field(body, "stream", job->stream, "a boolean");
+  if (body.contains("stream_options") && !body.at("stream_options").is_null()) {
+    const json& so = body.at("stream_options");
+    require(so.is_object(), "'stream_options' must be an object", "stream_options", "invalid_type");
+    for (const auto& [key, value] : so.items())
+      require(key == "include_usage", fmt::format("'stream_options.{}' is not supported", key), "stream_options",
+              "unsupported_parameter");
+    field(so, "include_usage", job->include_usage, "a boolean");
+  }
+  if (chat) {
+    field(body, "logprobs", job->logprobs, "a boolean");
+    int top = 0;
+    field(body, "top_logprobs", top, "an integer");
+    require(top >= 0 && top <= 20, "'top_logprobs' must be in [0, 20]", "top_logprobs");
+    require(top == 0 || job->logprobs, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    job->top_logprobs = job->logprobs ? top : -1;
+  } else if (body.contains("logprobs") && !body.at("logprobs").is_null()) {
+    int top = 0;
+    field(body, "logprobs", top, "an integer");
+    require(top >= 0 && top <= 5, "'logprobs' must be in [0, 5]", "logprobs");
+    job->logprobs = true;
+    job->top_logprobs = top;
+  }
+
+  json w = json::object();
+  if (body.contains("witcert") && !body.at("witcert").is_null()) {
+    w = body.at("witcert");
+    require(w.is_object(), "'witcert' must be an object", "witcert", "invalid_type");
+    static const std::vector<std::string> keys = {"tau", "tau_v", "granularity", "delta", "bound",
+                                                  "coverage_tau", "coverage_tau_v", "detail"};
+    for (const auto& [key, value] : w.items())
+      require(std::find(keys.begin(), keys.end(), key) != keys.end(),
+              fmt::format("'witcert.{}' is not a setting (tau, tau_v, granularity, delta, bound, coverage_tau, "
+                          "coverage_tau_v, detail)",
+                          key),
+              "witcert." + key, "unsupported_parameter");
+    field(w, "detail", job->detail, "a boolean");
+    w.erase("detail");
+  }
+  try {
+    // A request's gate τ is also its coverage τ, as `witcert generate --gate` reports it.
+    double coverage_tau = opts_.coverage_tau;
+    if (w.contains("tau") && w.at("tau").is_number() && w.at("tau").get<double>() < 1.0 && !w.contains("coverage_tau"))
+      coverage_tau = w.at("tau").get<double>();
+    apply_policy(w, opts_.cache, coverage_tau, opts_.coverage_tau_v, r);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
+  }
+  return job;
+}
+
+void Server::serve_completion(const httplib::Request& http_req, httplib::Response& res, bool chat) {
+  std::shared_ptr<Job> job = parse(http_req.body, chat);
+  if (!enqueue(job)) {
+    res.set_header("Retry-After", "1");
+    throw ApiError(503, draining_ ? "the server is shutting down" : "the queue is full; retry later", "",
+                   draining_ ? "shutting_down" : "queue_full");
+  }
+  const auto created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
+  const char* object = chat ? "chat.completion" : "text_completion";
+  const auto finish_reason = [](const Reply& reply, const engine::BatchResult& r) -> std::string {
+    if (reply.stopped()) return "stop";
+    return engine::finish_name(r.finish);
+  };
+  const auto usage = [](const Job& j, const Reply& reply) {
+    const auto p = static_cast<std::int64_t>(j.req.prompt.size());
+    return json{{"prompt_tokens", p}, {"completion_tokens", reply.tokens()}, {"total_tokens", p + reply.tokens()}};
+  };
+
+  if (!job->stream) {
+    Reply reply(model_, *job);
+    {
+      std::unique_lock lock(job->mu);
+      for (;;) {
+        job->cv.wait(lock, [&] { return job->done || !job->pieces.empty(); });
+        while (!job->pieces.empty()) {
+          if (!reply.add(job->pieces.front())) cancel(job);
+          job->pieces.pop_front();
+        }
+        if (job->done) break;
+      }
+    }
+    const engine::BatchResult& r = job->result;
+    if (r.finish == engine::Finish::error) {
+      record(*job, "error", 0);
+      const bool internal = r.error.rfind("internal error", 0) == 0 || r.error.rfind("non-finite", 0) == 0;
+      throw ApiError(internal ? 500 : 400, r.error, "", internal ? "internal_error" : "invalid_value");
+    }
+    const std::string finish = finish_reason(reply, r);
+    json choice = {{"index", 0}, {"finish_reason", finish}};
+    const std::string text = reply.take(true);
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else choice["text"] = text;
+    choice["logprobs"] = job->logprobs ? reply.logprobs(chat) : json(nullptr);
+    json out = {{"id", id},           {"object", object},        {"created", created},
+                {"model", opts_.model_name}, {"choices", json::array({choice})}, {"usage", usage(*job, reply)},
+                {"witcert", witcert_object(*job, model_)}};
+    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    record(*job, finish, reply.tokens());
+    return;
+  }
+
+  // Server-sent events: a chunk per batch of tokens as they come, the last with the finish reason,
+  // then usage and the meter, then [DONE]. A client that goes away cancels its sequence.
+  auto reply = std::make_shared<Reply>(model_, *job);
+  auto state = std::make_shared<int>(0);  // 0: nothing sent, 1: role sent (chat), 2: finished
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, reply, state, id, object = std::string(chat ? "chat.completion.chunk" : "text_completion"), created,
+       chat, finish_reason, usage](std::size_t, httplib::DataSink& sink) {
+        const auto send = [&](const json& j) {
+          const std::string line = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        const auto chunk = [&](const json& choice) {
+          return json{{"id", id}, {"object", object}, {"created", created}, {"model", opts_.model_name},
+                      {"choices", json::array({choice})}};
+        };
+        if (chat && *state == 0) {
+          *state = 1;
+          if (!send(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}))) {
+            cancel(job);
+            return false;
+          }
+        }
+        bool done = false;
+        {
+          std::unique_lock lock(job->mu);
+          job->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return job->done || !job->pieces.empty(); });
+          while (!job->pieces.empty()) {
+            if (!reply->add(job->pieces.front())) cancel(job);
+            job->pieces.pop_front();
+          }
+          done = job->done;
+        }
+        if (!sink.is_writable()) {
+          cancel(job);
+          return false;
+        }
+        const std::string text = reply->take(done);
+        if (!text.empty() || (job->logprobs && !done)) {
+          json choice = {{"index", 0}, {"finish_reason", nullptr}};
+          if (chat) choice["delta"] = {{"content", text}};
+          else choice["text"] = text;
+          choice["logprobs"] = job->logprobs ? reply->logprobs(chat) : json(nullptr);
+          if ((!text.empty() || !choice["logprobs"].is_null()) && !send(chunk(choice))) {
+            cancel(job);
+            return false;
+          }
+        }
+        if (!done) return true;
+        const engine::BatchResult& r = job->result;
+        if (r.finish == engine::Finish::error) {
+          send(json{{"error", {{"message", r.error}, {"type", "server_error"}, {"param", nullptr}, {"code", "internal_error"}}}});
+          record(*job, "error", 0);
+        } else {
+          const std::string finish = finish_reason(*reply, r);
+          json last = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+          if (chat) last["delta"] = json::object();
+          else last["text"] = "";
+          send(chunk(last));
+          json tail = {{"id", id}, {"object", object}, {"created", created}, {"model", opts_.model_name},
+                       {"choices", json::array()}, {"witcert", witcert_object(*job, model_)}};
+          if (job->include_usage) tail["usage"] = usage(*job, *reply);
+          send(tail);
+          record(*job, finish, reply->tokens());
+        }
+        const std::string end = "data: [DONE]\n\n";
+        sink.write(end.data(), end.size());
+        sink.done();
+        *state = 2;
+        return true;
+      },
+      [this, job, state](bool) {
+        if (*state != 2) {
+          // The client went away before the end: its sequence is cancelled and counted once.
+          cancel(job);
+          std::unique_lock lock(job->mu);
+          job->cv.wait(lock, [&] { return job->done; });
+          lock.unlock();
+          record(*job, "cancelled", static_cast<std::int64_t>(job->result.tokens.size()));
+        }
+      });
+}
+
+}  // namespace witcert::apps

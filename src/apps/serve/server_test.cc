@@ -1,0 +1,381 @@
+// `witcert serve` in process on a free port, over the real SmolLM2-135M: every endpoint, streaming
+// and not, every error code, concurrent clients that each get their solo answer, a client that
+// disconnects mid-stream (its pages return to the pool), the queue limit and a graceful drain.
+#include "apps/serve/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/batch.h"
+#include "model/real_model_fixture.h"
+
+namespace witcert::apps {
+namespace {
+
+using nlohmann::json;
+
+std::string model_path() { return std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+engine::CacheOptions dither(double tau = 0.0) {
+  engine::CacheOptions o;
+  o.certified = true;
+  o.k_format = o.v_format = quant::KvFormat::parse("dither-int8");
+  o.gate.tau_k = tau;
+  o.backing = cache::BackingPlace::in_ram();
+  return o;
+}
+
+ServeOptions options(const engine::CacheOptions& cache) {
+  ServeOptions o;
+  o.model_path = model_path();
+  o.cache = cache;
+  o.port = 0;
+  o.batch.max_seqs = 8;
+  o.batch.kv_memory = 64ll << 20;
+  o.max_tokens = 12;
+  return o;
+}
+
+// A started server and a client to it.
+struct Running {
+  explicit Running(ServeOptions o) : server(std::move(o)) {
+    port = server.start();
+    EXPECT_TRUE(server.wait_ready()) << server.load_error();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(300, 0);
+    return c;
+  }
+  Server server;
+  int port = 0;
+};
+
+json post(const Running& r, const std::string& path, const json& body, int expect_status = 200,
+          const httplib::Headers& headers = {}) {
+  httplib::Client c = r.client();
+  const auto res = c.Post(path, headers, body.dump(), "application/json");
+  EXPECT_TRUE(res) << "no response from " << path;
+  if (!res) return {};
+  EXPECT_EQ(res->status, expect_status) << res->body;
+  return json::parse(res->body);
+}
+
+// POSTs body to path and hands the response body to `receive` as it arrives (false hangs up).
+httplib::Result post_streaming(httplib::Client& c, const std::string& path, const std::string& body,
+                               std::function<bool(const char*, std::size_t)> receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+    return receive(data, n);
+  };
+  return c.send(req);
+}
+
+// The SSE stream of a request: every data payload in order ("[DONE]" kept as a string).
+std::vector<std::string> stream(const Running& r, const std::string& path, json body) {
+  body["stream"] = true;
+  httplib::Client c = r.client();
+  std::string raw;
+  const auto res = post_streaming(c, path, body.dump(), [&](const char* data, std::size_t n) {
+    raw.append(data, n);
+    return true;
+  });
+  EXPECT_TRUE(res);
+  if (res) {
+    EXPECT_EQ(res->status, 200);
+  }
+  std::vector<std::string> events;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t end = raw.find("\n\n", at);
+    if (end == std::string::npos) break;
+    const std::string ev = raw.substr(at, end - at);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << "an SSE event is one data line: " << ev;
+    events.push_back(ev.substr(6));
+    at = end + 2;
+  }
+  EXPECT_EQ(at, raw.size()) << "the stream ends with a whole event";
+  return events;
+}
+
+// The request alone through the batch engine (its answer is the solo answer bit for bit).
+std::string solo_text(const engine::Model& m, const std::vector<std::int32_t>& prompt, int max_tokens,
+                      const engine::CacheOptions& cache) {
+  ThreadPool pool(2);
+  engine::BatchRequest q;
+  q.prompt = prompt;
+  q.max_tokens = max_tokens;
+  q.cache = cache;
+  engine::BatchEngine e(*m.model, pool, cache, engine::BatchOptions{});
+  const engine::BatchResult r = e.run({q}, m.stop_tokens()).at(0);
+  return m.tokenizer->decode(r.tokens);
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = new engine::Model(engine::Model::load(model_path())); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  static engine::Model* model_;
+};
+engine::Model* Serve::model_ = nullptr;
+
+TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
+  Running r(options(dither()));
+  httplib::Client c = r.client();
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body).at("status"), "ok");
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body).at("data").at(0).at("id"), "SmolLM2-135M-Instruct.Q4_1");
+
+  const std::string prompt = "The capital of France is";
+  const json out = post(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 10}});
+  EXPECT_EQ(out.at("object"), "text_completion");
+  const std::string text = out.at("choices").at(0).at("text");
+  EXPECT_EQ(text, solo_text(*model_, model_->prompt_tokens(prompt, false), 10, dither()));
+  const json& usage = out.at("usage");
+  EXPECT_EQ(usage.at("prompt_tokens"), model_->prompt_tokens(prompt, false).size());
+  EXPECT_EQ(usage.at("total_tokens"), usage.at("prompt_tokens").get<int>() + usage.at("completion_tokens").get<int>());
+  const json& w = out.at("witcert");
+  EXPECT_EQ(w.at("kv"), "dither-int8");
+  EXPECT_TRUE(w.at("gate").is_null());
+  // Every decode step's cells: 30 layers × 9 query heads per generated token after the first.
+  EXPECT_EQ(w.at("cells"), 30 * 9 * (usage.at("completion_tokens").get<int>() - (out.at("choices").at(0).at("finish_reason") == "stop" ? 0 : 1)));
+  EXPECT_EQ(w.at("certified"), w.at("coverage").at("joint").get<double>() == 1.0);
+  for (const char* k : {"raw_p50", "raw_p90", "raw_max", "overflow_fraction", "page_ins", "page_in_bytes"})
+    EXPECT_TRUE(w.contains(k)) << k;
+
+  // Chat, non-streaming and streaming: the same answer; the meter in the stream's last chunk.
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "Name a color."}}})}, {"max_tokens", 8}};
+  const json whole = post(r, "/v1/chat/completions", chat);
+  EXPECT_EQ(whole.at("object"), "chat.completion");
+  const std::string answer = whole.at("choices").at(0).at("message").at("content");
+  const std::vector<std::string> events = stream(r, "/v1/chat/completions", chat);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string streamed;
+  std::string finish;
+  for (std::size_t i = 0; i + 2 < events.size(); ++i) {
+    const json ev = json::parse(events[i]);
+    EXPECT_EQ(ev.at("object"), "chat.completion.chunk");
+    const json& ch = ev.at("choices").at(0);
+    if (ch.at("delta").contains("content")) streamed += ch.at("delta").at("content").get<std::string>();
+    if (!ch.at("finish_reason").is_null()) finish = ch.at("finish_reason");
+  }
+  EXPECT_EQ(streamed, answer);
+  EXPECT_EQ(finish, whole.at("choices").at(0).at("finish_reason"));
+  const json tail = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(tail.at("choices").empty());
+  EXPECT_EQ(tail.at("witcert").dump(), whole.at("witcert").dump());
+  EXPECT_EQ(tail.at("usage"), whole.at("usage"));
+
+  // A stop string ends the text before it; logprobs come per token.
+  ASSERT_GE(text.size(), 5u);
+  const std::string stop = text.substr(3, 2);
+  const json stopped = post(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 10}, {"stop", stop}, {"logprobs", 2}});
+  EXPECT_EQ(stopped.at("choices").at(0).at("text"), text.substr(0, text.find(stop)));
+  EXPECT_EQ(stopped.at("choices").at(0).at("finish_reason"), "stop");
+  const json& lp = stopped.at("choices").at(0).at("logprobs");
+  ASSERT_EQ(lp.at("token_logprobs").size(), stopped.at("usage").at("completion_tokens").get<std::size_t>());
+  for (const json& v : lp.at("token_logprobs")) EXPECT_LE(v.get<double>(), 0.0);
+  for (const json& t : lp.at("top_logprobs")) EXPECT_EQ(t.size(), 2u);
+
+  // A per-request gate: labelled, and what it serves meets τ (repairs make every cell pass).
+  const json gated = post(r, "/v1/completions",
+                          {{"prompt", prompt}, {"max_tokens", 6}, {"witcert", {{"tau", 0.05}, {"detail", true}}}});
+  const json& g = gated.at("witcert");
+  EXPECT_EQ(g.at("gate").at("label"), "certified");
+  EXPECT_EQ(g.at("tau_k"), 0.05);
+  EXPECT_EQ(g.at("coverage").at("k"), 1.0);
+  EXPECT_EQ(g.at("mean_meter_by_layer_head").size(), 30u);
+
+  const auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("witcert_requests_total{finish_reason=\"stop\"}"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("witcert_meter_raw_score_bucket{le=\"+Inf\"}"), std::string::npos);
+}
+
+TEST_F(Serve, BadRequestsGetOpenAiErrors) {
+  ServeOptions o = options(dither());
+  o.api_key = "sekret";
+  o.max_body = 4096;
+  Running r(o);
+  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  const auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& param,
+                                const httplib::Headers& h) {
+    httplib::Client c = r.client();
+    const auto res = c.Post(path, h, body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << body << " → " << res->body;
+    const json e = json::parse(res->body).at("error");
+    EXPECT_FALSE(e.at("message").get<std::string>().empty());
+    EXPECT_TRUE(e.contains("type") && e.contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(e.at("param"), param) << res->body;
+    }
+  };
+  const std::string ok = json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump();
+  expect_error("/v1/completions", ok, 401, "", {});
+  expect_error("/v1/completions", ok, 401, "", {{"Authorization", "Bearer wrong"}});
+  expect_error("/v1/completions", "{\"prompt\": ", 400, "", auth);
+  expect_error("/v1/completions", "[1, 2]", 400, "", auth);
+  expect_error("/v1/completions", json{{"prompt", 5}}.dump(), 400, "prompt", auth);
+  expect_error("/v1/completions", json{{"max_tokens", 2}}.dump(), 400, "prompt", auth);
+  expect_error("/v1/completions", json{{"prompt", ""}}.dump(), 400, "prompt", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 0}}.dump(), 400, "max_tokens", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", "9"}}.dump(), 400, "max_tokens", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"temperature", -1}}.dump(), 400, "temperature", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"top_p", 0}}.dump(), 400, "top_p", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"n", 2}}.dump(), 400, "n", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"stop", {1}}}.dump(), 400, "stop", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"model", "gpt-4"}}.dump(), 400, "model", auth);
+  expect_error("/v1/chat/completions", json{{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}, {"tools", json::array()}}.dump(), 400, "tools", auth);
+  expect_error("/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "messages", auth);
+  expect_error("/v1/chat/completions", json{{"messages", json::array({{{"role", "robot"}, {"content", "Hi"}}})}}.dump(), 400, "messages", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"tau", -0.1}}}}.dump(), 400, "witcert", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"delta", 2}}}}.dump(), 400, "witcert", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"granularity", "page"}}}}.dump(), 400, "witcert", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"tua", 0.1}}}}.dump(), 400, "witcert.tua", auth);
+  // Over the body limit (4096 bytes here).
+  expect_error("/v1/completions", json{{"prompt", std::string(5000, 'a')}}.dump(), 413, "", auth);
+  expect_error("/v1/nothing", ok, 404, "", auth);
+
+  // Open without the key: /health and /metrics.
+  httplib::Client c = r.client();
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Get("/metrics")->status, 200);
+  // The server still serves.
+  const auto res = c.Post("/v1/completions", auth, ok, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+}
+
+TEST_F(Serve, APromptBeyondTheContextIsRefused) {
+  Running r(options(dither()));
+  std::string long_text;
+  while (model_->prompt_tokens(long_text, false).size() <= static_cast<std::size_t>(model_->model->config().context))
+    long_text += "the boats and the nets and the barrels of salted fish ";
+  const json e = post(r, "/v1/completions", {{"prompt", long_text}}, 400);
+  EXPECT_EQ(e.at("error").at("code"), "context_length_exceeded");
+  EXPECT_EQ(e.at("error").at("param"), "prompt");
+}
+
+TEST_F(Serve, ConcurrentStreamsGetTheirSoloAnswersAndMetricsAddUp) {
+  Running r(options(dither()));
+  const int clients = 8;
+  std::vector<std::string> prompts;
+  for (int i = 0; i < clients; ++i) prompts.push_back("Question " + std::to_string(i) + ": what is " + std::to_string(i + 2) + " plus " + std::to_string(3 * i) + "? Answer:");
+  std::vector<std::future<std::vector<std::string>>> futures;
+  for (int i = 0; i < clients; ++i)
+    futures.push_back(std::async(std::launch::async, [&, i] {
+      return stream(r, "/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", 8}});
+    }));
+  double cells = 0, completion = 0, prompt_tokens = 0;
+  for (int i = 0; i < clients; ++i) {
+    const std::vector<std::string> events = futures[i].get();
+    ASSERT_GE(events.size(), 2u);
+    std::string text;
+    for (std::size_t k = 0; k + 2 < events.size(); ++k) text += json::parse(events[k]).at("choices").at(0).at("text").get<std::string>();
+    EXPECT_EQ(text, solo_text(*model_, model_->prompt_tokens(prompts[i], false), 8, dither())) << "client " << i;
+    const json tail = json::parse(events[events.size() - 2]);
+    cells += tail.at("witcert").at("cells").get<double>();
+    completion += tail.at("usage").at("completion_tokens").get<double>();
+    prompt_tokens += tail.at("usage").at("prompt_tokens").get<double>();
+  }
+  const Metrics& m = r.server.metrics();
+  EXPECT_EQ(m.value("witcert_meter_cells_total", {{"side", "K"}, {"scheme", "dither-int8"}}), cells);
+  EXPECT_EQ(m.value("witcert_generation_tokens_total"), completion);
+  EXPECT_EQ(m.value("witcert_prompt_tokens_total"), prompt_tokens);
+  EXPECT_EQ(m.value("witcert_requests_total", {{"finish_reason", "length"}}) +
+                m.value("witcert_requests_total", {{"finish_reason", "stop"}}),
+            clients);
+}
+
+TEST_F(Serve, ADisconnectedStreamFreesItsPagesAndOthersFinish) {
+  ServeOptions o = options(dither());
+  o.max_tokens = 200;
+  o.batch.share_prefixes = false;  // a finished request keeps no pages: idle is an empty pool
+  Running r(o);
+  const double idle = 0.0;
+  std::vector<std::future<bool>> gone;
+  for (int i = 0; i < 3; ++i)
+    gone.push_back(std::async(std::launch::async, [&, i] {
+      httplib::Client c = r.client();
+      int chunks = 0;
+      // Reads two chunks, then hangs up.
+      post_streaming(c, "/v1/completions",
+                     json{{"prompt", "Tell a long story number " + std::to_string(i)}, {"stream", true}, {"max_tokens", 200}}.dump(),
+                     [&](const char*, std::size_t) { return ++chunks < 3; });
+      return chunks >= 3;
+    }));
+  const json kept = post(r, "/v1/completions", {{"prompt", "The capital of France is"}, {"max_tokens", 6}});
+  EXPECT_EQ(kept.at("choices").at(0).at("text"),
+            solo_text(*model_, model_->prompt_tokens("The capital of France is", false), 6, dither()));
+  for (auto& g : gone) EXPECT_TRUE(g.get());
+  // Within a few steps the cancelled sequences are gone and the pool is back to idle.
+  for (int t = 0; t < 200 && r.server.metrics().value("witcert_requests_running") > 0; ++t)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(r.server.metrics().value("witcert_requests_running"), 0);
+  EXPECT_EQ(r.server.metrics().value("witcert_kv_pool_used_bytes"), idle);
+  EXPECT_EQ(r.server.metrics().value("witcert_requests_total", {{"finish_reason", "cancelled"}}), 3);
+}
+
+TEST_F(Serve, AFullQueueAnswers503AndADrainFinishesRunningRequests) {
+  ServeOptions o = options(dither());
+  o.batch.max_seqs = 1;
+  o.max_waiting = 1;
+  o.max_tokens = 40;
+  Running r(o);
+  std::vector<std::future<int>> calls;
+  for (int i = 0; i < 6; ++i)
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      httplib::Client c = r.client();
+      const auto res = c.Post("/v1/completions", json{{"prompt", "Count to ten, take " + std::to_string(i)}}.dump(),
+                              "application/json");
+      if (res && res->status == 503) {
+        EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+      }
+      return res ? res->status : -1;
+    }));
+  int ok = 0, busy = 0;
+  for (auto& f : calls) {
+    const int s = f.get();
+    ok += s == 200;
+    busy += s == 503;
+  }
+  EXPECT_EQ(ok + busy, 6);
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(busy, 1) << "one running and one waiting: the other four calls cannot all wait";
+
+  // A drain lets a running request finish; a request after it is refused.
+  auto running = std::async(std::launch::async, [&] {
+    httplib::Client c = r.client();
+    const auto res = c.Post("/v1/completions", json{{"prompt", "Count to ten:"}, {"max_tokens", 30}}.dump(), "application/json");
+    return res ? res->status : -1;
+  });
+  for (int t = 0; t < 200 && r.server.metrics().value("witcert_requests_running") == 0; ++t)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread drain([&] { r.server.shutdown(std::chrono::seconds(120)); });
+  EXPECT_EQ(running.get(), 200);
+  drain.join();
+}
+
+}  // namespace
+}  // namespace witcert::apps
