@@ -7,7 +7,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev nlohmann-json3-dev libcli11-dev libfmt-dev libboost-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
-  python3 python3-pip unzip ca-certificates
+  python3 python3-pip python3-venv curl unzip ca-certificates
+  prometheus chromium
   coq
 )
 
@@ -20,12 +21,21 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Python packages the tests drive (the `openai` client against `witcert serve`), from PyPI
+# into a virtual environment of the checkout, .venv.
+cd "$(dirname "$0")/.."
+readonly python_packages=("openai==1.109.1")
+if ! .venv/bin/python -c "import openai" 2>/dev/null; then
+  echo "install-deps: creating .venv with ${python_packages[*]}"
+  python3 -m venv .venv
+  .venv/bin/pip install -q "${python_packages[@]}"
+fi

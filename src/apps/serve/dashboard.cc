@@ -28,9 +28,9 @@ h1{font-size:18px;margin:0 0 4px} .sub{color:#666;margin-bottom:12px}
 </div>
 <div class="grid">
  <div class="card"><h2>Coverage over time: share of metered cells whose served meter met τ (per poll interval)</h2>
-  <canvas id="coverage" width="600" height="220"></canvas><div class="note">y: fraction 0–1 · x: seconds ago · K (blue), V (orange)</div></div>
+  <canvas id="coverage" width="600" height="220" data-points="0"></canvas><div class="note">y: fraction 0–1 · x: seconds ago · K (blue), V (orange)</div></div>
  <div class="card"><h2>Meter heatmap: mean served K meter per (layer, query head), recent requests</h2>
-  <canvas id="heatmap" width="600" height="220" data-drawn="0"></canvas><div class="note">rows: layers 0 (top) to last · columns: query heads · colour: 0 (white) to ≥ τ (red)</div></div>
+  <canvas id="heatmap" width="600" height="220" data-cells="0"></canvas><div class="note">rows: layers 0 (top) to last · columns: query heads · colour: 0 (white) to ≥ τ (red)</div></div>
  <div class="card"><h2>Page-in traffic: bytes read from the exact tier by repairs</h2>
   <canvas id="pageins" width="600" height="220"></canvas><div class="note">y: bytes per second · x: seconds ago</div></div>
  <div class="card"><h2>Requests running and waiting</h2>
@@ -46,14 +46,14 @@ function fmt(v){if(v>=1e9)return (v/1e9).toFixed(1)+"G";if(v>=1e6)return (v/1e6)
 function line(c, pts, ymax, color, span){const g=c.getContext("2d");g.strokeStyle=color;g.lineWidth=2;g.beginPath();let first=true;
  for(const [age,v] of pts){if(v===null||!isFinite(v))continue;const x=50+(c.width-55)*(1-age/span),y=c.height-20-(c.height-30)*Math.min(v/ymax,1);
   if(first){g.moveTo(x,y);first=false;}else g.lineTo(x,y);} g.stroke();}
-function heat(c, hm, tau){const g=c.getContext("2d");g.clearRect(0,0,c.width,c.height);if(!hm||!hm.length)return false;
- const L=hm.length,H=hm[0].length,w=(c.width-40)/H,h=(c.height-10)/L;g.font="10px sans-serif";g.fillStyle="#444";
- for(let l=0;l<L;l++){if(l%5===0)g.fillText(String(l),2,10+h*l+h);for(let k=0;k<H;k++){const v=hm[l][k];
-  if(v===null){g.fillStyle="#eee";}else{const t=Math.min(v/tau,1);g.fillStyle="rgb(255,"+Math.round(255*(1-t))+","+Math.round(255*(1-t))+")";}
-  g.fillRect(40+w*k,5+h*l,w-1,h-1);}} return true;}
+function heat(c, hm, tau){const g=c.getContext("2d");g.clearRect(0,0,c.width,c.height);if(!hm||!hm.length)return 0;
+ const L=hm.length,H=hm[0].length,w=(c.width-40)/H,h=(c.height-10)/L;g.font="10px sans-serif";let cells=0;
+ for(let l=0;l<L;l++){g.fillStyle="#444";if(l%5===0)g.fillText(String(l),2,5+h*l+h);for(let k=0;k<H;k++){const v=hm[l][k];
+  if(v===null){g.fillStyle="#eee";}else{cells++;const t=Math.min(v/tau,1);g.fillStyle="rgb(255,"+Math.round(255*(1-t))+","+Math.round(255*(1-t))+")";}
+  g.fillRect(40+w*k,5+h*l,w-1,h-1);}} return cells;}
 async function tick(){try{const s=await (await fetch("state")).json();
  document.getElementById("sub").textContent=s.model+" · KV "+s.kv+(s.kv_v!==s.kv?"/"+s.kv_v:"")+" · τ_K "+s.tau_k+" · pool "+fmt(s.pool_capacity_bytes)+"B";
- const now=s.samples.length?s.samples[s.samples.length-1].t:0, span=Math.max(60,now-(s.samples.length?s.samples[0].t:0));
+ const now=s.samples.length?s.samples[s.samples.length-1].t:0, span=Math.max(10,now-(s.samples.length?s.samples[0].t:0));
  const last=s.samples[s.samples.length-1]||{};
  document.getElementById("running").textContent=last.running??"–";document.getElementById("waiting").textContent=last.waiting??"–";
  document.getElementById("pool").textContent=last.pool_ratio!==undefined?(100*last.pool_ratio).toFixed(1)+" %":"–";
@@ -65,9 +65,10 @@ async function tick(){try{const s=await (await fetch("state")).json();
    cov.push([age,dc>0?(a.certified_k-b.certified_k)/dc:null]);covv.push([age,dv>0?(a.certified_v-b.certified_v)/dv:null]);
    pin.push([age,dt>0?(a.page_in_bytes-b.page_in_bytes)/dt:0]);}}
  let c=document.getElementById("coverage");axes(c,1,"");line(c,cov,1,"#1f77b4",span);line(c,covv,1,"#ff7f0e",span);
+ c.dataset.points=String(cov.filter(p=>p[1]!==null).length);
  c=document.getElementById("pageins");const pmax=Math.max(1,...pin.map(p=>p[1]));axes(c,pmax,"B/s");line(c,pin,pmax,"#2ca02c",span);
  c=document.getElementById("load");const lmax=Math.max(1,...run.map(p=>p[1]),...wait.map(p=>p[1]));axes(c,lmax,"");line(c,run,lmax,"#1f77b4",span);line(c,wait,lmax,"#ff7f0e",span);
- c=document.getElementById("heatmap");if(heat(c,s.heatmap,s.tau_k))c.dataset.drawn=String(Number(c.dataset.drawn)+1);
+ c=document.getElementById("heatmap");c.dataset.cells=String(heat(c,s.heatmap,s.tau_k));
  document.body.dataset.polls=String(Number(document.body.dataset.polls||0)+1);
 }catch(e){document.getElementById("sub").textContent="cannot reach the server: "+e;}}
 tick();setInterval(tick,1000);

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""A real Prometheus scrapes `witcert serve` once a second during a load run; the series read back
+through Prometheus's query API equal the sums of the responses' `usage` and `witcert` objects, and
+`promtool check metrics` accepts the exposition. Headless Chromium loads the dashboard after the
+load: its heatmap and coverage plot are drawn from the server's live samples; a screenshot is
+saved.
+
+Usage: prometheus_dashboard_test.py WITCERT_BINARY MODEL_GGUF OUT_DIR
+"""
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.read()
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def query(prom: str, expr: str) -> float:
+    out = json.loads(get(prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+    result = out["data"]["result"]
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+def main() -> int:
+    binary, model, out_dir = sys.argv[1:4]
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp()
+    server = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--kv", "q8_0", "--kv-v", "rtn-int4",
+                               "--gate", "0.2", "--kv-memory", "64M", "--max-tokens", "12"],
+                              stderr=subprocess.PIPE, text=True)
+    prom = None
+    try:
+        base = re.search(r"listening on (http://[0-9.]+:[0-9]+)", server.stderr.readline()).group(1)
+        assert "ready" in server.stderr.readline()
+        exposition = get(base + "/metrics")
+        check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        port = free_port()
+        with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
+            f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: witcert\n    static_configs:\n"
+                    f"      - targets: ['{base[len('http://'):]}']\n")
+        prom = subprocess.Popen(["prometheus", "--config.file=" + os.path.join(tmp, "prometheus.yml"),
+                                 "--storage.tsdb.path=" + os.path.join(tmp, "data"),
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom_url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                if json.loads(get(prom_url + "/api/v1/targets"))["data"]["activeTargets"][0]["health"] == "up":
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("prometheus never scraped the server")
+
+        # The load: 12 requests, 6 at once, while the test samples /state (the dashboard's history).
+        prompts = [f"Question {i}: name {i + 2} animals that live in the sea." for i in range(12)]
+        done = []
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(post, base + "/v1/completions", {"prompt": p, "max_tokens": 12}) for p in prompts]
+            while not all(f.done() for f in futures):
+                get(base + "/state")
+                time.sleep(0.3)
+            done = [f.result() for f in futures]
+        get(base + "/state")
+        completion = sum(r["usage"]["completion_tokens"] for r in done)
+        prompt_tokens = sum(r["usage"]["prompt_tokens"] for r in done)
+        cells = sum(r["witcert"]["cells"] for r in done)
+        page_ins = sum(r["witcert"]["page_ins"] for r in done)
+
+        # Prometheus's view, once a scrape after the load has landed.
+        deadline = time.time() + 60
+        while query(prom_url, "witcert_generation_tokens_total") != completion and time.time() < deadline:
+            time.sleep(0.5)
+        assert query(prom_url, "witcert_generation_tokens_total") == completion
+        assert query(prom_url, "witcert_prompt_tokens_total") == prompt_tokens
+        assert query(prom_url, 'witcert_meter_cells_total{side="K",scheme="q8_0"}') == cells
+        assert query(prom_url, 'witcert_meter_cells_total{side="V",scheme="rtn-int4"}') == cells
+        assert query(prom_url, "witcert_page_ins_total") == page_ins
+        assert query(prom_url, "sum(witcert_requests_total)") == len(done)
+        assert query(prom_url, "witcert_meter_raw_score_count") == cells
+        assert query(prom_url, "witcert_requests_running") == 0
+        assert query(prom_url, "witcert_kv_pool_capacity_bytes") > 0
+        check = subprocess.run(["promtool", "check", "metrics"], input=get(base + "/metrics"), capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        # The dashboard in headless Chromium: drawn from the server's samples and heatmap.
+        chromium = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1280,900", "--virtual-time-budget=5000"]
+        dom = subprocess.run(chromium + ["--dump-dom", base + "/"], capture_output=True, text=True, timeout=120).stdout
+        heat = re.search(r'id="heatmap"[^>]*data-cells="(\d+)"', dom)
+        points = re.search(r'id="coverage"[^>]*data-points="(\d+)"', dom)
+        assert heat and int(heat.group(1)) == 30 * 9, dom[:2000]
+        assert points and int(points.group(1)) >= 1, dom[:2000]
+        shot = os.path.join(out_dir, "dashboard.png")
+        subprocess.run(chromium + ["--screenshot=" + shot, base + "/"], capture_output=True, timeout=120)
+        assert os.path.getsize(shot) > 10000, "no screenshot"
+        print(f"prometheus: {len(done)} requests, {completion} tokens, {cells} cells agree; dashboard {shot}")
+    finally:
+        if prom:
+            prom.terminate()
+            prom.wait(timeout=30)
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0, f"witcert serve exited {code}"
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
