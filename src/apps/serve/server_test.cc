@@ -278,8 +278,10 @@ TEST_F(Serve, APromptBeyondTheContextIsRefused) {
 }
 
 TEST_F(Serve, ConcurrentStreamsGetTheirSoloAnswersAndMetricsAddUp) {
-  Running r(options(dither()));
-  const int clients = 8;
+  ServeOptions o = options(dither());
+  o.batch.max_seqs = 16;
+  Running r(o);
+  const int clients = model::kSanitized ? 8 : 32;
   std::vector<std::string> prompts;
   for (int i = 0; i < clients; ++i) prompts.push_back("Question " + std::to_string(i) + ": what is " + std::to_string(i + 2) + " plus " + std::to_string(3 * i) + "? Answer:");
   std::vector<std::future<std::vector<std::string>>> futures;
