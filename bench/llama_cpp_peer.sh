@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # llama.cpp as a peer for the decode benchmarks only (none of its code enters the tree): the
 # llama-cpp-python sdist from PyPI vendors llama.cpp under vendor/llama.cpp; it is extracted under
-# build-peer/ (ignored), llama-bench is built for this CPU, and its q8_0-cache decode speed after
-# 128, 1024 and 4096 tokens of context is measured on the test model with 2 threads.
-# Usage: bench/llama_cpp_peer.sh [MODEL]   (JOBS=n for the build's parallelism)
+# build-peer/ (ignored), llama-bench, llama-batched-bench and llama-server are built for this CPU
+# into build-peer/, and llama-bench's q8_0-cache decode speed after 128, 1024 and 4096 tokens of
+# context is measured on the test model with 2 threads.
+# Usage: bench/llama_cpp_peer.sh [MODEL]   (JOBS=n for the build's parallelism; BUILD_ONLY=1 to
+# build without measuring)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${1:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 peer=$root/build-peer
 mkdir -p "$peer"
-if [[ ! -x $peer/llama-bench ]]; then
+tools=(llama-bench llama-batched-bench llama-server)
+if [[ ! -x $peer/llama-bench || ! -x $peer/llama-batched-bench || ! -x $peer/llama-server ]]; then
   if ! ls "$peer"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
     pip download --no-binary :all: --no-deps -d "$peer" llama-cpp-python
   fi
@@ -21,7 +24,8 @@ if [[ ! -x $peer/llama-bench ]]; then
   fi
   cmake -S "$src/vendor/llama.cpp" -B "$peer/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
-  cmake --build "$peer/build" --target llama-bench -j "${JOBS:-2}"
-  cp "$(find "$peer/build" -name llama-bench -type f -perm -u+x | head -1)" "$peer/llama-bench"
+  cmake --build "$peer/build" --target "${tools[@]}" -j "${JOBS:-2}"
+  for t in "${tools[@]}"; do cp "$(find "$peer/build" -name "$t" -type f -perm -u+x | head -1)" "$peer/$t"; done
 fi
+[[ ${BUILD_ONLY:-0} == 1 ]] && exit 0
 "$peer/llama-bench" -m "$model" -t 2 -fa 1 -ctk q8_0 -ctv q8_0 -p 0 -n 64 -d 128,1024,4096

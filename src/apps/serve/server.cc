@@ -270,24 +270,15 @@ int Server::start() {
   if (port_ < 0) throw std::runtime_error(fmt::format("cannot listen on {}:{}", opts_.host, opts_.port));
   started_ = std::chrono::system_clock::now();
   listener_ = std::thread([this] { http_->listen_after_bind(); });
-  engine_ = std::thread([this] {
-    load();
-    engine_loop();
-  });
+  engine_ = std::thread([this] { engine_loop(); });
   return port_;
 }
 
-void Server::load() {
-  try {
-    engine::Model m = engine::Model::load(opts_.model_path);
-    std::lock_guard lock(mu_);
-    model_ = std::move(m);
-    stop_tokens_ = model_.stop_tokens();
-    loaded_ = true;
-  } catch (const std::exception& e) {
+void Server::fail_start(const std::string& error) {
+  {
     std::lock_guard lock(mu_);
     load_failed_ = true;
-    load_error_ = e.what();
+    load_error_ = error;
   }
   cv_.notify_all();
 }
@@ -338,9 +329,16 @@ void Server::publish_load(const engine::BatchLoad& l) {
 }
 
 void Server::engine_loop() {
-  {
+  // The model and the pool, before /health says ready: a missing model or a budget that holds no
+  // sequence fails the start with its reason.
+  try {
+    engine::Model m = engine::Model::load(opts_.model_path);
     std::lock_guard lock(mu_);
-    if (!loaded_) return;
+    model_ = std::move(m);
+    stop_tokens_ = model_.stop_tokens();
+  } catch (const std::exception& e) {
+    fail_start(e.what());
+    return;
   }
   ThreadPool threads(opts_.threads);
   const model::LlamaConfig& cfg = model_.model->config();
@@ -349,7 +347,13 @@ void Server::engine_loop() {
     e->open(cfg.context, opts_.cache.certified);  // the tier that any request's gate may read
     return e;
   };
-  std::unique_ptr<engine::BatchEngine> eng = make_engine();
+  std::unique_ptr<engine::BatchEngine> eng;
+  try {
+    eng = make_engine();
+  } catch (const std::exception& e) {
+    fail_start(e.what());
+    return;
+  }
   {
     std::lock_guard lock(state_mu_);
     heat_layers_ = cfg.layers;
@@ -357,6 +361,11 @@ void Server::engine_loop() {
     heat_.assign(static_cast<std::size_t>(cfg.layers) * cfg.heads, NAN);
   }
   publish_load(eng->load());
+  {
+    std::lock_guard lock(mu_);
+    loaded_ = true;
+  }
+  cv_.notify_all();
   std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>> live;
   for (;;) {
     std::vector<std::shared_ptr<Job>> fresh;

@@ -53,11 +53,12 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds host:port (port 0 picks a free one), starts serving and loads the model in the
-  // background; /health answers 503 until it is loaded. Returns the bound port. Throws
-  // std::runtime_error when the address cannot be bound.
+  // Binds host:port (port 0 picks a free one), starts serving, and loads the model and builds the
+  // pool in the background; /health answers 503 until both are done. Returns the bound port.
+  // Throws std::runtime_error when the address cannot be bound.
   int start();
-  // Blocks until the model is loaded (true) or failed to load (false, with load_error()).
+  // Blocks until the model is loaded and the pool built (true), or either failed (false, with
+  // load_error(): a missing model, a --kv-memory that holds no sequence).
   bool wait_ready();
   std::string load_error() const;
   // Stops accepting requests (new ones get 503), lets running ones finish for up to `deadline`,
@@ -70,8 +71,9 @@ class Server {
   struct Job;  // one request's exchange between its handler and the engine thread
 
  private:
-  void load();
+  // The engine thread: loads the model, builds the pool, then runs steps until shutdown.
   void engine_loop();
+  void fail_start(const std::string& error);  // /health and wait_ready report it
   void route();
   // The request's job from its JSON body; throws the OpenAI-style error (400) naming the field.
   std::shared_ptr<Job> parse(const std::string& body, bool chat);

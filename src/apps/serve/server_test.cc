@@ -267,6 +267,30 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
   EXPECT_EQ(res->status, 200) << res->body;
 }
 
+TEST_F(Serve, AStartThatCannotServeSaysWhy) {
+  ServeOptions tiny = options(dither());
+  tiny.batch.kv_memory = 100000;  // not one page beside a sequence's own state
+  Server a(tiny);
+  a.start();
+  EXPECT_FALSE(a.wait_ready());
+  EXPECT_NE(a.load_error().find("--kv-memory"), std::string::npos) << a.load_error();
+  httplib::Client c("127.0.0.1", a.port());
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(json::parse(health->body).at("status"), "failed");
+  const auto res = c.Post("/v1/completions", json{{"prompt", "Hi"}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+
+  ServeOptions missing = options(dither());
+  missing.model_path = "/nonexistent/model.gguf";
+  Server b(missing);
+  b.start();
+  EXPECT_FALSE(b.wait_ready());
+  EXPECT_NE(b.load_error().find("/nonexistent/model.gguf"), std::string::npos) << b.load_error();
+}
+
 TEST_F(Serve, APromptBeyondTheContextIsRefused) {
   Running r(options(dither()));
   std::string long_text;
