@@ -7,6 +7,7 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -57,6 +58,13 @@ void field(const json& body, const char* key, T& out, const char* type_name) {
   else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
   else ok = v.is_number();
   if (!ok) throw ApiError(400, fmt::format("'{}' must be {}", key, type_name), key, "invalid_type");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // A JSON integer beyond T's range is refused, never wrapped into range.
+    const bool fits = v.is_number_unsigned() ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+                                             : v.get<std::int64_t>() >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+                                                   v.get<std::int64_t>() <= static_cast<std::int64_t>(std::numeric_limits<T>::max());
+    if (!fits) throw ApiError(400, fmt::format("'{}' is out of range", key), key, "invalid_value");
+  }
   out = v.get<T>();
 }
 

@@ -241,6 +241,9 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
   expect_error("/v1/completions", json{{"prompt", ""}}.dump(), 400, "prompt", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 0}}.dump(), 400, "max_tokens", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", "9"}}.dump(), 400, "max_tokens", auth);
+  expect_error("/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 4294967301}", 400, "max_tokens", auth);
+  expect_error("/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 2.5}", 400, "max_tokens", auth);
+  expect_error("/v1/completions", "{\"prompt\": \"Hi\", \"n\": 18446744073709551615}", 400, "n", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"temperature", -1}}.dump(), 400, "temperature", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"top_p", 0}}.dump(), 400, "top_p", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"n", 2}}.dump(), 400, "n", auth);
