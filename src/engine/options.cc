@@ -31,34 +31,6 @@ void check_keys(const nlohmann::json& j, std::initializer_list<std::string_view>
   }
 }
 
-// j[key] as T when present; a wrong type names the key.
-template <class T>
-void read(const nlohmann::json& j, const char* key, T& out) {
-  const auto it = j.find(key);
-  if (it == j.end()) return;
-  if constexpr (std::is_same_v<T, bool>) {
-    require(it->is_boolean(), std::string(key) + " must be true or false");
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    require(it->is_string(), std::string(key) + " must be a string");
-  } else if constexpr (std::is_integral_v<T>) {
-    const std::string range = std::string(key) + " must be a whole number in [" +
-                              std::to_string(std::numeric_limits<T>::min()) + ", " +
-                              std::to_string(std::numeric_limits<T>::max()) + "]";
-    require(it->is_number_integer(), range);
-    if (it->is_number_unsigned()) {
-      require(it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max()), range);
-    } else {
-      const std::int64_t v = it->get<std::int64_t>();
-      require(v >= 0 || std::is_signed_v<T>, range);
-      if constexpr (std::is_signed_v<T>)
-        require(v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max(), range);
-    }
-  } else {
-    require(it->is_number(), std::string(key) + " must be a number");
-  }
-  out = it->get<T>();
-}
-
 bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
 
 }  // namespace
@@ -80,8 +52,8 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
              "cache");
   CacheOptions o;
   std::string kv, kv_v, dither, bound, granularity, exact_tier;
-  read(j, "kv", kv);
-  read(j, "kv_v", kv_v);
+  read_json(j, "kv", kv);
+  read_json(j, "kv_v", kv_v);
   o.certified = !kv.empty();
   if (!o.certified)
     for (const auto& [key, value] : j.items())
@@ -90,17 +62,17 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
     o.k_format = quant::KvFormat::parse(kv);
     o.v_format = quant::KvFormat::parse(kv_v.empty() ? kv : kv_v);
   }
-  read(j, "page_size", o.page_size);
-  read(j, "outliers", o.outliers);
-  if (read(j, "dither", dither), !dither.empty()) o.dither = cache::parse_dither_mode(dither);
-  read(j, "dither_seed", o.dither_seed);
-  read(j, "delta", o.delta);
-  if (read(j, "bound", bound), !bound.empty()) o.bound = cert::parse_bound_shape(bound);
-  read(j, "gate", o.gate.tau_k);
-  read(j, "tau_v", o.gate.tau_v);
-  if (read(j, "granularity", granularity), !granularity.empty()) o.gate.granularity = gate::parse_granularity(granularity);
-  read(j, "check_soundness", o.check_soundness);
-  read(j, "exact_tier", exact_tier);
+  read_json(j, "page_size", o.page_size);
+  read_json(j, "outliers", o.outliers);
+  if (read_json(j, "dither", dither), !dither.empty()) o.dither = cache::parse_dither_mode(dither);
+  read_json(j, "dither_seed", o.dither_seed);
+  read_json(j, "delta", o.delta);
+  if (read_json(j, "bound", bound), !bound.empty()) o.bound = cert::parse_bound_shape(bound);
+  read_json(j, "gate", o.gate.tau_k);
+  read_json(j, "tau_v", o.gate.tau_v);
+  if (read_json(j, "granularity", granularity), !granularity.empty()) o.gate.granularity = gate::parse_granularity(granularity);
+  read_json(j, "check_soundness", o.check_soundness);
+  read_json(j, "exact_tier", exact_tier);
   require(exact_tier.empty() || exact_tier == "ram" || exact_tier == "file",
           "exact_tier must be ram or file, got '" + exact_tier + "'");
   o.backing.ram = exact_tier == "ram";
@@ -125,15 +97,15 @@ RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
              "request");
   require(j.contains("prompt"), "request: prompt is required");
   RequestOptions o;
-  read(j, "prompt", o.prompt);
-  read(j, "chat", o.chat);
-  read(j, "max_tokens", o.max_new_tokens);
-  read(j, "temperature", o.sampler.temperature);
-  read(j, "top_p", o.sampler.top_p);
-  read(j, "seed", o.sampler.seed);
-  read(j, "coverage_tau", o.coverage_tau);
-  read(j, "coverage_tau_v", o.coverage_tau_v);
-  read(j, "stride", o.stride);
+  read_json(j, "prompt", o.prompt);
+  read_json(j, "chat", o.chat);
+  read_json(j, "max_tokens", o.max_new_tokens);
+  read_json(j, "temperature", o.sampler.temperature);
+  read_json(j, "top_p", o.sampler.top_p);
+  read_json(j, "seed", o.sampler.seed);
+  read_json(j, "coverage_tau", o.coverage_tau);
+  read_json(j, "coverage_tau_v", o.coverage_tau_v);
+  read_json(j, "stride", o.stride);
   o.validate();
   return o;
 }
@@ -146,8 +118,8 @@ void EngineOptions::validate() const {
 EngineOptions EngineOptions::from_json(const nlohmann::json& j) {
   check_keys(j, {"model", "threads", "cache"}, "engine");
   EngineOptions o;
-  read(j, "model", o.model);
-  read(j, "threads", o.threads);
+  read_json(j, "model", o.model);
+  read_json(j, "threads", o.threads);
   if (j.contains("cache")) o.cache = CacheOptions::from_json(j["cache"]);
   o.validate();
   return o;

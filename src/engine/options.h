@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +18,41 @@
 #include "quant/kv_format.h"
 
 namespace witcert::engine {
+
+namespace detail {
+inline void require_json(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+}  // namespace detail
+
+// j[key] into out when present: a boolean, a string, a whole number within T's range (never
+// wrapped into it), or a number. Throws std::invalid_argument naming the key otherwise.
+template <class T>
+void read_json(const nlohmann::json& j, const char* key, T& out) {
+  const auto it = j.find(key);
+  if (it == j.end()) return;
+  if constexpr (std::is_same_v<T, bool>) {
+    detail::require_json(it->is_boolean(), std::string(key) + " must be true or false");
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    detail::require_json(it->is_string(), std::string(key) + " must be a string");
+  } else if constexpr (std::is_integral_v<T>) {
+    const std::string range = std::string(key) + " must be a whole number in [" +
+                              std::to_string(std::numeric_limits<T>::min()) + ", " +
+                              std::to_string(std::numeric_limits<T>::max()) + "]";
+    detail::require_json(it->is_number_integer(), range);
+    if (it->is_number_unsigned()) {
+      detail::require_json(it->get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max()), range);
+    } else {
+      const std::int64_t v = it->get<std::int64_t>();
+      detail::require_json(v >= 0 || std::is_signed_v<T>, range);
+      if constexpr (std::is_signed_v<T>)
+        detail::require_json(v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max(), range);
+    }
+  } else {
+    detail::require_json(it->is_number(), std::string(key) + " must be a number");
+  }
+  out = it->get<T>();
+}
 
 // The KV cache: the plain exact cache, or the certified cache with its formats, meter and gate.
 struct CacheOptions {

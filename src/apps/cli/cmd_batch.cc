@@ -40,7 +40,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   engine::BatchRequest r;
   if (j.contains("prompt")) {
     std::string text;
-    read_field(j, "prompt", text);
+    engine::read_json(j, "prompt", text);
     r.prompt = m.prompt_tokens(text, false);
   } else {
     require(j.at("messages").is_array() && !j.at("messages").empty(), "messages must be a non-empty array");
@@ -54,11 +54,11 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
     r.prompt = m.tokenizer->encode(m.tokenizer->apply_chat_template(turns, true), true);
   }
   r.max_tokens = args.max_tokens;
-  read_field(j, "max_tokens", r.max_tokens);
+  engine::read_json(j, "max_tokens", r.max_tokens);
   require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "max_tokens must be in [1, 1000000], got " + std::to_string(r.max_tokens));
-  read_field(j, "temperature", r.sampler.temperature);
-  read_field(j, "top_p", r.sampler.top_p);
-  read_field(j, "seed", r.sampler.seed);
+  engine::read_json(j, "temperature", r.sampler.temperature);
+  engine::read_json(j, "top_p", r.sampler.top_p);
+  engine::read_json(j, "seed", r.sampler.seed);
   apply_policy(j, base, args.cache.coverage_tau, args.cache.tau_v, r);
   return r;
 }

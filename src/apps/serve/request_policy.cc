@@ -19,21 +19,21 @@ void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, dou
   const bool policy = j.contains("tau") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
                       j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
   require(!policy || base.certified, "tau, tau_v, granularity, delta, bound and coverage figures need --kv");
-  read_field(j, "tau", r.cache.gate.tau_k);
-  read_field(j, "tau_v", r.cache.gate.tau_v);
+  engine::read_json(j, "tau", r.cache.gate.tau_k);
+  engine::read_json(j, "tau_v", r.cache.gate.tau_v);
   if (j.contains("granularity")) {
     std::string g;
-    read_field(j, "granularity", g);
+    engine::read_json(j, "granularity", g);
     r.cache.gate.granularity = gate::parse_granularity(g);
   }
-  read_field(j, "delta", r.cache.delta);
+  engine::read_json(j, "delta", r.cache.delta);
   if (j.contains("bound")) {
     std::string b;
-    read_field(j, "bound", b);
+    engine::read_json(j, "bound", b);
     r.cache.bound = cert::parse_bound_shape(b);
   }
-  read_field(j, "coverage_tau", r.coverage_tau);
-  read_field(j, "coverage_tau_v", r.coverage_tau_v);
+  engine::read_json(j, "coverage_tau", r.coverage_tau);
+  engine::read_json(j, "coverage_tau_v", r.coverage_tau_v);
   require(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
   require(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
   r.cache.validate();

@@ -47,25 +47,16 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(error_body(e).dump(), "application/json");
 }
 
-// A field of the body with its type checked: absent leaves `out` as it is.
+// A field of the body, typed as engine::read_json reads it (absent or null leaves `out` as it is);
+// a wrong type or a number beyond the field's range is a 400 naming the field.
 template <class T>
-void field(const json& body, const char* key, T& out, const char* type_name) {
+void field(const json& body, const char* key, T& out) {
   if (!body.contains(key) || body.at(key).is_null()) return;
-  const json& v = body.at(key);
-  bool ok = false;
-  if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
-  else if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
-  else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
-  else ok = v.is_number();
-  if (!ok) throw ApiError(400, fmt::format("'{}' must be {}", key, type_name), key, "invalid_type");
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // A JSON integer beyond T's range is refused, never wrapped into range.
-    const bool fits = v.is_number_unsigned() ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-                                             : v.get<std::int64_t>() >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
-                                                   v.get<std::int64_t>() <= static_cast<std::int64_t>(std::numeric_limits<T>::max());
-    if (!fits) throw ApiError(400, fmt::format("'{}' is out of range", key), key, "invalid_value");
+  try {
+    engine::read_json(body, key, out);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), key, "invalid_type");
   }
-  out = v.get<T>();
 }
 
 void require(bool ok, const std::string& message, const std::string& param, const std::string& code = "invalid_value") {
@@ -273,6 +264,10 @@ Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
 
 int Server::start() {
   http_->set_payload_max_length(opts_.max_body);
+  // A stream holds its handler thread until its last token: one thread for every sequence that
+  // may run or wait, and a few for the short routes, so that no accepted connection starves.
+  const int handlers = opts_.batch.max_seqs + opts_.max_waiting + 8;
+  http_->new_task_queue = [handlers] { return new httplib::ThreadPool(static_cast<std::size_t>(handlers)); };
   route();
   port_ = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   if (port_ < 0) throw std::runtime_error(fmt::format("cannot listen on {}:{}", opts_.host, opts_.port));
@@ -306,13 +301,17 @@ std::shared_ptr<Server::Job> Server::enqueue(std::shared_ptr<Job> job) {
   {
     std::lock_guard lock(mu_);
     if (stopping_ || draining_) return nullptr;
-    const std::int64_t waiting = static_cast<std::int64_t>(inbox_.size()) +
-                                 std::max<std::int64_t>(0, live_ - opts_.batch.max_seqs);
-    if (waiting >= opts_.max_waiting) return nullptr;
+    if (pending_ - opts_.batch.max_seqs >= opts_.max_waiting) return nullptr;  // beyond the batch, queued
     inbox_.push_back(job);
+    pending_ += 1;
   }
   cv_.notify_all();
   return job;
+}
+
+void Server::finished_one() {
+  std::lock_guard lock(mu_);
+  pending_ -= 1;
 }
 
 void Server::cancel(const std::shared_ptr<Job>& job) {
@@ -412,13 +411,14 @@ void Server::engine_loop() {
         }
         j->cv.notify_all();
       };
-      ev.on_done = [j](const engine::BatchResult& r) {
+      ev.on_done = [this, j](const engine::BatchResult& r) {
         {
           std::lock_guard lock(j->mu);
           j->result = r;
           j->done = true;
           j->finished = Clock::now();
         }
+        finished_one();
         j->cv.notify_all();
       };
       const std::uint64_t id = eng->submit(j->req, std::move(ev), stop_tokens_);
@@ -445,6 +445,7 @@ void Server::engine_loop() {
           job->done = true;
           job->finished = Clock::now();
         }
+        finished_one();
         job->cv.notify_all();
       }
       live.clear();
@@ -457,10 +458,6 @@ void Server::engine_loop() {
                                 return e.second->done;
                               }),
                live.end());
-    {
-      std::lock_guard lock(mu_);
-      live_ = static_cast<std::int64_t>(live.size());
-    }
     publish_load(eng->load());
   }
   publish_load(eng->load());
@@ -546,7 +543,7 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   const auto until = Clock::now() + deadline;
   {
     std::unique_lock lock(mu_);
-    while ((live_ > 0 || !inbox_.empty()) && Clock::now() < until) {
+    while (pending_ > 0 && Clock::now() < until) {
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       lock.lock();
@@ -655,20 +652,20 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   engine::BatchRequest& r = job->req;
 
   std::string model_name;
-  field(body, "model", model_name, "a string");
+  field(body, "model", model_name);
   require(model_name.empty() || model_name == opts_.model_name,
           fmt::format("model '{}' is not served here (it serves '{}')", model_name, opts_.model_name), "model",
           "model_not_found");
   int n = 1;
-  field(body, "n", n, "an integer");
+  field(body, "n", n);
   require(n == 1, "n > 1 is not supported: one choice per request", "n", "unsupported_parameter");
   for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
     double v = 0.0;
-    field(body, penalty, v, "a number");
+    field(body, penalty, v);
     require(v == 0.0, fmt::format("'{}' is not supported (only 0)", penalty), penalty, "unsupported_parameter");
   }
   bool echo = false;
-  if (!chat) field(body, "echo", echo, "a boolean");
+  if (!chat) field(body, "echo", echo);
   require(!echo, "echo is not supported", "echo", "unsupported_parameter");
 
   if (chat) {
@@ -701,19 +698,15 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
                    chat ? "messages" : "prompt", "context_length_exceeded");
 
   r.max_tokens = opts_.max_tokens;
-  field(body, "max_tokens", r.max_tokens, "an integer");
-  if (chat) field(body, "max_completion_tokens", r.max_tokens, "an integer");
+  field(body, "max_tokens", r.max_tokens);
+  if (chat) field(body, "max_completion_tokens", r.max_tokens);
   require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "'max_tokens' must be in [1, 1000000]", "max_tokens");
-  field(body, "temperature", r.sampler.temperature, "a number");
+  field(body, "temperature", r.sampler.temperature);
   require(std::isfinite(r.sampler.temperature) && r.sampler.temperature >= 0 && r.sampler.temperature <= 2,
           "'temperature' must be in [0, 2]", "temperature");
-  field(body, "top_p", r.sampler.top_p, "a number");
+  field(body, "top_p", r.sampler.top_p);
   require(r.sampler.top_p > 0 && r.sampler.top_p <= 1, "'top_p' must be in (0, 1]", "top_p");
-  if (body.contains("seed") && !body.at("seed").is_null()) {
-    require(body.at("seed").is_number_integer(), "'seed' must be an integer", "seed", "invalid_type");
-    r.sampler.seed = body.at("seed").is_number_unsigned() ? body.at("seed").get<std::uint64_t>()
-                                                           : static_cast<std::uint64_t>(body.at("seed").get<std::int64_t>());
-  }
+  field(body, "seed", r.sampler.seed);
   if (body.contains("stop") && !body.at("stop").is_null()) {
     const json& st = body.at("stop");
     if (st.is_string()) job->stop.push_back(st.get<std::string>());
@@ -726,25 +719,25 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
     require(job->stop.size() <= 4, "'stop' holds at most 4 strings", "stop");
     for (const std::string& x : job->stop) require(!x.empty(), "a stop string must not be empty", "stop");
   }
-  field(body, "stream", job->stream, "a boolean");
+  field(body, "stream", job->stream);
   if (body.contains("stream_options") && !body.at("stream_options").is_null()) {
     const json& so = body.at("stream_options");
     require(so.is_object(), "'stream_options' must be an object", "stream_options", "invalid_type");
     for (const auto& [key, value] : so.items())
       require(key == "include_usage", fmt::format("'stream_options.{}' is not supported", key), "stream_options",
               "unsupported_parameter");
-    field(so, "include_usage", job->include_usage, "a boolean");
+    field(so, "include_usage", job->include_usage);
   }
   if (chat) {
-    field(body, "logprobs", job->logprobs, "a boolean");
+    field(body, "logprobs", job->logprobs);
     int top = 0;
-    field(body, "top_logprobs", top, "an integer");
+    field(body, "top_logprobs", top);
     require(top >= 0 && top <= 20, "'top_logprobs' must be in [0, 20]", "top_logprobs");
     require(top == 0 || job->logprobs, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
     job->top_logprobs = job->logprobs ? top : -1;
   } else if (body.contains("logprobs") && !body.at("logprobs").is_null()) {
     int top = 0;
-    field(body, "logprobs", top, "an integer");
+    field(body, "logprobs", top);
     require(top >= 0 && top <= 5, "'logprobs' must be in [0, 5]", "logprobs");
     job->logprobs = true;
     job->top_logprobs = top;
@@ -762,7 +755,7 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
                           "coverage_tau_v, detail)",
                           key),
               "witcert." + key, "unsupported_parameter");
-    field(w, "detail", job->detail, "a boolean");
+    field(w, "detail", job->detail);
     w.erase("detail");
   }
   try {

@@ -66,6 +66,7 @@ class Server {
   void shutdown(std::chrono::milliseconds deadline);
 
   const Metrics& metrics() const { return metrics_; }
+  bool draining() const { return draining_; }  // shutdown has begun: new requests get 503
   int port() const { return port_; }
 
   struct Job;  // one request's exchange between its handler and the engine thread
@@ -80,6 +81,7 @@ class Server {
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);  // nullptr: the queue is full or closed
   void cancel(const std::shared_ptr<Job>& job);
+  void finished_one();
   // Adds a finished request to the metrics, with the completion tokens its response reports.
   void record(const Job& job, const std::string& finish, std::int64_t completion_tokens);
   void publish_load(const engine::BatchLoad& load);
@@ -100,7 +102,9 @@ class Server {
   bool loaded_ = false, load_failed_ = false, stopping_ = false;
   std::string load_error_;
   std::vector<std::shared_ptr<Job>> inbox_;   // submitted, not yet handed to the engine
-  std::int64_t live_ = 0;                     // jobs handed to the engine, not finished
+  // Jobs queued and not finished: counted down when the engine finishes one, before its handler
+  // hears of it, so that the queue limit and the drain never count a finished request.
+  std::int64_t pending_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<std::uint64_t> next_id_{0};
   std::chrono::system_clock::time_point started_;
