@@ -230,8 +230,6 @@ json witcert_object(const Server::Job& job, const engine::Model& m) {
 
 Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_unique<httplib::Server>()) {
   if (opts_.model_name.empty()) opts_.model_name = std::filesystem::path(opts_.model_path).stem().string();
-  const std::string kv = opts_.cache.certified ? std::string(opts_.cache.k_format.name()) : "exact";
-  const std::string kv_v = opts_.cache.certified ? std::string(opts_.cache.v_format.name()) : "exact";
   metrics_.counter("witcert_prompt_tokens_total", "Prompt tokens of finished requests.");
   metrics_.counter("witcert_generation_tokens_total", "Tokens generated for finished requests.");
   metrics_.counter("witcert_requests_total", "Finished requests by finish reason (stop, length, cancelled, error).");
@@ -257,7 +255,6 @@ Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_uniq
   metrics_.histogram("witcert_request_duration_seconds", "Time from arrival to the last byte of the response.", seconds);
   metrics_.set("witcert_requests_running", 0);
   metrics_.set("witcert_requests_waiting", 0);
-  (void)kv, (void)kv_v;
 }
 
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
