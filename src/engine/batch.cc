@@ -133,8 +133,9 @@ void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
     r.heatmap = s.telemetry->heatmap();
     r.raw_histogram = s.telemetry->raw_histogram();
   }
-  if (opts_.share_prefixes && f != Finish::error && s.cache.kv) {
-    // Kept as a donor of its prompt's pages until they are needed.
+  if (opts_.share_prefixes && f != Finish::error && f != Finish::cancelled && s.cache.kv) {
+    // Kept as a donor of its prompt's pages until they are needed (a cancelled sequence's pages
+    // go back at once).
     record_page_ins(s);
     Cache kept = std::move(s.cache);
     s.cache = Cache{};
@@ -169,14 +170,14 @@ void BatchEngine::admit() {
     s.cache = make_sequence_cache(pool_, cfg, s.req.max_tokens, s.req.cache, sinks);
     s.cache.kv->set_prompt_length(s.prompt_len);  // as Session::prefill announces it
     s.fed = 0;
-    if (opts_.share_prefixes) share_prefix(s, running_);
+    if (opts_.share_prefixes) share_prefix(s);
     s.admitted = ++admissions_;
     waiting_.erase(waiting_.begin());
     running_.push_back(&s);
   }
 }
 
-void BatchEngine::share_prefix(Seq& s, const std::vector<Seq*>& running) {
+void BatchEngine::share_prefix(Seq& s) {
   // Whole chunks keep the prefill's chunk boundaries (and so every result) as they are alone;
   // whole pages and group blocks are what a cache can share.
   std::int64_t unit = std::lcm<std::int64_t>(opts_.prefill_chunk, cache_.page_size);
@@ -195,7 +196,7 @@ void BatchEngine::share_prefix(Seq& s, const std::vector<Seq*>& running) {
     const std::int64_t n = common / unit * unit;
     if (n > best_n) best = cache, best_n = n;
   };
-  for (const Seq* d : running) consider(d->all, d->prompt_len, d->fed, d->cache.kv.get());
+  for (const Seq* d : running_) consider(d->all, d->prompt_len, d->fed, d->cache.kv.get());
   for (const Retired& d : retired_)
     consider(d.prompt, static_cast<std::int64_t>(d.prompt.size()), d.fed, d.cache.kv.get());
   if (best != nullptr && s.cache.kv->share_prefix(*best, best_n)) {
@@ -285,7 +286,6 @@ bool BatchEngine::cancel(std::uint64_t id) {
   Seq& s = **it;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &s), waiting_.end());
   running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
-  release(s);  // its pages go back at once: a cancelled sequence donates nothing
   finish(s, Finish::cancelled);
   seqs_.erase(it);
   return true;

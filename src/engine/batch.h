@@ -133,7 +133,7 @@ class BatchEngine {
   void admit();
   // Shares the longest whole-chunk prefix of s's prompt that a running or retired sequence has
   // written.
-  void share_prefix(Seq& s, const std::vector<Seq*>& running);
+  void share_prefix(Seq& s);
   // Frees retired donors, oldest first, until `pages` pages are free or none is left.
   void make_room(std::int64_t pages);
   void record_page_ins(Seq& s);  // the sequence's page-ins into its result
