@@ -35,6 +35,11 @@ bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
 
 }  // namespace
 
+std::string CacheOptions::format_name(quant::KvSide side) const {
+  if (!certified) return "exact";
+  return std::string(side == quant::KvSide::key ? k_format.name() : v_format.name());
+}
+
 void CacheOptions::validate() const {
   if (!certified) return;
   require(page_size >= 1 && page_size <= 4096, "page_size must be in [1, 4096], got " + std::to_string(page_size));

@@ -70,6 +70,8 @@ struct CacheOptions {
 
   // Throws std::invalid_argument naming the setting: page size not in [1, 4096], outliers not in
   // [0, 31], δ not in (0, 1), an impossible τ_K or τ_V, a named backing file nothing reads.
+  // The format of one side as the reports name it: its KvFormat name, or "exact" for the plain cache.
+  std::string format_name(quant::KvSide side) const;
   void validate() const;
   // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
   // bound, gate (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier

@@ -45,8 +45,8 @@ int run_serve(const ServeArgs& args, std::ostream& err) {
     server.shutdown(std::chrono::milliseconds(0));
     return 2;
   }
-  std::string kv = o.cache.certified ? std::string(o.cache.k_format.name()) : "exact";
-  if (o.cache.certified && o.cache.v_format.name() != o.cache.k_format.name()) kv.append("/").append(o.cache.v_format.name());
+  std::string kv = o.cache.format_name(quant::KvSide::key);
+  if (o.cache.format_name(quant::KvSide::value) != kv) kv.append("/").append(o.cache.format_name(quant::KvSide::value));
   err << fmt::format("witcert serve: ready: KV {}, pool {}, up to {} sequences{}\n", kv, args.kv_memory, o.batch.max_seqs,
                      o.api_key.empty() ? "" : ", API key required on /v1")
       << std::flush;

@@ -78,6 +78,20 @@ std::size_t whole_utf8(const std::string& s) {
 
 std::string unix_id(const char* prefix, std::uint64_t n) { return fmt::format("{}-{}", prefix, n); }
 
+// A row-major [layer][head] table as nested arrays, null where it holds NaN (no cell seen).
+json layer_head_grid(const std::vector<double>& v, int layers, int heads) {
+  json grid = json::array();
+  for (int l = 0; l < layers; ++l) {
+    json row = json::array();
+    for (int h = 0; h < heads; ++h) {
+      const double x = v[static_cast<std::size_t>(l) * heads + h];
+      row.push_back(std::isnan(x) ? json(nullptr) : json(x));
+    }
+    grid.push_back(row);
+  }
+  return grid;
+}
+
 }  // namespace
 
 // One request between its handler and the engine thread. The engine thread appends pieces and
@@ -89,7 +103,7 @@ struct Server::Job {
     std::vector<std::pair<std::int32_t, float>> top;  // the top_logprobs alternatives
   };
   std::uint64_t id = 0;
-  bool chat = false, stream = false, detail = false, include_usage = true;
+  bool stream = false, detail = false, include_usage = true;
   int top_logprobs = -1;  // < 0: no logprobs
   bool logprobs = false;
   engine::BatchRequest req;
@@ -130,8 +144,8 @@ class Reply {
     return !stopped_;
   }
   bool stopped() const { return stopped_; }
+  bool new_logprobs() const { return pieces_.size() > lp_sent_; }  // tokens whose logprobs are not sent
   std::int64_t tokens() const { return tokens_; }
-  const std::string& text() const { return text_; }
   // The text not sent yet that can be sent now (all of it when `final`).
   std::string take(bool final) {
     std::size_t end = text_.size();
@@ -152,8 +166,8 @@ class Reply {
   json logprobs(bool chat) {
     std::vector<Server::Job::Piece> ps(pieces_.begin() + static_cast<std::ptrdiff_t>(lp_sent_), pieces_.end());
     lp_sent_ = pieces_.size();
-    const auto piece = [&](std::int32_t t) { return json(m_.tokenizer->token_piece(t)).dump(-1, ' ', false, json::error_handler_t::replace); };
-    const auto text_of = [&](std::int32_t t) { return json::parse(piece(t)).get<std::string>(); };
+    // Token pieces as they are: every response is written with invalid UTF-8 replaced.
+    const auto text_of = [&](std::int32_t t) { return m_.tokenizer->token_piece(t); };
     if (chat) {
       json content = json::array();
       for (const auto& p : ps) {
@@ -184,13 +198,31 @@ class Reply {
   std::vector<Server::Job::Piece> pieces_;
 };
 
+// The error of a request the engine failed: 500 when the engine or the activations failed, 400
+// when the engine refused the request itself.
+ApiError result_error(const engine::BatchResult& r) {
+  const bool internal = r.error.rfind("internal error", 0) == 0 || r.error.rfind("non-finite", 0) == 0;
+  return ApiError(internal ? 500 : 400, r.error, "", internal ? "internal_error" : "invalid_value");
+}
+
+// Moves the job's arrived tokens into its reply (job.mu held); true when a stop string matched
+// (the caller cancels the sequence).
+bool take_pieces(Server::Job& job, Reply& reply) {
+  bool stopped = false;
+  while (!job.pieces.empty()) {
+    stopped = !reply.add(job.pieces.front()) || stopped;
+    job.pieces.pop_front();
+  }
+  return stopped;
+}
+
 // The request's meter, as every response carries it beside usage.
 json witcert_object(const Server::Job& job, const engine::Model& m) {
   const engine::BatchResult& r = job.result;
   const engine::CacheOptions& c = job.req.cache;
   json w;
-  w["kv"] = c.certified ? std::string(c.k_format.name()) : "exact";
-  w["kv_v"] = c.certified ? std::string(c.v_format.name()) : "exact";
+  w["kv"] = c.format_name(quant::KvSide::key);
+  w["kv_v"] = c.format_name(quant::KvSide::value);
   if (c.gate.on()) {
     w["gate"] = {{"tau_k", c.gate.tau_k},
                  {"tau_v", c.gate.tau_v},
@@ -212,16 +244,7 @@ json witcert_object(const Server::Job& job, const engine::Model& m) {
   w["certified"] = r.meter.cells > 0 && r.meter.coverage.joint == 1.0;
   if (job.detail) {
     const model::LlamaConfig& cfg = m.model->config();
-    json layers = json::array();
-    for (int l = 0; l < cfg.layers; ++l) {
-      json heads = json::array();
-      for (int h = 0; h < cfg.heads; ++h) {
-        const double v = r.heatmap[static_cast<std::size_t>(l) * cfg.heads + h];
-        heads.push_back(std::isnan(v) ? json(nullptr) : json(v));
-      }
-      layers.push_back(heads);
-    }
-    w["mean_meter_by_layer_head"] = layers;
+    w["mean_meter_by_layer_head"] = layer_head_grid(r.heatmap, cfg.layers, cfg.heads);
   }
   return w;
 }
@@ -294,21 +317,30 @@ std::string Server::load_error() const {
   return load_error_;
 }
 
-std::shared_ptr<Server::Job> Server::enqueue(std::shared_ptr<Job> job) {
+bool Server::enqueue(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ || draining_) return nullptr;
-    if (pending_ - opts_.batch.max_seqs >= opts_.max_waiting) return nullptr;  // beyond the batch, queued
+    if (stopping_ || draining_) return false;
+    if (pending_ - opts_.batch.max_seqs >= opts_.max_waiting) return false;  // beyond the batch, queued
     inbox_.push_back(job);
     pending_ += 1;
   }
   cv_.notify_all();
-  return job;
+  return true;
 }
 
-void Server::finished_one() {
-  std::lock_guard lock(mu_);
-  pending_ -= 1;
+void Server::complete(Job& job, const engine::BatchResult& result) {
+  {
+    std::lock_guard lock(job.mu);
+    job.result = result;
+    job.done = true;
+    job.finished = Clock::now();
+  }
+  {
+    std::lock_guard lock(mu_);
+    pending_ -= 1;  // before the handler hears of it: a finished request is never counted as queued
+  }
+  job.cv.notify_all();
 }
 
 void Server::cancel(const std::shared_ptr<Job>& job) {
@@ -392,14 +424,16 @@ void Server::engine_loop() {
           for (float v : logits) sum += std::exp(v - mx);
           const double lse = mx + std::log(sum);
           p.logprob = static_cast<float>(logits[static_cast<std::size_t>(t)] - lse);
-          if (j->top_logprobs > 0) {
-            std::vector<std::int32_t> ids(logits.size());
-            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
-            const auto k = static_cast<std::ptrdiff_t>(std::min<std::size_t>(j->top_logprobs, ids.size()));
-            std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                              [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; });
-            for (std::ptrdiff_t i = 0; i < k; ++i) p.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+          // The top_logprobs (≤ 20) largest logits in one pass, best first, without a vocabulary-sized buffer.
+          const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(std::max(j->top_logprobs, 0)), logits.size());
+          for (std::size_t i = 0; i < logits.size() && k > 0; ++i) {
+            if (p.top.size() == k && logits[i] <= logits[static_cast<std::size_t>(p.top.back().first)]) continue;
+            if (p.top.size() == k) p.top.pop_back();
+            auto at = p.top.begin();
+            while (at != p.top.end() && logits[static_cast<std::size_t>(at->first)] >= logits[i]) ++at;
+            p.top.insert(at, {static_cast<std::int32_t>(i), 0.0f});
           }
+          for (auto& [id, lp] : p.top) lp = static_cast<float>(logits[static_cast<std::size_t>(id)] - lse);
         }
         {
           std::lock_guard lock(j->mu);
@@ -408,16 +442,7 @@ void Server::engine_loop() {
         }
         j->cv.notify_all();
       };
-      ev.on_done = [this, j](const engine::BatchResult& r) {
-        {
-          std::lock_guard lock(j->mu);
-          j->result = r;
-          j->done = true;
-          j->finished = Clock::now();
-        }
-        finished_one();
-        j->cv.notify_all();
-      };
+      ev.on_done = [this, j](const engine::BatchResult& r) { complete(*j, r); };
       const std::uint64_t id = eng->submit(j->req, std::move(ev), stop_tokens_);
       std::lock_guard lock(j->mu);
       if (!j->done) live.push_back({id, job});
@@ -433,17 +458,16 @@ void Server::engine_loop() {
       eng->step();
     } catch (const std::exception& e) {
       // An internal failure ends the requests of this batch alone; the server goes on with a new pool.
+      engine::BatchResult failed;
+      failed.finish = engine::Finish::error;
+      failed.error = std::string("internal error: ") + e.what();
       for (const auto& [id, job] : live) {
+        bool done = false;
         {
           std::lock_guard lock(job->mu);
-          if (job->done) continue;
-          job->result.finish = engine::Finish::error;
-          job->result.error = std::string("internal error: ") + e.what();
-          job->done = true;
-          job->finished = Clock::now();
+          done = job->done;
         }
-        finished_one();
-        job->cv.notify_all();
+        if (!done) complete(*job, failed);
       }
       live.clear();
       eng.reset();
@@ -457,12 +481,11 @@ void Server::engine_loop() {
                live.end());
     publish_load(eng->load());
   }
-  publish_load(eng->load());
 }
 
 nlohmann::json Server::state() {
   const engine::CacheOptions& c = opts_.cache;
-  const std::string kv = c.certified ? std::string(c.k_format.name()) : "exact", kv_v = c.certified ? std::string(c.v_format.name()) : "exact";
+  const std::string kv = c.format_name(quant::KvSide::key), kv_v = c.format_name(quant::KvSide::value);
   const Metrics::Labels k = {{"side", "K"}, {"scheme", kv}}, v = {{"side", "V"}, {"scheme", kv_v}};
   double requests = 0.0;
   for (const char* f : {"stop", "length", "cancelled", "error"})
@@ -480,15 +503,7 @@ nlohmann::json Server::state() {
   std::lock_guard lock(state_mu_);
   samples_.push_back(sample);
   while (samples_.size() > 600) samples_.pop_front();
-  json heat = json::array();
-  for (int l = 0; l < heat_layers_; ++l) {
-    json row = json::array();
-    for (int h = 0; h < heat_heads_; ++h) {
-      const double x = heat_[static_cast<std::size_t>(l) * heat_heads_ + h];
-      row.push_back(std::isnan(x) ? json(nullptr) : json(x));
-    }
-    heat.push_back(row);
-  }
+  const json heat = layer_head_grid(heat_, heat_layers_, heat_heads_);
   return {{"model", opts_.model_name},
           {"kv", kv},
           {"kv_v", kv_v},
@@ -517,13 +532,13 @@ void Server::record(const Job& job, const std::string& finish, std::int64_t comp
   {
     // The heatmap of recent requests: each finished request moves every cell a fifth of the way.
     std::lock_guard lock(state_mu_);
-    if (heat_.size() != r.heatmap.size()) heat_.assign(r.heatmap.size(), NAN);
     for (std::size_t i = 0; i < heat_.size(); ++i)
       if (!std::isnan(r.heatmap[i])) heat_[i] = std::isnan(heat_[i]) ? r.heatmap[i] : 0.8 * heat_[i] + 0.2 * r.heatmap[i];
   }
   const engine::CacheOptions& c = job.req.cache;
   const double cells = static_cast<double>(r.meter.cells);
-  const Metrics::Labels k = {{"side", "K"}, {"scheme", std::string(c.k_format.name())}}, v = {{"side", "V"}, {"scheme", std::string(c.v_format.name())}};
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", c.format_name(quant::KvSide::key)}},
+                        v = {{"side", "V"}, {"scheme", c.format_name(quant::KvSide::value)}};
   metrics_.add("witcert_meter_cells_total", cells, k);
   metrics_.add("witcert_meter_cells_total", cells, v);
   metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.k * cells), k);
@@ -645,7 +660,6 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   }
   auto job = std::make_shared<Job>();
   job->id = ++next_id_;
-  job->chat = chat;
   engine::BatchRequest& r = job->req;
 
   std::string model_name;
@@ -792,18 +806,14 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
       std::unique_lock lock(job->mu);
       for (;;) {
         job->cv.wait(lock, [&] { return job->done || !job->pieces.empty(); });
-        while (!job->pieces.empty()) {
-          if (!reply.add(job->pieces.front())) cancel(job);
-          job->pieces.pop_front();
-        }
+        if (take_pieces(*job, reply)) cancel(job);
         if (job->done) break;
       }
     }
     const engine::BatchResult& r = job->result;
     if (r.finish == engine::Finish::error) {
       record(*job, "error", 0);
-      const bool internal = r.error.rfind("internal error", 0) == 0 || r.error.rfind("non-finite", 0) == 0;
-      throw ApiError(internal ? 500 : 400, r.error, "", internal ? "internal_error" : "invalid_value");
+      throw result_error(r);
     }
     const std::string finish = finish_reason(reply, r);
     json choice = {{"index", 0}, {"finish_reason", finish}};
@@ -847,10 +857,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
         {
           std::unique_lock lock(job->mu);
           job->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return job->done || !job->pieces.empty(); });
-          while (!job->pieces.empty()) {
-            if (!reply->add(job->pieces.front())) cancel(job);
-            job->pieces.pop_front();
-          }
+          if (take_pieces(*job, *reply)) cancel(job);
           done = job->done;
         }
         if (!sink.is_writable()) {
@@ -858,12 +865,12 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
           return false;
         }
         const std::string text = reply->take(done);
-        if (!text.empty() || (job->logprobs && !done)) {
+        if (!text.empty() || reply->new_logprobs()) {
           json choice = {{"index", 0}, {"finish_reason", nullptr}};
           if (chat) choice["delta"] = {{"content", text}};
           else choice["text"] = text;
           choice["logprobs"] = job->logprobs ? reply->logprobs(chat) : json(nullptr);
-          if ((!text.empty() || !choice["logprobs"].is_null()) && !send(chunk(choice))) {
+          if (!send(chunk(choice))) {
             cancel(job);
             return false;
           }
@@ -871,7 +878,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
         if (!done) return true;
         const engine::BatchResult& r = job->result;
         if (r.finish == engine::Finish::error) {
-          send(json{{"error", {{"message", r.error}, {"type", "server_error"}, {"param", nullptr}, {"code", "internal_error"}}}});
+          send(error_body(result_error(r)));
           record(*job, "error", 0);
         } else {
           const std::string finish = finish_reason(*reply, r);

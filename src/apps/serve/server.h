@@ -79,9 +79,10 @@ class Server {
   // The request's job from its JSON body; throws the OpenAI-style error (400) naming the field.
   std::shared_ptr<Job> parse(const std::string& body, bool chat);
   void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);  // nullptr: the queue is full or closed
+  bool enqueue(const std::shared_ptr<Job>& job);  // false: the queue is full or the server is draining
   void cancel(const std::shared_ptr<Job>& job);
-  void finished_one();
+  // Sets the job's result (engine thread) and wakes its handler.
+  void complete(Job& job, const engine::BatchResult& result);
   // Adds a finished request to the metrics, with the completion tokens its response reports.
   void record(const Job& job, const std::string& finish, std::int64_t completion_tokens);
   void publish_load(const engine::BatchLoad& load);

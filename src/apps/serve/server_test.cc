@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -241,6 +242,12 @@ TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
   ASSERT_EQ(lp.at("token_logprobs").size(), stopped.at("usage").at("completion_tokens").get<std::size_t>());
   for (const json& v : lp.at("token_logprobs")) EXPECT_LE(v.get<double>(), 0.0);
   for (const json& t : lp.at("top_logprobs")) EXPECT_EQ(t.size(), 2u);
+  // Greedy: each chosen token is its step's most likely one, the best of its alternatives.
+  for (std::size_t i = 0; i < lp.at("token_logprobs").size(); ++i) {
+    double best = -INFINITY;
+    for (const auto& [tok, v] : lp.at("top_logprobs")[i].items()) best = std::max(best, v.get<double>());
+    EXPECT_EQ(lp.at("token_logprobs")[i].get<double>(), best) << "token " << i;
+  }
 
   // A per-request gate: labelled, and what it serves meets τ (repairs make every cell pass).
   const json gated = post(r, "/v1/completions",
