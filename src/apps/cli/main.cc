@@ -175,6 +175,42 @@ void check_tier(const TierOptions& t, const std::string& exact_tier) {
     throw UsageError("--exact-tier ram contradicts --backing-file, which puts the exact tier in a file");
 }
 
+// The cache options of a command over one shared pool (`batch`, `serve`): formats, page size,
+// meter, gate and exact tier.
+struct PoolCacheOptions {
+  CLI::Option *kv, *kv_v, *gate, *granularity, *delta, *bound, *tau_v, *coverage_tau;
+  TierOptions tier;
+};
+
+PoolCacheOptions add_pool_cache_options(CLI::App* cmd, witcert::apps::CacheFlags& c) {
+  PoolCacheOptions o;
+  o.kv = cmd->add_option("--kv", c.kv,
+                         "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes` "
+                         "(default: the plain exact cache, no meter)");
+  o.kv_v = cmd->add_option("--kv-v", c.kv_v, "KV-cache format of the values (default: --kv)");
+  cmd->add_option("--page-size", c.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
+  o.gate = add_meter_options(cmd, c);
+  o.granularity = cmd->add_option("--granularity", c.granularity, "repair granularity of the gate: block, head or request")
+                      ->check(choice("--granularity", {"block", "head", "request"}));
+  o.delta = cmd->add_option("--delta", c.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
+  o.bound = cmd->get_option("--bound");
+  o.tau_v = cmd->get_option("--tau-v");
+  o.coverage_tau = cmd->get_option("--coverage-tau");
+  o.tier = add_tier_options(cmd, c);
+  return o;
+}
+
+// Without --kv the command keeps the plain exact cache: every meter, gate and tier flag is an error.
+void check_pool_cache_options(const PoolCacheOptions& o, const witcert::apps::CacheFlags& c, const std::string& command) {
+  if (!given(o.kv))
+    for (const CLI::Option* opt : {o.kv_v, o.gate, o.granularity, o.delta, o.bound, o.tau_v, o.coverage_tau,
+                                   o.tier.backing_file, o.tier.overwrite, o.tier.keep, o.tier.exact_tier})
+      if (given(opt))
+        throw UsageError(opt->get_name() + " needs --kv: without it " + command + " keeps a plain exact cache");
+  if (given(o.granularity) && !given(o.gate)) throw UsageError("--granularity applies to a gate; give --gate");
+  check_tier(o.tier, c.exact_tier);
+}
+
 // --outliers and --dither shape dither-int8 keys only: an error when no K format is dither-int8.
 void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
                         const std::string& formats_flag) {
@@ -294,19 +330,7 @@ int main(int argc, char** argv) {
                     "bytes of the KV pool, measured from its allocations (e.g. 512M, 2G; default: room for the "
                     "--max-seqs largest requests)");
   batch->add_flag("--ignore-eos", ba.ignore_eos, "run every request to its max_tokens (benchmarks)");
-  auto* batch_kv = batch->add_option("--kv", ba.cache.kv,
-                                     "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
-                                     "`witcert schemes` (default: the plain exact cache, no meter)");
-  auto* batch_kv_v = batch->add_option("--kv-v", ba.cache.kv_v, "KV-cache format of the values (default: --kv)");
-  batch->add_option("--page-size", ba.cache.page_size, "tokens per cache page")
-      ->transform(whole_in("--page-size", 1, 4096));
-  auto* batch_gate = add_meter_options(batch, ba.cache);
-  auto* batch_granularity =
-      batch->add_option("--granularity", ba.cache.granularity, "repair granularity of the gate: block, head or request")
-          ->check(choice("--granularity", {"block", "head", "request"}));
-  auto* batch_delta =
-      batch->add_option("--delta", ba.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
-  const TierOptions batch_tier = add_tier_options(batch, ba.cache);
+  const PoolCacheOptions batch_cache = add_pool_cache_options(batch, ba.cache);
 
   witcert::apps::ServeArgs sa;
   auto* serve = app.add_subcommand("serve", "OpenAI-compatible HTTP server with the meter in every response and /metrics");
@@ -324,18 +348,7 @@ int main(int argc, char** argv) {
   serve->add_option("--max-body", sa.max_body, "largest request body (e.g. 1M); larger ones get 413");
   serve->add_option("--drain-seconds", sa.drain_seconds, "on SIGTERM/SIGINT, how long running requests may finish")
       ->check(CLI::Range(0.0, 3600.0));
-  auto* serve_kv = serve->add_option("--kv", sa.cache.kv,
-                                     "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of "
-                                     "`witcert schemes` (default: the plain exact cache, no meter)");
-  auto* serve_kv_v = serve->add_option("--kv-v", sa.cache.kv_v, "KV-cache format of the values (default: --kv)");
-  serve->add_option("--page-size", sa.cache.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
-  auto* serve_gate = add_meter_options(serve, sa.cache);
-  auto* serve_granularity =
-      serve->add_option("--granularity", sa.cache.granularity, "repair granularity of the gate: block, head or request")
-          ->check(choice("--granularity", {"block", "head", "request"}));
-  auto* serve_delta =
-      serve->add_option("--delta", sa.cache.delta, "request-level failure probability of the Tier-B meter, in (0, 1)");
-  const TierOptions serve_tier = add_tier_options(serve, sa.cache);
+  const PoolCacheOptions serve_cache = add_pool_cache_options(serve, sa.cache);
 
   const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch, serve};
   try {
@@ -367,28 +380,8 @@ int main(int argc, char** argv) {
       check_tier(gen_tier, gen.cache.exact_tier);
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
     }
-    if (*batch) {
-      if (!given(batch_kv))
-        for (const CLI::Option* opt :
-             {batch_kv_v, batch_gate, batch_granularity, batch_delta, batch->get_option("--bound"),
-              batch->get_option("--tau-v"), batch->get_option("--coverage-tau"), batch_tier.backing_file,
-              batch_tier.overwrite, batch_tier.keep, batch_tier.exact_tier})
-          if (given(opt))
-            throw UsageError(opt->get_name() + " needs --kv: without it batch keeps a plain exact cache");
-      if (given(batch_granularity) && !given(batch_gate)) throw UsageError("--granularity applies to a gate; give --gate");
-      check_tier(batch_tier, ba.cache.exact_tier);
-    }
-    if (*serve) {
-      if (!given(serve_kv))
-        for (const CLI::Option* opt :
-             {serve_kv_v, serve_gate, serve_granularity, serve_delta, serve->get_option("--bound"),
-              serve->get_option("--tau-v"), serve->get_option("--coverage-tau"), serve_tier.backing_file,
-              serve_tier.overwrite, serve_tier.keep, serve_tier.exact_tier})
-          if (given(opt))
-            throw UsageError(opt->get_name() + " needs --kv: without it serve keeps a plain exact cache");
-      if (given(serve_granularity) && !given(serve_gate)) throw UsageError("--granularity applies to a gate; give --gate");
-      check_tier(serve_tier, sa.cache.exact_tier);
-    }
+    if (*batch) check_pool_cache_options(batch_cache, ba.cache, "batch");
+    if (*serve) check_pool_cache_options(serve_cache, sa.cache, "serve");
     if (*runc) {
       check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
