@@ -14,12 +14,8 @@ shift 4 || shift $#
 if [[ $# -gt 0 ]]; then formats=("$@"); else formats=(fp16 dither-int8); fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-paragraph="The river town kept its records in a long stone hall by the water, and every spring the \
-clerks counted the boats, the nets, the bales of wool and the barrels of salted fish that came \
-down from the hills. "
-text=""
-while ((${#text} < len * 48 / 10)); do text+=$paragraph; done
-text=${text:0:$((len * 48 / 10))}
+source "$(dirname "$0")/prompt_text.sh"
+text=$(prompt_text "$len")
 for ((i = 0; i < n; ++i)); do
   printf '{"prompt": "Request %d. %s", "max_tokens": 128}\n' "$i" "$text" >>"$dir/in.jsonl"
 done

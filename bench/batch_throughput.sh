@@ -13,12 +13,8 @@ if [[ $# -gt 0 ]]; then formats=("$@"); else formats=(plain fp16 dither-int8 q8_
 batches=${BATCHES:-"1 2 4 8 16 32"}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-paragraph="The river town kept its records in a long stone hall by the water, and every spring the \
-clerks counted the boats, the nets, the bales of wool and the barrels of salted fish that came \
-down from the hills. "
-text=""
-while ((${#text} < 512 * 48 / 10)); do text+=$paragraph; done
-text=${text:0:$((512 * 48 / 10))}
+source "$(dirname "$0")/prompt_text.sh"
+text=$(prompt_text 512)
 header="| format |"
 rule="| --- |"
 for B in $batches; do header+=" B = $B |"; rule+=" ---: |"; done

@@ -15,16 +15,8 @@ else
   mapfile -t formats < <("$bin" schemes | awk '$NF == "A" && NF > 3 { print $1 }' | sort -u)
   formats=(dither-int8 "${formats[@]}")
 fi
-# A prompt of about L tokens: a paragraph of common words repeated (about 4.8 characters a
-# token with SmolLM2's tokenizer); the table prints the prompt's measured token count.
-paragraph="The river town kept its records in a long stone hall by the water, and every spring the \
-clerks counted the boats, the nets, the bales of wool and the barrels of salted fish that came \
-down from the hills. "
-prompt_of() {
-  local chars=$(($1 * 48 / 10)) text=""
-  while ((${#text} < chars)); do text+=$paragraph; done
-  printf '%s' "${text:0:chars}"
-}
+# A prompt of about L tokens (bench/prompt_text.sh); the table prints its measured token count.
+source "$(dirname "$0")/prompt_text.sh"
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 header="| format |"
 rule="| --- |"
@@ -38,7 +30,7 @@ echo "$rule"
 for fmt in "${formats[@]}"; do
   row="| $fmt |"
   for L in $lengths; do
-    prompt=$(prompt_of "$L")
+    prompt=$(prompt_text "$L")
     speeds=()
     for ((r = 0; r < runs; ++r)); do
       err=$("$bin" generate --prompt "$prompt" --n 64 --threads 2 --kv "$fmt" 2>&1 >/dev/null | grep 'decode:')

@@ -5,12 +5,8 @@
 # Usage: bench/paired_decode.sh A B L ROUNDS N [FMT]   (FMT empty: the plain engine)
 set -euo pipefail
 a=$1 b=$2 L=$3 rounds=$4 n=$5 fmt=${6:-}
-paragraph="The river town kept its records in a long stone hall by the water, and every spring the \
-clerks counted the boats, the nets, the bales of wool and the barrels of salted fish that came \
-down from the hills. "
-text=""
-while ((${#text} < L * 48 / 10)); do text+=$paragraph; done
-text=${text:0:$((L * 48 / 10))}
+source "$(dirname "$0")/prompt_text.sh"
+text=$(prompt_text "$L")
 args=()
 [[ -n $fmt ]] && args=(--kv "$fmt")
 declare -A runs
