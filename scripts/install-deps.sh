@@ -10,6 +10,7 @@ packages=(
   python3 python3-pip python3-venv curl unzip ca-certificates
   prometheus chromium
   coq
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

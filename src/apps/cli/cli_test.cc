@@ -391,14 +391,15 @@ TEST(CliEngine, BatchWritesEveryLineInOrderAndBadLinesAlone) {
                     << "\n"
                     << "{\"prompt\": \"\"}\n"
                     << "{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"tau\": 0.3}\n"
-                    << "{\"prompt\": \"One, two, three,\", \"max_tokens\": 4, \"tau\": -1}\n";
+                    << "{\"prompt\": \"One, two, three,\", \"max_tokens\": 4, \"tau\": -1}\n"
+                    << "{\"prompt\": \"\xc3\"}\n";  // not UTF-8: its error quotes the byte
   Result r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --kv q4_0 --max-seqs 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::ifstream f(out);
   std::stringstream text;
   text << f.rdbuf();
   const std::vector<nlohmann::json> got = lines(text.str());
-  ASSERT_EQ(got.size(), 5u) << text.str();  // the blank line is not a request
+  ASSERT_EQ(got.size(), 6u) << text.str();  // the blank line is not a request
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["index"], i);
   EXPECT_EQ(got[0]["id"], "a");
   EXPECT_NE(got[0]["text"].get<std::string>().find("Paris"), std::string::npos) << got[0];
@@ -408,6 +409,7 @@ TEST(CliEngine, BatchWritesEveryLineInOrderAndBadLinesAlone) {
   EXPECT_NE(got[2]["error"].get<std::string>().find("empty"), std::string::npos) << got[2];
   EXPECT_TRUE(got[3].contains("text")) << got[3];
   EXPECT_NE(got[4]["error"].get<std::string>().find("tau"), std::string::npos) << got[4];
+  EXPECT_NE(got[5]["error"].get<std::string>().find("line 7"), std::string::npos) << got[5];
   EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
 
   // Nothing is overwritten: not the input, not a file where the results are staged.

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "apps/cli/commands.h"
-#include "apps/serve/request_policy.h"
+#include "apps/serve/request.h"
 #include "engine/batch.h"
 #include "engine/model.h"
 
@@ -43,15 +43,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
     engine::read_json(j, "prompt", text);
     r.prompt = m.prompt_tokens(text, false);
   } else {
-    require(j.at("messages").is_array() && !j.at("messages").empty(), "messages must be a non-empty array");
-    std::vector<model::ChatMessage> turns;
-    for (const nlohmann::json& t : j.at("messages")) {
-      require(t.is_object() && t.contains("role") && t.contains("content") && t.at("role").is_string() &&
-                  t.at("content").is_string(),
-              "each message is an object with string role and content");
-      turns.push_back({t.at("role").get<std::string>(), t.at("content").get<std::string>()});
-    }
-    r.prompt = m.tokenizer->encode(m.tokenizer->apply_chat_template(turns, true), true);
+    r.prompt = m.tokenizer->encode(m.tokenizer->apply_chat_template(chat_messages(j.at("messages")), true), true);
   }
   r.max_tokens = args.max_tokens;
   engine::read_json(j, "max_tokens", r.max_tokens);
@@ -150,7 +142,7 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
       if (!ids[i].is_null()) o["id"] = ids[i];
       if (!errors[i].empty() || r.finish == engine::Finish::error) {
         o["error"] = errors[i].empty() ? fmt::format("line {}: {}", lines[i], r.error) : errors[i];
-        out << o.dump() << "\n";
+        out << json_text(o) << "\n";
         continue;
       }
       std::string text;
@@ -166,7 +158,7 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
         meter["page_in_bytes"] = r.page_in_bytes;
         o["meter"] = meter;
       }
-      out << o.dump() << "\n";
+      out << json_text(o) << "\n";
     }
     if (!out.flush()) throw std::runtime_error("cannot write '" + tmp + "'");
   }

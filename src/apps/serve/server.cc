@@ -12,7 +12,6 @@
 #include <stdexcept>
 
 #include "apps/serve/dashboard.h"
-#include "apps/serve/request_policy.h"
 #include "base/thread_pool.h"
 
 namespace witcert::apps {
@@ -22,45 +21,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// An OpenAI-style error: HTTP status, message, type, the offending parameter and a code.
-struct ApiError : std::runtime_error {
-  int status;
-  std::string type, param, code;
-  ApiError(int s, const std::string& message, std::string p = "", std::string c = "", std::string t = "")
-      : std::runtime_error(message),
-        status(s),
-        type(t.empty() ? (s == 401 ? "authentication_error" : s >= 500 ? "server_error" : "invalid_request_error") : t),
-        param(std::move(p)),
-        code(std::move(c)) {}
-};
-
-json error_body(const ApiError& e) {
-  return {{"error",
-           {{"message", e.what()},
-            {"type", e.type},
-            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
-}
-
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(error_body(e).dump(), "application/json");
-}
-
-// A field of the body, typed as engine::read_json reads it (absent or null leaves `out` as it is);
-// a wrong type or a number beyond the field's range is a 400 naming the field.
-template <class T>
-void field(const json& body, const char* key, T& out) {
-  if (!body.contains(key) || body.at(key).is_null()) return;
-  try {
-    engine::read_json(body, key, out);
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, e.what(), key, "invalid_type");
-  }
-}
-
-void require(bool ok, const std::string& message, const std::string& param, const std::string& code = "invalid_value") {
-  if (!ok) throw ApiError(400, message, param, code);
+  res.set_content(error_text(e), "application/json");
 }
 
 // The number of leading bytes of s that form whole UTF-8 characters (a token may end inside one).
@@ -96,18 +59,13 @@ json layer_head_grid(const std::vector<double>& v, int layers, int heads) {
 
 // One request between its handler and the engine thread. The engine thread appends pieces and
 // sets the result under mu; the handler reads them; cancel asks the engine to drop the sequence.
-struct Server::Job {
+struct Server::Job : RequestSpec {
   struct Piece {
     std::int32_t token = 0;
     float logprob = 0.0f;
     std::vector<std::pair<std::int32_t, float>> top;  // the top_logprobs alternatives
   };
   std::uint64_t id = 0;
-  bool stream = false, detail = false, include_usage = true;
-  int top_logprobs = -1;  // < 0: no logprobs
-  bool logprobs = false;
-  engine::BatchRequest req;
-  std::vector<std::string> stop;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Piece> pieces;
@@ -253,6 +211,7 @@ json witcert_object(const Server::Job& job, const engine::Model& m) {
 
 Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_unique<httplib::Server>()) {
   if (opts_.model_name.empty()) opts_.model_name = std::filesystem::path(opts_.model_path).stem().string();
+  defaults_ = {opts_.model_name, opts_.max_tokens, opts_.cache, opts_.coverage_tau, opts_.coverage_tau_v};
   metrics_.counter("witcert_prompt_tokens_total", "Prompt tokens of finished requests.");
   metrics_.counter("witcert_generation_tokens_total", "Tokens generated for finished requests.");
   metrics_.counter("witcert_requests_total", "Finished requests by finish reason (stop, length, cancelled, error).");
@@ -292,7 +251,13 @@ int Server::start() {
   port_ = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   if (port_ < 0) throw std::runtime_error(fmt::format("cannot listen on {}:{}", opts_.host, opts_.port));
   started_ = std::chrono::system_clock::now();
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  listener_ = std::thread([this] {
+    http_->listen_after_bind();
+    listener_done_ = true;
+  });
+  // httplib's stop() does nothing before its accept loop runs: wait for it, so that a server
+  // stopped at once (a failed start) still ends.
+  while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   engine_ = std::thread([this] { engine_loop(); });
   return port_;
 }
@@ -607,17 +572,17 @@ void Server::route() {
     std::lock_guard lock(mu_);
     if (!loaded_) {
       res.status = 503;
-      res.set_content(json{{"status", load_failed_ ? "failed" : "loading"}, {"error", load_error_}}.dump(),
+      res.set_content(json_text({{"status", load_failed_ ? "failed" : "loading"}, {"error", load_error_}}),
                       "application/json");
       return;
     }
-    res.set_content(json{{"status", "ok"}, {"model", opts_.model_name}}.dump(), "application/json");
+    res.set_content(json_text({{"status", "ok"}, {"model", opts_.model_name}}), "application/json");
   });
   s.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(dashboard_html(), "text/html; charset=utf-8");
   });
   s.Get("/state", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(state().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    res.set_content(json_text(state()), "application/json");
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.exposition(), "text/plain; version=0.0.4; charset=utf-8");
@@ -625,7 +590,7 @@ void Server::route() {
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(started_.time_since_epoch()).count();
     json data = json::array({{{"id", opts_.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "witcert"}}});
-    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    res.set_content(json_text({{"object", "list"}, {"data", data}}), "application/json");
   });
   const auto completion = [this](bool chat) {
     return [this, chat](const httplib::Request& req, httplib::Response& res) {
@@ -641,65 +606,13 @@ void Server::route() {
 }
 
 std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
-  json body;
-  try {
-    body = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
-  }
-  require(body.is_object(), "the body must be a JSON object", "");
-  static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
-                                                  "stream", "stream_options", "logprobs", "n", "user",
-                                                  "presence_penalty", "frequency_penalty", "witcert"};
-  static const std::vector<std::string> chat_only = {"messages", "top_logprobs", "max_completion_tokens"};
-  static const std::vector<std::string> completion_only = {"prompt", "echo"};
-  for (const auto& [key, value] : body.items()) {
-    const auto known = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), key) != v.end(); };
-    if (!known(common) && !known(chat ? chat_only : completion_only))
-      throw ApiError(400, fmt::format("'{}' is not supported by this server", key), key, "unsupported_parameter");
-  }
   auto job = std::make_shared<Job>();
+  static_cast<RequestSpec&>(*job) = parse_request(text, chat, defaults_);
   job->id = ++next_id_;
   engine::BatchRequest& r = job->req;
-
-  std::string model_name;
-  field(body, "model", model_name);
-  require(model_name.empty() || model_name == opts_.model_name,
-          fmt::format("model '{}' is not served here (it serves '{}')", model_name, opts_.model_name), "model",
-          "model_not_found");
-  int n = 1;
-  field(body, "n", n);
-  require(n == 1, "n > 1 is not supported: one choice per request", "n", "unsupported_parameter");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    double v = 0.0;
-    field(body, penalty, v);
-    require(v == 0.0, fmt::format("'{}' is not supported (only 0)", penalty), penalty, "unsupported_parameter");
-  }
-  bool echo = false;
-  if (!chat) field(body, "echo", echo);
-  require(!echo, "echo is not supported", "echo", "unsupported_parameter");
-
-  if (chat) {
-    require(body.contains("messages"), "'messages' is required", "messages", "missing_parameter");
-    const json& msgs = body.at("messages");
-    require(msgs.is_array() && !msgs.empty(), "'messages' must be a non-empty array", "messages");
-    std::vector<model::ChatMessage> turns;
-    for (const json& t : msgs) {
-      require(t.is_object() && t.contains("role") && t.at("role").is_string() && t.contains("content") &&
-                  t.at("content").is_string(),
-              "each message is an object with a string role and string content", "messages");
-      const std::string role = t.at("role").get<std::string>();
-      require(role == "system" || role == "user" || role == "assistant",
-              "a message's role is system, user or assistant, got '" + role + "'", "messages");
-      turns.push_back({role, t.at("content").get<std::string>()});
-    }
-    r.prompt = model_.tokenizer->encode(model_.tokenizer->apply_chat_template(turns, true), true);
-  } else {
-    require(body.contains("prompt"), "'prompt' is required", "prompt", "missing_parameter");
-    require(body.at("prompt").is_string(), "'prompt' must be a string", "prompt", "invalid_type");
-    r.prompt = model_.prompt_tokens(body.at("prompt").get<std::string>(), false);
-  }
-  require(!r.prompt.empty(), "the prompt is empty", chat ? "messages" : "prompt");
+  r.prompt = chat ? model_.tokenizer->encode(model_.tokenizer->apply_chat_template(job->messages, true), true)
+                  : model_.prompt_tokens(job->prompt, false);
+  if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt", "invalid_value");
   const std::int64_t context = model_.model->config().context;
   if (static_cast<std::int64_t>(r.prompt.size()) >= context)
     throw ApiError(400,
@@ -707,77 +620,6 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
                                "token must fit)",
                                r.prompt.size(), context),
                    chat ? "messages" : "prompt", "context_length_exceeded");
-
-  r.max_tokens = opts_.max_tokens;
-  field(body, "max_tokens", r.max_tokens);
-  if (chat) field(body, "max_completion_tokens", r.max_tokens);
-  require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "'max_tokens' must be in [1, 1000000]", "max_tokens");
-  field(body, "temperature", r.sampler.temperature);
-  require(std::isfinite(r.sampler.temperature) && r.sampler.temperature >= 0 && r.sampler.temperature <= 2,
-          "'temperature' must be in [0, 2]", "temperature");
-  field(body, "top_p", r.sampler.top_p);
-  require(r.sampler.top_p > 0 && r.sampler.top_p <= 1, "'top_p' must be in (0, 1]", "top_p");
-  field(body, "seed", r.sampler.seed);
-  if (body.contains("stop") && !body.at("stop").is_null()) {
-    const json& st = body.at("stop");
-    if (st.is_string()) job->stop.push_back(st.get<std::string>());
-    else if (st.is_array())
-      for (const json& x : st) {
-        require(x.is_string(), "'stop' must be a string or an array of strings", "stop", "invalid_type");
-        job->stop.push_back(x.get<std::string>());
-      }
-    else throw ApiError(400, "'stop' must be a string or an array of strings", "stop", "invalid_type");
-    require(job->stop.size() <= 4, "'stop' holds at most 4 strings", "stop");
-    for (const std::string& x : job->stop) require(!x.empty(), "a stop string must not be empty", "stop");
-  }
-  field(body, "stream", job->stream);
-  if (body.contains("stream_options") && !body.at("stream_options").is_null()) {
-    const json& so = body.at("stream_options");
-    require(so.is_object(), "'stream_options' must be an object", "stream_options", "invalid_type");
-    for (const auto& [key, value] : so.items())
-      require(key == "include_usage", fmt::format("'stream_options.{}' is not supported", key), "stream_options",
-              "unsupported_parameter");
-    field(so, "include_usage", job->include_usage);
-  }
-  if (chat) {
-    field(body, "logprobs", job->logprobs);
-    int top = 0;
-    field(body, "top_logprobs", top);
-    require(top >= 0 && top <= 20, "'top_logprobs' must be in [0, 20]", "top_logprobs");
-    require(top == 0 || job->logprobs, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
-    job->top_logprobs = job->logprobs ? top : -1;
-  } else if (body.contains("logprobs") && !body.at("logprobs").is_null()) {
-    int top = 0;
-    field(body, "logprobs", top);
-    require(top >= 0 && top <= 5, "'logprobs' must be in [0, 5]", "logprobs");
-    job->logprobs = true;
-    job->top_logprobs = top;
-  }
-
-  json w = json::object();
-  if (body.contains("witcert") && !body.at("witcert").is_null()) {
-    w = body.at("witcert");
-    require(w.is_object(), "'witcert' must be an object", "witcert", "invalid_type");
-    static const std::vector<std::string> keys = {"tau", "tau_v", "granularity", "delta", "bound",
-                                                  "coverage_tau", "coverage_tau_v", "detail"};
-    for (const auto& [key, value] : w.items())
-      require(std::find(keys.begin(), keys.end(), key) != keys.end(),
-              fmt::format("'witcert.{}' is not a setting (tau, tau_v, granularity, delta, bound, coverage_tau, "
-                          "coverage_tau_v, detail)",
-                          key),
-              "witcert." + key, "unsupported_parameter");
-    field(w, "detail", job->detail);
-    w.erase("detail");
-  }
-  try {
-    // A request's gate τ is also its coverage τ, as `witcert generate --gate` reports it.
-    double coverage_tau = opts_.coverage_tau;
-    if (w.contains("tau") && w.at("tau").is_number() && w.at("tau").get<double>() < 1.0 && !w.contains("coverage_tau"))
-      coverage_tau = w.at("tau").get<double>();
-    apply_policy(w, opts_.cache, coverage_tau, opts_.coverage_tau_v, r);
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
-  }
   return job;
 }
 
@@ -824,7 +666,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
     json out = {{"id", id},           {"object", object},        {"created", created},
                 {"model", opts_.model_name}, {"choices", json::array({choice})}, {"usage", usage(*job, reply)},
                 {"witcert", witcert_object(*job, model_)}};
-    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    res.set_content(json_text(out), "application/json");
     record(*job, finish, reply.tokens());
     return;
   }
@@ -839,7 +681,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
       [this, job, reply, state, id, object = std::string(chat ? "chat.completion.chunk" : "text_completion"), created,
        chat, finish_reason, usage](std::size_t, httplib::DataSink& sink) {
         const auto send = [&](const json& j) {
-          const std::string line = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+          const std::string line = "data: " + json_text(j) + "\n\n";
           return sink.write(line.data(), line.size());
         };
         const auto chunk = [&](const json& choice) {
@@ -878,7 +720,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
         if (!done) return true;
         const engine::BatchResult& r = job->result;
         if (r.finish == engine::Finish::error) {
-          send(error_body(result_error(r)));
+          send(error_json(result_error(r)));
           record(*job, "error", 0);
         } else {
           const std::string finish = finish_reason(*reply, r);

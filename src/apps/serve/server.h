@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/serve/metrics.h"
+#include "apps/serve/request.h"
 #include "engine/batch.h"
 #include "engine/model.h"
 
@@ -91,6 +92,7 @@ class Server {
   nlohmann::json state();
 
   ServeOptions opts_;
+  RequestDefaults defaults_;  // what a request body leaves out, from opts_
   Metrics metrics_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_, engine_;
@@ -107,6 +109,7 @@ class Server {
   // hears of it, so that the queue limit and the drain never count a finished request.
   std::int64_t pending_ = 0;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> listener_done_{false};
   std::atomic<std::uint64_t> next_id_{0};
   std::chrono::system_clock::time_point started_;
 

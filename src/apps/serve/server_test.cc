@@ -288,6 +288,9 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
   expect_error("/v1/completions", ok, 401, "", {{"Authorization", "Bearer wrong"}});
   expect_error("/v1/completions", "{\"prompt\": ", 400, "", auth);
   expect_error("/v1/completions", "[1, 2]", 400, "", auth);
+  // Bytes that are not UTF-8 still get a JSON error body (the parser's message quotes them).
+  expect_error("/v1/completions", std::string("\xff\xfe{"), 400, "", auth);
+  expect_error("/v1/completions", std::string("{\"prompt\": \"\xc3\"}"), 400, "", auth);
   expect_error("/v1/completions", json{{"prompt", 5}}.dump(), 400, "prompt", auth);
   expect_error("/v1/completions", json{{"max_tokens", 2}}.dump(), 400, "prompt", auth);
   expect_error("/v1/completions", json{{"prompt", ""}}.dump(), 400, "prompt", auth);
@@ -344,6 +347,13 @@ TEST_F(Serve, AStartThatCannotServeSaysWhy) {
   b.start();
   EXPECT_FALSE(b.wait_ready());
   EXPECT_NE(b.load_error().find("/nonexistent/model.gguf"), std::string::npos) << b.load_error();
+
+  // A server stopped the moment its start fails still ends: its listener may not have begun.
+  for (int i = 0; i < 20; ++i) {
+    Server c2(missing);
+    c2.start();
+    EXPECT_FALSE(c2.wait_ready());
+  }
 }
 
 TEST_F(Serve, APromptBeyondTheContextIsRefused) {

@@ -1,0 +1,227 @@
+#include "apps/serve/request.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace witcert::apps {
+
+using nlohmann::json;
+
+ApiError::ApiError(int s, const std::string& message, std::string p, std::string c, std::string t)
+    : std::runtime_error(message),
+      status(s),
+      type(t.empty() ? (s == 401 ? "authentication_error" : s >= 500 ? "server_error" : "invalid_request_error") : t),
+      param(std::move(p)),
+      code(std::move(c)) {}
+
+json error_json(const ApiError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string error_text(const ApiError& e) { return json_text(error_json(e)); }
+
+namespace {
+
+// A field of the body, typed as engine::read_json reads it (absent or null leaves `out` as it is);
+// a wrong type or a number beyond the field's range is a 400 naming the field.
+// `param` names a nested field ("witcert.detail"); by default the key itself.
+template <class T>
+void field(const json& body, const char* key, T& out, const char* param = nullptr) {
+  if (!body.contains(key) || body.at(key).is_null()) return;
+  try {
+    engine::read_json(body, key, out);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), param ? param : key, "invalid_type");
+  }
+}
+
+void require(bool ok, const std::string& message, const std::string& param, const std::string& code = "invalid_value") {
+  if (!ok) throw ApiError(400, message, param, code);
+}
+
+void require_arg(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+}  // namespace
+
+std::vector<model::ChatMessage> chat_messages(const json& msgs) {
+  require_arg(msgs.is_array() && !msgs.empty(), "'messages' must be a non-empty array");
+  std::vector<model::ChatMessage> turns;
+  for (const json& t : msgs) {
+    require_arg(t.is_object() && t.contains("role") && t.at("role").is_string() && t.contains("content") &&
+                    t.at("content").is_string(),
+                "each message is an object with a string role and string content");
+    const std::string role = t.at("role").get<std::string>();
+    require_arg(role == "system" || role == "user" || role == "assistant",
+                "a message's role is system, user or assistant, got '" + role + "'");
+    turns.push_back({role, t.at("content").get<std::string>()});
+  }
+  return turns;
+}
+
+RequestSpec parse_request(std::string_view text, bool chat, const RequestDefaults& d) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  require(body.is_object(), "the body must be a JSON object", "");
+  static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
+                                                  "stream", "stream_options", "logprobs", "n", "user",
+                                                  "presence_penalty", "frequency_penalty", "witcert"};
+  static const std::vector<std::string> chat_only = {"messages", "top_logprobs", "max_completion_tokens"};
+  static const std::vector<std::string> completion_only = {"prompt", "echo"};
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
+    const auto known = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), key) != v.end(); };
+    if (!known(common) && !known(chat ? chat_only : completion_only))
+      throw ApiError(400, fmt::format("'{}' is not supported by this server", key), key, "unsupported_parameter");
+  }
+  RequestSpec s;
+  s.chat = chat;
+  engine::BatchRequest& r = s.req;
+
+  std::string model_name;
+  field(body, "model", model_name);
+  require(model_name.empty() || model_name == d.model_name,
+          fmt::format("model '{}' is not served here (it serves '{}')", model_name, d.model_name), "model",
+          "model_not_found");
+  int n = 1;
+  field(body, "n", n);
+  require(n == 1, "n > 1 is not supported: one choice per request", "n", "unsupported_parameter");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
+    double v = 0.0;
+    field(body, penalty, v);
+    require(v == 0.0, fmt::format("'{}' is not supported (only 0)", penalty), penalty, "unsupported_parameter");
+  }
+  bool echo = false;
+  if (!chat) field(body, "echo", echo);
+  require(!echo, "echo is not supported", "echo", "unsupported_parameter");
+  std::string user;
+  field(body, "user", user);
+
+  if (chat) {
+    require(body.contains("messages"), "'messages' is required", "messages", "missing_parameter");
+    try {
+      s.messages = chat_messages(body.at("messages"));
+    } catch (const std::invalid_argument& e) {
+      throw ApiError(400, e.what(), "messages");
+    }
+  } else {
+    require(body.contains("prompt"), "'prompt' is required", "prompt", "missing_parameter");
+    require(body.at("prompt").is_string(), "'prompt' must be a string", "prompt", "invalid_type");
+    s.prompt = body.at("prompt").get<std::string>();
+  }
+
+  r.max_tokens = d.max_tokens;
+  field(body, "max_tokens", r.max_tokens);
+  if (chat) field(body, "max_completion_tokens", r.max_tokens);
+  require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "'max_tokens' must be in [1, 1000000]", "max_tokens");
+  field(body, "temperature", r.sampler.temperature);
+  require(std::isfinite(r.sampler.temperature) && r.sampler.temperature >= 0 && r.sampler.temperature <= 2,
+          "'temperature' must be in [0, 2]", "temperature");
+  field(body, "top_p", r.sampler.top_p);
+  require(r.sampler.top_p > 0 && r.sampler.top_p <= 1, "'top_p' must be in (0, 1]", "top_p");
+  field(body, "seed", r.sampler.seed);
+  if (body.contains("stop") && !body.at("stop").is_null()) {
+    const json& st = body.at("stop");
+    if (st.is_string()) s.stop.push_back(st.get<std::string>());
+    else if (st.is_array())
+      for (const json& x : st) {
+        require(x.is_string(), "'stop' must be a string or an array of strings", "stop", "invalid_type");
+        s.stop.push_back(x.get<std::string>());
+      }
+    else throw ApiError(400, "'stop' must be a string or an array of strings", "stop", "invalid_type");
+    require(s.stop.size() <= 4, "'stop' holds at most 4 strings", "stop");
+    for (const std::string& x : s.stop) require(!x.empty(), "a stop string must not be empty", "stop");
+  }
+  field(body, "stream", s.stream);
+  if (body.contains("stream_options") && !body.at("stream_options").is_null()) {
+    const json& so = body.at("stream_options");
+    require(so.is_object(), "'stream_options' must be an object", "stream_options", "invalid_type");
+    for (const auto& [key, value] : so.items())
+      require(key == "include_usage", fmt::format("'stream_options.{}' is not supported", key), "stream_options",
+              "unsupported_parameter");
+    field(so, "include_usage", s.include_usage, "stream_options.include_usage");
+  }
+  if (chat) {
+    field(body, "logprobs", s.logprobs);
+    int top = 0;
+    field(body, "top_logprobs", top);
+    require(top >= 0 && top <= 20, "'top_logprobs' must be in [0, 20]", "top_logprobs");
+    require(top == 0 || s.logprobs, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    s.top_logprobs = s.logprobs ? top : -1;
+  } else if (body.contains("logprobs") && !body.at("logprobs").is_null()) {
+    int top = 0;
+    field(body, "logprobs", top);
+    require(top >= 0 && top <= 5, "'logprobs' must be in [0, 5]", "logprobs");
+    s.logprobs = true;
+    s.top_logprobs = top;
+  }
+
+  json w = json::object();
+  if (body.contains("witcert") && !body.at("witcert").is_null()) {
+    w = body.at("witcert");
+    require(w.is_object(), "'witcert' must be an object", "witcert", "invalid_type");
+    static const std::vector<std::string> keys = {"tau", "tau_v", "granularity", "delta", "bound",
+                                                  "coverage_tau", "coverage_tau_v", "detail"};
+    for (const auto& [key, value] : w.items())
+      require(std::find(keys.begin(), keys.end(), key) != keys.end(),
+              fmt::format("'witcert.{}' is not a setting (tau, tau_v, granularity, delta, bound, coverage_tau, "
+                          "coverage_tau_v, detail)",
+                          key),
+              "witcert." + key, "unsupported_parameter");
+    field(w, "detail", s.detail, "witcert.detail");
+    w.erase("detail");
+  }
+  try {
+    // A request's gate τ is also its coverage τ, as `witcert generate --gate` reports it.
+    double coverage_tau = d.coverage_tau;
+    if (w.contains("tau") && w.at("tau").is_number() && w.at("tau").get<double>() < 1.0 && !w.contains("coverage_tau"))
+      coverage_tau = w.at("tau").get<double>();
+    apply_policy(w, d.cache, coverage_tau, d.coverage_tau_v, r);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
+  }
+  return s;
+}
+
+void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, double coverage_tau,
+                  double coverage_tau_v, engine::BatchRequest& r) {
+  r.cache = base;
+  r.coverage_tau = coverage_tau;
+  r.coverage_tau_v = coverage_tau_v;
+  const bool policy = j.contains("tau") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
+                      j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
+  require_arg(!policy || base.certified, "tau, tau_v, granularity, delta, bound and coverage figures need --kv");
+  engine::read_json(j, "tau", r.cache.gate.tau_k);
+  engine::read_json(j, "tau_v", r.cache.gate.tau_v);
+  if (j.contains("granularity")) {
+    std::string g;
+    engine::read_json(j, "granularity", g);
+    r.cache.gate.granularity = gate::parse_granularity(g);
+  }
+  engine::read_json(j, "delta", r.cache.delta);
+  if (j.contains("bound")) {
+    std::string b;
+    engine::read_json(j, "bound", b);
+    r.cache.bound = cert::parse_bound_shape(b);
+  }
+  engine::read_json(j, "coverage_tau", r.coverage_tau);
+  engine::read_json(j, "coverage_tau_v", r.coverage_tau_v);
+  require_arg(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
+  require_arg(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
+  r.cache.validate();
+}
+
+}  // namespace witcert::apps

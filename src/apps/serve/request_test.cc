@@ -1,0 +1,211 @@
+#include "apps/serve/request.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+namespace witcert::apps {
+namespace {
+
+using nlohmann::json;
+
+RequestDefaults pool(const char* cache) {
+  RequestDefaults d;
+  d.model_name = "smollm2";
+  d.max_tokens = 16;
+  d.cache = engine::CacheOptions::from_json(json::parse(cache));
+  return d;
+}
+
+const RequestDefaults& certified() {
+  static const RequestDefaults d = pool(R"({"kv": "dither-int8"})");
+  return d;
+}
+
+json base(bool chat) {
+  return chat ? json{{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}} : json{{"prompt", "Hi"}};
+}
+
+// The body's error, or a failure when the body is accepted.
+ApiError refused(const std::string& body, bool chat, const RequestDefaults& d = certified()) {
+  try {
+    parse_request(body, chat, d);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return ApiError(0, "");
+}
+
+TEST(Request, AWellFormedBodyGivesEveryField) {
+  const json body = {{"prompt", "The capital of France is"}, {"max_tokens", 8}, {"temperature", 0.5}, {"top_p", 0.9},
+                     {"seed", 7}, {"stop", {"\n", "."}}, {"stream", true}, {"stream_options", {{"include_usage", false}}},
+                     {"logprobs", 2}, {"model", "smollm2"}, {"witcert", {{"tau", 0.3}, {"granularity", "block"}, {"detail", true}}}};
+  const RequestSpec s = parse_request(body.dump(), false, certified());
+  EXPECT_FALSE(s.chat);
+  EXPECT_EQ(s.prompt, "The capital of France is");
+  EXPECT_EQ(s.req.max_tokens, 8);
+  EXPECT_FLOAT_EQ(s.req.sampler.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(s.req.sampler.top_p, 0.9f);
+  EXPECT_EQ(s.req.sampler.seed, 7u);
+  EXPECT_EQ(s.stop, (std::vector<std::string>{"\n", "."}));
+  EXPECT_TRUE(s.stream);
+  EXPECT_FALSE(s.include_usage);
+  EXPECT_TRUE(s.logprobs);
+  EXPECT_EQ(s.top_logprobs, 2);
+  EXPECT_TRUE(s.detail);
+  EXPECT_DOUBLE_EQ(s.req.cache.gate.tau_k, 0.3);
+  EXPECT_EQ(s.req.cache.gate.granularity, gate::Granularity::block);
+  EXPECT_DOUBLE_EQ(s.req.coverage_tau, 0.3);  // the gate's τ is the coverage τ
+  EXPECT_TRUE(s.req.prompt.empty());           // tokens come from the model, later
+
+  const RequestSpec c = parse_request(base(true).dump(), true, certified());
+  ASSERT_EQ(c.messages.size(), 1u);
+  EXPECT_EQ(c.messages[0].role, "user");
+  EXPECT_EQ(c.req.max_tokens, 16);  // the server's default
+  EXPECT_EQ(c.top_logprobs, -1);
+}
+
+TEST(Request, EveryFieldOfTheWrongTypeIsRefusedByName) {
+  // Each field with a value of a type it never takes, on both endpoints where it exists.
+  const std::vector<std::pair<std::string, json>> wrong = {
+      {"model", 3},          {"max_tokens", "9"},        {"max_tokens", 2.5},   {"temperature", "hot"},
+      {"top_p", json::array()}, {"seed", -1},             {"seed", 0.5},         {"stop", 5},
+      {"stop", {1}},         {"stream", "yes"},           {"stream_options", 1}, {"n", "1"},
+      {"user", 5},           {"presence_penalty", "0"},   {"frequency_penalty", true}, {"witcert", 0.2},
+      {"logprobs", "x"}};
+  for (bool chat : {false, true})
+    for (const auto& [key, value] : wrong) {
+      json body = base(chat);
+      body[key] = value;
+      const ApiError e = refused(body.dump(), chat);
+      EXPECT_EQ(e.status, 400) << body.dump();
+      EXPECT_EQ(e.param, key) << body.dump() << " → " << e.what();
+    }
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"prompt", 5}, {"prompt", json::array({"a"})}}) {
+    json body = {{key, value}};
+    EXPECT_EQ(refused(body.dump(), false).param, "prompt");
+  }
+  for (const json& m : {json("Hi"), json::array({"Hi"}), json::array({{{"role", "user"}}}),
+                        json::array({{{"role", 1}, {"content", "Hi"}}}), json::array({{{"role", "tool"}, {"content", "Hi"}}}),
+                        json::array({{{"role", "user"}, {"content", json::array()}}})}) {
+    EXPECT_EQ(refused(json{{"messages", m}}.dump(), true).param, "messages") << m.dump();
+  }
+}
+
+TEST(Request, EveryRangeIsCheckedAtBothEnds) {
+  struct Case {
+    std::string key;
+    json in_low, in_high, out_low, out_high;
+  };
+  const std::vector<Case> cases = {
+      {"max_tokens", 1, 1000000, 0, 1000001},
+      {"temperature", 0, 2, -0.001, 2.001},
+      {"top_p", 1e-9, 1, 0, 1.001},
+  };
+  for (bool chat : {false, true})
+    for (const Case& c : cases) {
+      for (const json& v : {c.in_low, c.in_high}) {
+        json body = base(chat);
+        body[c.key] = v;
+        EXPECT_NO_THROW(parse_request(body.dump(), chat, certified())) << body.dump();
+      }
+      for (const json& v : {c.out_low, c.out_high}) {
+        json body = base(chat);
+        body[c.key] = v;
+        EXPECT_EQ(refused(body.dump(), chat).param, c.key) << body.dump();
+      }
+    }
+  // logprobs: 0..5 on completions; top_logprobs 0..20 on chat, and only with logprobs.
+  EXPECT_NO_THROW(parse_request(R"({"prompt": "x", "logprobs": 5})", false, certified()));
+  EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": 6})", false).param, "logprobs");
+  EXPECT_EQ(refused(R"({"prompt": "x", "logprobs": -1})", false).param, "logprobs");
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  EXPECT_NO_THROW(parse_request("{" + msgs + R"(, "logprobs": true, "top_logprobs": 20})", true, certified()));
+  EXPECT_EQ(refused("{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})", true).param, "top_logprobs");
+  EXPECT_EQ(refused("{" + msgs + R"(, "top_logprobs": 2})", true).param, "top_logprobs");
+  // stop: at most four, none empty.
+  EXPECT_NO_THROW(parse_request(R"({"prompt": "x", "stop": ["a", "b", "c", "d"]})", false, certified()));
+  EXPECT_EQ(refused(R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", false).param, "stop");
+  EXPECT_EQ(refused(R"({"prompt": "x", "stop": ""})", false).param, "stop");
+  // Numbers JSON cannot hold as the field's type.
+  EXPECT_EQ(refused(R"({"prompt": "x", "max_tokens": 4294967301})", false).param, "max_tokens");
+  EXPECT_EQ(refused(R"({"prompt": "x", "n": 18446744073709551615})", false).param, "n");
+  EXPECT_EQ(refused(R"({"prompt": "x", "temperature": 1e999})", false).code, "invalid_json");
+}
+
+TEST(Request, UnsupportedFieldsAreNamedNotIgnored) {
+  for (const char* key : {"tools", "tool_choice", "response_format", "functions", "best_of", "suffix", "logit_bias"}) {
+    json body = base(true);
+    body[key] = nullptr;
+    const ApiError e = refused(body.dump(), true);
+    EXPECT_EQ(e.param, key);
+    EXPECT_EQ(e.code, "unsupported_parameter");
+  }
+  // Endpoint-specific fields on the other endpoint.
+  EXPECT_EQ(refused(R"({"prompt": "x", "messages": []})", false).param, "messages");
+  EXPECT_EQ(refused(R"({"messages": [{"role": "user", "content": "x"}], "prompt": "x"})", true).param, "prompt");
+  EXPECT_EQ(refused(R"({"prompt": "x", "n": 2})", false).param, "n");
+  EXPECT_EQ(refused(R"({"prompt": "x", "echo": true})", false).param, "echo");
+  EXPECT_EQ(refused(R"({"prompt": "x", "presence_penalty": 0.5})", false).param, "presence_penalty");
+  EXPECT_EQ(refused(R"({"prompt": "x", "model": "gpt-4"})", false).code, "model_not_found");
+  EXPECT_EQ(refused(R"({"prompt": "x", "stream_options": {"chunk": 1}})", false).param, "stream_options");
+  EXPECT_EQ(refused(R"({"prompt": "x", "stream_options": {"include_usage": 1}})", false).param,
+            "stream_options.include_usage");
+}
+
+TEST(Request, TheMeterPolicyIsValidatedAgainstThePool) {
+  const RequestDefaults plain = pool("{}");
+  const RequestDefaults gated = pool(R"({"kv": "q8_0", "kv_v": "q4_0", "gate": 0.2})");
+  for (const char* w : {R"({"tau": 0.1})", R"({"tau_v": 0.1})", R"({"granularity": "head"})", R"({"delta": 0.001})",
+                        R"({"bound": "tanh"})", R"({"coverage_tau": 0.5})", R"({"coverage_tau_v": 0.5})"}) {
+    const std::string body = std::string(R"({"prompt": "x", "witcert": )") + w + "}";
+    EXPECT_NO_THROW(parse_request(body, false, certified())) << body;
+    EXPECT_NO_THROW(parse_request(body, false, gated)) << body;
+    EXPECT_EQ(refused(body, false, plain).param, "witcert") << body;  // a plain pool has no meter
+  }
+  for (const char* w : {R"({"tau": -0.1})", R"({"tau": "0.1"})", R"({"tau_v": -1})", R"({"granularity": "page"})",
+                        R"({"delta": 0})", R"({"delta": 1})", R"({"bound": "max"})", R"({"coverage_tau": 0})",
+                        R"({"coverage_tau": 1.5})", R"({"coverage_tau_v": 0})", R"({"detail": 1})", R"(0.2)"}) {
+    const std::string body = std::string(R"({"prompt": "x", "witcert": )") + w + "}";
+    const ApiError e = refused(body, false, gated);
+    EXPECT_TRUE(e.param == "witcert" || e.param == "witcert.detail") << body << " → " << e.param;
+  }
+  EXPECT_EQ(refused(R"({"prompt": "x", "witcert": {"tua": 0.1}})", false).param, "witcert.tua");
+  // detail alone is not a policy: a plain pool takes it.
+  EXPECT_TRUE(parse_request(R"({"prompt": "x", "witcert": {"detail": true}})", false, plain).detail);
+}
+
+TEST(Request, MalformedBodiesGetAJsonErrorBody) {
+  // Truncations, non-objects and bytes that are not UTF-8: every error body is valid JSON with the
+  // message, because the parser's message quotes the bytes it last read.
+  const std::string good = R"({"prompt": "caf\u00e9", "max_tokens": 3})";
+  std::vector<std::string> bodies = {"", " ", "null", "[]", "\"x\"", "1", "{", "{\"prompt\"", "\xff", "\xc3",
+                                     std::string("{\"prompt\": \"\xc3\"}"), std::string("{\"\xff\": 1}"),
+                                     std::string("\0{}", 3), "{\"prompt\": \"x\"} trailing"};
+  for (std::size_t n = 0; n < good.size(); ++n) bodies.push_back(good.substr(0, n));
+  for (bool chat : {false, true})
+    for (const std::string& b : bodies) {
+      const ApiError e = refused(b, chat);
+      EXPECT_EQ(e.status, 400);
+      json back;
+      ASSERT_NO_THROW(back = json::parse(error_text(e))) << b;
+      EXPECT_FALSE(back.at("error").at("message").get<std::string>().empty());
+      EXPECT_EQ(back.at("error").at("type"), "invalid_request_error");
+    }
+  EXPECT_EQ(parse_request(good, false, certified()).prompt, "caf\xc3\xa9");
+}
+
+TEST(Request, ErrorBodiesFollowOpenAi) {
+  const json e = json::parse(error_text(ApiError(401, "no key", "", "invalid_api_key")));
+  EXPECT_EQ(e.at("error").at("type"), "authentication_error");
+  EXPECT_TRUE(e.at("error").at("param").is_null());
+  EXPECT_EQ(e.at("error").at("code"), "invalid_api_key");
+  EXPECT_EQ(json::parse(error_text(ApiError(503, "busy"))).at("error").at("type"), "server_error");
+  EXPECT_TRUE(json::parse(error_text(ApiError(503, "busy"))).at("error").at("code").is_null());
+  EXPECT_EQ(json::parse(error_text(ApiError(400, "bad", "top_p"))).at("error").at("param"), "top_p");
+}
+
+}  // namespace
+}  // namespace witcert::apps
