@@ -30,7 +30,7 @@ std::int64_t PagePool::free_pages() const {
 std::int64_t PagePool::allocate() {
   const std::lock_guard<std::mutex> lock(mu_);
   if (free_.empty())
-    throw std::runtime_error("KV page pool exhausted (" + std::to_string(pages_) + " pages of " +
+    throw PoolExhausted("KV page pool exhausted (" + std::to_string(pages_) + " pages of " +
                              std::to_string(page_size_) + " tokens)");
   const std::int64_t p = free_.back();
   free_.pop_back();

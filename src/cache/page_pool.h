@@ -7,9 +7,15 @@
 
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 namespace witcert::cache {
+
+// Every page of the pool is held: the caller may free sequences or preempt one.
+struct PoolExhausted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class PagePool {
  public:

@@ -81,6 +81,10 @@ GenerateResult decode(Session& session, const GenerateOptions& opts, const Token
     }
     r.tokens.push_back(next);
     if (on_token) on_token(next);
+    if (opts.cancel && opts.cancel->load()) {
+      r.cancelled = true;
+      break;
+    }
     // No forward pass is needed after the last token.
     if (i + 1 == opts.max_new_tokens || session.position() >= session.limit()) break;
     logits = session.step(next);

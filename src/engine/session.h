@@ -3,6 +3,7 @@
 // scores text (generate, run, demo, the benchmarks, the tests) drives it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -56,6 +57,8 @@ struct GenerateOptions {
   int max_new_tokens = 128;
   model::SamplerConfig sampler;
   std::vector<std::int32_t> stop_tokens;
+  // When set, read after each token is handed to on_token: true ends the generation there.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct GenerateResult {
@@ -64,6 +67,7 @@ struct GenerateResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;  // for tokens.size() forward passes after the first sample
   bool stopped = false;         // hit a stop token
+  bool cancelled = false;       // ended by GenerateOptions::cancel
 };
 
 using TokenSink = std::function<void(std::int32_t)>;

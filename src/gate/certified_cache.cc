@@ -182,7 +182,7 @@ void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_h
     const HeadResult& b = repaired ? before[h] : r;
     const double tv = opts_.check_soundness ? attn::true_tv(reader, q + h * d, d, n_ctx) : NAN;
     cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
-                     b.v_meter, repaired});
+                     b.v_meter, repaired, r.output_bound});
   }
 }
 

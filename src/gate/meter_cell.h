@@ -22,6 +22,7 @@ struct MeterCell {
   double meter_before;
   double v_meter_before;
   bool repaired;
+  double output_bound = 0.0;  // ‖y − ŷ‖ ≤ this for the served output (2·meter·max‖v‖ + Σ p̃ ρ^v)
 };
 
 // Receives the cells of every attention call as it is served, from several threads at once.

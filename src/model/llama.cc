@@ -166,7 +166,7 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
   const std::size_t want = static_cast<std::size_t>(all_logits ? n : 1) * cfg_.vocab;
   for (std::size_t i = 0; i < want; ++i)
     if (!std::isfinite(logits[i]))
-      throw std::runtime_error("forward: non-finite logit at position " +
+      throw NonFiniteError("forward: non-finite logit at position " +
                                std::to_string(pos0 + (all_logits ? 0 : n - 1) + static_cast<std::int64_t>(i / cfg_.vocab)) +
                                " (NaN or Inf in the activations)");
 }

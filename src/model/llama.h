@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@
 #include "model/matmul.h"
 
 namespace witcert::model {
+
+// A forward pass produced NaN or an infinity (weights or activations out of range).
+struct NonFiniteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct LlamaConfig {
   std::string arch;

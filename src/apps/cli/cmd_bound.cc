@@ -35,11 +35,34 @@ json number(double v) {
   return v;
 }
 
+// Every bound shape, the raw score (the e-form) and the meter: the fields of the C API's witcert_bounds.
+json bounds_json(const cert::Bounds& b) {
+  return {{"eform", number(b.eform)},         {"two_sided", number(b.two_sided)},
+          {"retention", number(b.retention)}, {"tanh", number(b.tanh)},
+          {"tanh_half", number(b.tanh_half)}, {"raw", number(b.eform)},
+          {"meter", number(b.meter())}};
+}
+
 json bound_line(const std::string& line) {
   const json in = json::parse(line);  // throws json::parse_error on malformed input
   if (!in.is_object()) throw std::invalid_argument("not a JSON object");
-  const std::vector<double> p = number_array(in, "p_tilde");
+  if (in.contains("z") == in.contains("p_tilde")) throw std::invalid_argument("give either \"z\" or \"p_tilde\"");
   const std::vector<double> c = number_array(in, "c");
+  if (in.contains("z")) {
+    // Logits: the same bounds from the log domain, as the C API's witcert_meter_logits.
+    if (in.contains("eps")) throw std::invalid_argument("\"eps\" (the true TV) needs \"p_tilde\"");
+    const std::vector<double> z = number_array(in, "z");
+    if (z.empty()) throw std::invalid_argument("\"z\" is empty");
+    if (c.size() != z.size())
+      throw std::invalid_argument("\"c\" has " + std::to_string(c.size()) + " entries, \"z\" has " +
+                                  std::to_string(z.size()));
+    for (std::size_t t = 0; t < z.size(); ++t) {
+      if (!std::isfinite(z[t])) throw std::invalid_argument("z[" + std::to_string(t) + "] is not finite");
+      if (!(c[t] >= 0.0)) throw std::invalid_argument("c[" + std::to_string(t) + "] is negative");
+    }
+    return bounds_json(cert::evaluate_logits(z, c));
+  }
+  const std::vector<double> p = number_array(in, "p_tilde");
   if (p.empty()) throw std::invalid_argument("\"p_tilde\" is empty");
   if (c.size() != p.size())
     throw std::invalid_argument("\"c\" has " + std::to_string(c.size()) + " entries, \"p_tilde\" has " +
@@ -65,11 +88,7 @@ json bound_line(const std::string& line) {
         throw std::invalid_argument("|eps[" + std::to_string(t) + "]| exceeds c[" + std::to_string(t) + "]");
   }
 
-  const cert::Bounds b = cert::evaluate(p, c);
-  json out = {{"eform", number(b.eform)},         {"two_sided", number(b.two_sided)},
-              {"retention", number(b.retention)}, {"tanh", number(b.tanh)},
-              {"tanh_half", number(b.tanh_half)}, {"raw", number(b.eform)},
-              {"meter", number(b.meter())}};
+  json out = bounds_json(cert::evaluate(p, c));
   if (!eps.empty()) out["tv"] = number(cert::true_tv(p, eps));
   return out;
 }

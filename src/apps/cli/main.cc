@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* bound = app.add_subcommand(
-      "bound", "Bounds on attention TV for JSON lines {\"p_tilde\":[...],\"c\":[...],\"eps\":[...]} on stdin");
+      "bound", "Bounds on attention TV for JSON lines {\"z\" (logits) or \"p_tilde\":[...],\"c\":[...],\"eps\":[...]} on stdin");
 
   std::string counter, key;
   auto* philox = app.add_subcommand("philox", "Philox4x32-10 of one counter under one key");

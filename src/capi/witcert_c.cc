@@ -1,0 +1,766 @@
+// The C API (include/witcert/witcert.h) over the library: every entry point checks its arguments,
+// runs the C++ call inside one exception boundary and turns what it throws into a status and the
+// thread's error message.
+#include "witcert/witcert.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "cache/page_pool.h"
+#include "cert/meter.h"
+#include "cert/subgaussian.h"
+#include "cert/witness.h"
+#include "engine/cache_factory.h"
+#include "engine/model.h"
+#include "engine/options.h"
+#include "engine/session.h"
+#include "gate/meter_cell.h"
+#include "gate/telemetry.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "quant/dither_int8.h"
+
+using namespace witcert;
+
+namespace {
+
+thread_local std::string t_error;
+
+// A failed check: the status and the message naming the argument.
+struct Refusal {
+  witcert_status status;
+  std::string message;
+};
+
+void require(bool ok, const std::string& message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
+  if (!ok) throw Refusal{status, message};
+}
+
+// Runs f, turning every exception into a status; the error message is cleared on success.
+template <class F>
+witcert_status guarded(const char* fn, F&& f) {
+  const auto fail = [&](witcert_status s, const std::string& what) {
+    t_error = std::string(fn) + ": " + what;
+    return s;
+  };
+  try {
+    f();
+    t_error.clear();
+    return WITCERT_OK;
+  } catch (const Refusal& r) {
+    return fail(r.status, r.message);
+  } catch (const cache::PoolExhausted& e) {
+    return fail(WITCERT_ERROR_OUT_OF_RANGE, e.what());
+  } catch (const model::NonFiniteError& e) {
+    return fail(WITCERT_ERROR_NON_FINITE, e.what());
+  } catch (const model::GgufError& e) {
+    return fail(WITCERT_ERROR_IO, e.what());
+  } catch (const std::invalid_argument& e) {
+    return fail(WITCERT_ERROR_INVALID_ARGUMENT, e.what());
+  } catch (const std::out_of_range& e) {
+    return fail(WITCERT_ERROR_OUT_OF_RANGE, e.what());
+  } catch (const nlohmann::json::exception& e) {
+    return fail(WITCERT_ERROR_INVALID_ARGUMENT, std::string("malformed JSON: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(WITCERT_ERROR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(WITCERT_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return fail(WITCERT_ERROR_INTERNAL, "unknown exception");
+  }
+}
+
+void not_null(const void* p, const char* name) { require(p != nullptr, std::string(name) + " is NULL"); }
+
+// n values, none NaN; finite unless allowed otherwise.
+void check_values(const double* v, std::size_t n, const char* name, bool allow_pos_inf, bool allow_neg_inf) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = v[i];
+    require(!std::isnan(x), std::string(name) + "[" + std::to_string(i) + "] is NaN");
+    require(x != HUGE_VAL || allow_pos_inf, std::string(name) + "[" + std::to_string(i) + "] is +inf");
+    require(x != -HUGE_VAL || allow_neg_inf, std::string(name) + "[" + std::to_string(i) + "] is -inf");
+  }
+}
+
+void check_floats(const float* v, std::size_t n, const char* name) {
+  for (std::size_t i = 0; i < n; ++i)
+    require(std::isfinite(v[i]), std::string(name) + "[" + std::to_string(i) + "] is not finite");
+}
+
+void check_bounds_c(const double* c, std::size_t n) {
+  check_values(c, n, "c", true, false);
+  for (std::size_t i = 0; i < n; ++i) require(c[i] >= 0.0, "c[" + std::to_string(i) + "] is negative");
+}
+
+witcert_bounds to_c(const cert::Bounds& b) {
+  return {b.eform, b.two_sided, b.retention, b.tanh, b.tanh_half, b.eform, b.meter()};
+}
+
+cert::RopeLayout rope(witcert_rope_layout layout) {
+  require(layout == WITCERT_ROPE_INTERLEAVED || layout == WITCERT_ROPE_NEOX,
+          "layout is neither WITCERT_ROPE_INTERLEAVED nor WITCERT_ROPE_NEOX");
+  return layout == WITCERT_ROPE_NEOX ? cert::RopeLayout::neox : cert::RopeLayout::interleaved;
+}
+
+// The outlier mask as the quantizer takes it (all zero for NULL) and the number of ones.
+std::vector<std::uint8_t> outlier_mask(const std::uint8_t* outlier, std::size_t d, std::size_t* ones) {
+  std::vector<std::uint8_t> m(d, 0);
+  *ones = 0;
+  if (outlier)
+    for (std::size_t i = 0; i < d; ++i) {
+      require(outlier[i] <= 1, "outlier[" + std::to_string(i) + "] is neither 0 nor 1");
+      m[i] = outlier[i];
+      *ones += outlier[i];
+    }
+  return m;
+}
+
+void check_group(std::size_t d, int group) {
+  require(d >= 1 && d <= 1 << 16, "d must be in [1, 65536], got " + std::to_string(d));
+  require(group >= 1 && d % static_cast<std::size_t>(group) == 0,
+          "group must be positive and divide d (" + std::to_string(d) + "), got " + std::to_string(group));
+}
+
+// Every live handle, so that a freed or foreign pointer is refused without being read (its
+// address may be reused by a later handle, which then reads as live).
+std::mutex g_handles_mu;
+std::unordered_set<const void*> g_handles;
+
+void register_handle(const void* h) {
+  std::lock_guard lock(g_handles_mu);
+  g_handles.insert(h);
+}
+
+void unregister_handle(const void* h) {
+  std::lock_guard lock(g_handles_mu);
+  g_handles.erase(h);
+}
+
+template <class H>
+H* live(H* h, const char* name) {
+  require(h != nullptr, std::string(name) + " is NULL");
+  std::lock_guard lock(g_handles_mu);
+  require(g_handles.count(h) == 1, std::string(name) + " is not a live handle (freed, or not one of ours)",
+          WITCERT_ERROR_INVALID_HANDLE);
+  return h;
+}
+
+nlohmann::json parse_object(const char* text, const char* name) {
+  if (!text) return nlohmann::json::object();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + " is not valid JSON: " + e.what()};
+  }
+  require(j.is_object(), std::string(name) + " must be a JSON object");
+  return j;
+}
+
+// Collects the cells one attend call serves (one handle is used by one thread at a time; the
+// cache calls record from the calling thread for a single attend).
+class LastCells final : public gate::MeterSink {
+ public:
+  void record(std::span<const gate::MeterCell> cells) override { cells_.insert(cells_.end(), cells.begin(), cells.end()); }
+  std::vector<gate::MeterCell> cells_;
+};
+
+}  // namespace
+
+struct witcert_pool {
+  model::LlamaConfig geometry;  // the cache's shape only: layers, heads, kv_heads, head_dim, rope
+  std::int64_t capacity = 0;
+  nlohmann::json options;  // as given, for the sequences' own policies
+  engine::CacheOptions cache;
+  engine::Pool pool;
+  std::atomic<int> caches{0};
+};
+
+struct witcert_cache {
+  witcert_pool* pool = nullptr;
+  LastCells cells;
+  engine::Cache cache;
+  std::vector<std::int64_t> written;  // positions written per (layer, KV head): [0, written) hold data
+};
+
+struct witcert_engine {
+  engine::Model model;
+  std::unique_ptr<ThreadPool> threads;
+};
+
+extern "C" {
+
+int witcert_api_version(void) { return WITCERT_API_VERSION; }
+const char* witcert_version(void) { return WITCERT_VERSION_STRING; }
+const char* witcert_last_error(void) { return t_error.c_str(); }
+
+const char* witcert_status_name(witcert_status status) {
+  switch (status) {
+    case WITCERT_OK: return "ok";
+    case WITCERT_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case WITCERT_ERROR_INVALID_HANDLE: return "invalid handle";
+    case WITCERT_ERROR_OUT_OF_RANGE: return "out of range";
+    case WITCERT_ERROR_BUFFER_TOO_SMALL: return "buffer too small";
+    case WITCERT_ERROR_IO: return "i/o error";
+    case WITCERT_ERROR_NON_FINITE: return "non-finite activations";
+    case WITCERT_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+// ---- Level 1 -------------------------------------------------------------------------------
+
+witcert_status witcert_meter_logits(const double* z, const double* c, size_t n, witcert_bounds* out) {
+  return guarded(__func__, [&] {
+    not_null(z, "z");
+    not_null(c, "c");
+    not_null(out, "out");
+    require(n >= 1, "n must be at least 1");
+    check_values(z, n, "z", false, true);
+    require(std::any_of(z, z + n, [](double x) { return std::isfinite(x); }), "z has no finite logit");
+    check_bounds_c(c, n);
+    *out = to_c(cert::evaluate_logits({z, n}, {c, n}));
+  });
+}
+
+witcert_status witcert_meter_probs(const double* p_tilde, const double* c, size_t n, witcert_bounds* out) {
+  return guarded(__func__, [&] {
+    not_null(p_tilde, "p_tilde");
+    not_null(c, "c");
+    not_null(out, "out");
+    require(n >= 1, "n must be at least 1");
+    check_values(p_tilde, n, "p_tilde", false, false);
+    double total = 0.0;
+    for (std::size_t t = 0; t < n; ++t) {
+      require(p_tilde[t] >= 0.0, "p_tilde[" + std::to_string(t) + "] is negative");
+      total += p_tilde[t];
+    }
+    require(std::fabs(total - 1.0) <= 1e-9, "p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
+    check_bounds_c(c, n);
+    *out = to_c(cert::evaluate({p_tilde, n}, {c, n}));
+  });
+}
+
+witcert_status witcert_meter_tanh(double c_max, double* tanh_bound, double* tanh_half_bound) {
+  return guarded(__func__, [&] {
+    require(!std::isnan(c_max) && c_max >= 0.0, "c_max must be >= 0 (not NaN)");
+    require(tanh_bound || tanh_half_bound, "tanh_bound and tanh_half_bound are both NULL");
+    if (tanh_bound) *tanh_bound = cert::tanh_shape(c_max);
+    if (tanh_half_bound) *tanh_half_bound = cert::tanh_half_shape(c_max);
+  });
+}
+
+witcert_status witcert_meter_log_domain(double log_a, double log_a_minus, double* eform, double* two_sided) {
+  return guarded(__func__, [&] {
+    require(!std::isnan(log_a) && log_a >= 0.0, "log_a must be >= 0 (A >= 1 for c >= 0), not NaN");
+    require(!std::isnan(log_a_minus) && log_a_minus <= 0.0 && log_a_minus != -HUGE_VAL,
+            "log_a_minus must be finite and <= 0 (A- <= 1 for c >= 0)");
+    require(eform || two_sided, "eform and two_sided are both NULL");
+    if (eform) *eform = cert::eform_raw(log_a);
+    if (two_sided) *two_sided = cert::two_sided_raw(log_a, log_a_minus);
+  });
+}
+
+witcert_status witcert_bounds_meter(const witcert_bounds* b, witcert_bound_shape shape, double* meter) {
+  return guarded(__func__, [&] {
+    not_null(b, "b");
+    not_null(meter, "meter");
+    require(shape >= WITCERT_BOUND_EFORM && shape <= WITCERT_BOUND_MIN, "shape is not a witcert_bound_shape");
+    const cert::Bounds x{b->eform, b->two_sided, b->retention, b->tanh, b->tanh_half};
+    *meter = x.meter(static_cast<cert::BoundShape>(shape));
+  });
+}
+
+witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t n, double* tv) {
+  return guarded(__func__, [&] {
+    not_null(p_tilde, "p_tilde");
+    not_null(eps, "eps");
+    not_null(tv, "tv");
+    require(n >= 1, "n must be at least 1");
+    check_values(p_tilde, n, "p_tilde", false, false);
+    check_values(eps, n, "eps", false, false);
+    for (std::size_t t = 0; t < n; ++t) require(p_tilde[t] >= 0.0, "p_tilde[" + std::to_string(t) + "] is negative");
+    *tv = cert::true_tv({p_tilde, n}, {eps, n});
+  });
+}
+
+// ---- Level 2 -------------------------------------------------------------------------------
+
+witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, const float* k_hat, const float* k,
+                               uint16_t* witness) {
+  return guarded(__func__, [&] {
+    require(d >= 2 && d <= 65536, "d must be in [2, 65536], got " + std::to_string(d));
+    const cert::BandLayout bl(d, bands, rope(layout));
+    not_null(k_hat, "k_hat");
+    not_null(k, "k");
+    not_null(witness, "witness");
+    const std::size_t n = static_cast<std::size_t>(d);
+    check_floats(k, n, "k");
+    // k_hat may hold an infinity (a scheme that overflowed): its witness is then +inf, sound.
+    for (std::size_t i = 0; i < n; ++i) require(!std::isnan(k_hat[i]), "k_hat[" + std::to_string(i) + "] is NaN");
+    cert::tier_a_witness(bl, {k_hat, n}, {k, n}, {witness, static_cast<std::size_t>(bands)});
+  });
+}
+
+witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layout, const float* q,
+                                     const uint16_t* witnesses, size_t n_tokens, double sm, double* c) {
+  return guarded(__func__, [&] {
+    require(d >= 2 && d <= 65536, "d must be in [2, 65536], got " + std::to_string(d));
+    const cert::BandLayout bl(d, bands, rope(layout));
+    not_null(q, "q");
+    not_null(witnesses, "witnesses");
+    not_null(c, "c");
+    require(n_tokens >= 1, "n_tokens must be at least 1");
+    require(std::isfinite(sm) && sm > 0.0, "sm must be finite and > 0");
+    check_floats(q, static_cast<std::size_t>(d), "q");
+    const std::size_t nb = static_cast<std::size_t>(bands);
+    for (std::size_t i = 0; i < n_tokens * nb; ++i)
+      require(!std::isnan(fp16_to_double(witnesses[i])) && fp16_to_double(witnesses[i]) >= 0.0,
+              "witnesses[" + std::to_string(i) + "] is NaN or negative");
+    std::vector<double> qn(nb);
+    cert::band_norms(bl, {q, static_cast<std::size_t>(d)}, qn);
+    for (std::size_t t = 0; t < n_tokens; ++t) c[t] = cert::tier_a_c(qn, {witnesses + t * nb, nb}, sm);
+  });
+}
+
+witcert_status witcert_dither_values(uint64_t seed, uint32_t layer, uint32_t kv_head, uint32_t slot, float* xi,
+                                     size_t d) {
+  return guarded(__func__, [&] {
+    not_null(xi, "xi");
+    require(d >= 1, "d must be at least 1");
+    quant::dither_values(quant::DitherStream{seed, layer, kv_head}, slot, {xi, d});
+  });
+}
+
+witcert_status witcert_dither_encode(const float* x, const float* xi, const uint8_t* outlier, size_t d, int group,
+                                     int8_t* codes, uint16_t* scales, uint16_t* outlier_values, size_t n_outliers) {
+  return guarded(__func__, [&] {
+    not_null(x, "x");
+    not_null(xi, "xi");
+    not_null(codes, "codes");
+    not_null(scales, "scales");
+    check_group(d, group);
+    std::size_t ones = 0;
+    const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
+    require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " +
+                                    std::to_string(ones) + " outlier channels");
+    require(ones == 0 || outlier_values, "outlier_values is NULL");
+    for (std::size_t i = 0; i < d; ++i)
+      require(!std::isnan(x[i]), "x[" + std::to_string(i) + "] is NaN");  // ±inf: scale +inf, no guarantee
+    for (std::size_t i = 0; i < d; ++i)
+      require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+    quant::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
+                              {outlier_values, ones});
+  });
+}
+
+witcert_status witcert_dither_decode(const int8_t* codes, const uint16_t* scales, const float* xi,
+                                     const uint8_t* outlier, const uint16_t* outlier_values, size_t n_outliers,
+                                     size_t d, int group, float* out) {
+  return guarded(__func__, [&] {
+    not_null(codes, "codes");
+    not_null(scales, "scales");
+    not_null(xi, "xi");
+    not_null(out, "out");
+    check_group(d, group);
+    std::size_t ones = 0;
+    const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
+    require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " +
+                                    std::to_string(ones) + " outlier channels");
+    require(ones == 0 || outlier_values, "outlier_values is NULL");
+    for (std::size_t i = 0; i < d; ++i)
+      require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+    quant::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
+                              {outlier_values, ones}, group, {out, d});
+  });
+}
+
+witcert_status witcert_delta_loc(double delta_req, long layers, long q_heads, long steps, double* delta_loc) {
+  return guarded(__func__, [&] {
+    not_null(delta_loc, "delta_loc");
+    *delta_loc = cert::delta_loc(delta_req, layers, q_heads, steps);
+  });
+}
+
+witcert_status witcert_dither_radius(const float* q, const uint16_t* scales, const uint8_t* outlier, size_t d,
+                                     int group, double sm, long n_tokens, double delta_loc, double* u) {
+  return guarded(__func__, [&] {
+    not_null(q, "q");
+    not_null(scales, "scales");
+    not_null(u, "u");
+    check_group(d, group);
+    check_floats(q, d, "q");
+    require(std::isfinite(sm) && sm > 0.0, "sm must be finite and > 0");
+    require(n_tokens >= 1, "n_tokens must be at least 1");
+    require(delta_loc > 0.0 && delta_loc < 1.0, "delta_loc must be in (0, 1)");
+    std::size_t ones = 0;
+    const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
+    const std::size_t groups = d / static_cast<std::size_t>(group);
+    for (std::size_t g = 0; g < groups; ++g)
+      require(!std::isnan(fp16_to_double(scales[g])) && fp16_to_double(scales[g]) >= 0.0,
+              "scales[" + std::to_string(g) + "] is NaN or negative");
+    const double varsigma2 = cert::dither_variance_proxy({q, d}, {scales, groups}, mask, group, sm);
+    *u = cert::subgaussian_radius(varsigma2, n_tokens, delta_loc, static_cast<int>(d - ones));
+  });
+}
+
+witcert_status witcert_value_bound(double tv_k, double v_max_norm, double weighted_rho, double* bound,
+                                   double* v_meter) {
+  return guarded(__func__, [&] {
+    require(!std::isnan(tv_k) && tv_k >= 0.0, "tv_k must be >= 0 (not NaN)");
+    require(!std::isnan(v_max_norm) && v_max_norm >= 0.0, "v_max_norm must be >= 0 (not NaN)");
+    require(!std::isnan(weighted_rho) && weighted_rho >= 0.0, "weighted_rho must be >= 0 (not NaN)");
+    require(bound || v_meter, "bound and v_meter are both NULL");
+    if (bound) *bound = cert::value_output_bound(tv_k, v_max_norm, weighted_rho);
+    if (v_meter) *v_meter = cert::value_meter(weighted_rho, v_max_norm);
+  });
+}
+
+// ---- Level 3 -------------------------------------------------------------------------------
+
+witcert_status witcert_pool_create(const witcert_geometry* g, const char* options_json, int64_t pool_bytes,
+                                   witcert_pool** out) {
+  return guarded(__func__, [&] {
+    not_null(g, "g");
+    not_null(out, "pool");
+    *out = nullptr;
+    require(g->layers >= 1 && g->layers <= 4096, "g->layers must be in [1, 4096]");
+    require(g->kv_heads >= 1 && g->kv_heads <= 4096, "g->kv_heads must be in [1, 4096]");
+    require(g->q_heads >= g->kv_heads && g->q_heads % g->kv_heads == 0 && g->q_heads <= 65536,
+            "g->q_heads must be a multiple of g->kv_heads");
+    require(g->head_dim >= 2 && g->head_dim <= 4096 && g->head_dim % 2 == 0, "g->head_dim must be even, in [2, 4096]");
+    require(g->capacity >= 1 && g->capacity <= (std::int64_t{1} << 24), "g->capacity must be in [1, 2^24]");
+    require(pool_bytes >= 0, "pool_bytes is negative");
+    auto p = std::make_unique<witcert_pool>();
+    p->geometry.arch = "c-api";
+    p->geometry.layers = g->layers;
+    p->geometry.heads = g->q_heads;
+    p->geometry.kv_heads = g->kv_heads;
+    p->geometry.head_dim = g->head_dim;
+    p->geometry.context = g->capacity;
+    p->geometry.rope_layout = rope(g->rope_layout);
+    p->capacity = g->capacity;
+    p->options = parse_object(options_json, "options_json");
+    p->cache = engine::CacheOptions::from_json(p->options);
+    std::int64_t pages = (g->capacity + p->cache.page_size - 1) / p->cache.page_size;
+    if (pool_bytes > 0) pages = engine::size_pool(p->geometry, g->capacity, p->cache, pool_bytes, 1).pages;
+    p->pool = engine::make_pool(p->geometry, g->capacity, pages, p->cache, false);
+    register_handle(p.get());
+    *out = p.release();
+  });
+}
+
+witcert_status witcert_pool_stats_get(const witcert_pool* pool, witcert_pool_stats* stats) {
+  return guarded(__func__, [&] {
+    const witcert_pool* p = live(pool, "pool");
+    not_null(stats, "stats");
+    *stats = {p->pool.pages(), p->pool.free_pages(), p->pool.page_size(), p->pool.bytes(), p->pool.backing_bytes()};
+  });
+}
+
+void witcert_pool_free(witcert_pool* pool) {
+  const witcert_status s = guarded(__func__, [&] {
+    if (!pool) return;
+    witcert_pool* p = live(pool, "pool");
+    require(p->caches.load() == 0, std::to_string(p->caches.load()) + " caches over the pool are not freed");
+    unregister_handle(p);
+    delete p;
+  });
+  (void)s;  // the message stays in witcert_last_error()
+}
+
+witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json, int64_t decode_budget,
+                                    witcert_cache** out) {
+  return guarded(__func__, [&] {
+    witcert_pool* p = live(pool, "pool");
+    not_null(out, "cache");
+    *out = nullptr;
+    require(decode_budget >= 1 && decode_budget <= (std::int64_t{1} << 30), "decode_budget must be in [1, 2^30]");
+    const nlohmann::json policy = parse_object(policy_json, "policy_json");
+    nlohmann::json merged = p->options;
+    for (const auto& item : policy.items()) {
+      const std::string& key = item.key();
+      require(key == "gate" || key == "tau_v" || key == "granularity" || key == "delta" || key == "bound" ||
+                  key == "check_soundness",
+              "policy_json: '" + key + "' is not a sequence's setting (gate, tau_v, granularity, delta, bound, "
+              "check_soundness); the pool fixes the formats");
+      merged[key] = item.value();
+    }
+    const engine::CacheOptions opts = engine::CacheOptions::from_json(merged);
+    auto c = std::make_unique<witcert_cache>();
+    c->pool = p;
+    std::vector<gate::MeterSink*> sinks;
+    if (opts.certified) sinks.push_back(&c->cells);
+    c->cache = engine::make_sequence_cache(p->pool, p->geometry, decode_budget, opts, sinks);
+    c->written.assign(static_cast<std::size_t>(p->geometry.layers) * p->geometry.kv_heads, 0);
+    p->caches += 1;
+    register_handle(c.get());
+    *out = c.release();
+  });
+}
+
+witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head, int64_t pos, const float* k,
+                                   const float* v) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    const model::LlamaConfig& g = c->pool->geometry;
+    require(layer >= 0 && layer < g.layers, "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+    require(kv_head >= 0 && kv_head < g.kv_heads,
+            "kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
+    require(pos >= 0 && pos < c->pool->capacity,
+            "pos " + std::to_string(pos) + " is outside the capacity [0, " + std::to_string(c->pool->capacity) + ")",
+            WITCERT_ERROR_OUT_OF_RANGE);
+    not_null(k, "k");
+    not_null(v, "v");
+    const std::size_t d = static_cast<std::size_t>(g.head_dim);
+    for (std::size_t i = 0; i < d; ++i) require(!std::isnan(k[i]), "k[" + std::to_string(i) + "] is NaN");
+    for (std::size_t i = 0; i < d; ++i) require(!std::isnan(v[i]), "v[" + std::to_string(i) + "] is NaN");
+    std::int64_t& written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
+    require(pos == written,
+            "positions of a (layer, kv_head) are written in order: expected pos " + std::to_string(written) + ", got " +
+                std::to_string(pos));
+    c->cache.kv->write(layer, kv_head, pos, k, v);
+    written += 1;
+  });
+}
+
+witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
+                                    int64_t n_ctx, float* out, witcert_cell* cells) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    const model::LlamaConfig& g = c->pool->geometry;
+    require(layer >= 0 && layer < g.layers, "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+    require(kv_head >= 0 && kv_head < g.kv_heads,
+            "kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
+    require(group == g.heads / g.kv_heads,
+            "group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got " + std::to_string(group));
+    require(n_ctx >= 1 && n_ctx <= c->pool->capacity,
+            "n_ctx " + std::to_string(n_ctx) + " is outside [1, " + std::to_string(c->pool->capacity) + "]",
+            WITCERT_ERROR_OUT_OF_RANGE);
+    not_null(q, "q");
+    not_null(out, "out");
+    const std::size_t n = static_cast<std::size_t>(group) * static_cast<std::size_t>(g.head_dim);
+    for (std::size_t i = 0; i < n; ++i) require(!std::isnan(q[i]), "q[" + std::to_string(i) + "] is NaN");
+    const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
+    require(n_ctx <= written,
+            "n_ctx is " + std::to_string(n_ctx) + " but only " + std::to_string(written) +
+                " positions of this (layer, kv_head) are written",
+            WITCERT_ERROR_OUT_OF_RANGE);
+    c->cells.cells_.clear();
+    c->cache.kv->attend(layer, kv_head, q, group, n_ctx, out);
+    if (!cells) return;
+    for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, 0.0, 0};
+    for (const gate::MeterCell& m : c->cells.cells_) {
+      const int h = m.q_head - kv_head * group;
+      if (h >= 0 && h < group)
+        cells[h] = {m.layer, m.q_head, m.pos, m.eform_raw, m.meter, m.v_meter, m.output_bound, m.repaired ? 1 : 0};
+    }
+  });
+}
+
+witcert_status witcert_cache_stats_get(const witcert_cache* cache, witcert_cache_stats* stats) {
+  return guarded(__func__, [&] {
+    const witcert_cache* c = live(cache, "cache");
+    not_null(stats, "stats");
+    *stats = {0, 0, 0};
+    if (c->cache.certified) {
+      const cache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
+      *stats = {pi.page_ins, pi.page_in_bytes, c->cache.certified->store().sequence().bytes()};
+    }
+  });
+}
+
+void witcert_cache_free(witcert_cache* cache) {
+  const witcert_status s = guarded(__func__, [&] {
+    if (!cache) return;
+    witcert_cache* c = live(cache, "cache");
+    c->pool->caches -= 1;
+    unregister_handle(c);
+    delete c;
+  });
+  (void)s;
+}
+
+// ---- Level 4 -------------------------------------------------------------------------------
+
+witcert_status witcert_engine_load(const char* gguf_path, int threads, witcert_engine** out) {
+  return guarded(__func__, [&] {
+    not_null(gguf_path, "gguf_path");
+    not_null(out, "engine");
+    *out = nullptr;
+    require(threads >= 1 && threads <= 256, "threads must be in [1, 256], got " + std::to_string(threads));
+    auto e = std::make_unique<witcert_engine>();
+    try {
+      e->model = engine::Model::load(gguf_path);
+    } catch (const std::runtime_error& err) {
+      throw Refusal{WITCERT_ERROR_IO, err.what()};
+    }
+    e->threads = std::make_unique<ThreadPool>(threads);
+    register_handle(e.get());
+    *out = e.release();
+  });
+}
+
+void witcert_engine_free(witcert_engine* engine) {
+  const witcert_status s = guarded(__func__, [&] {
+    if (!engine) return;
+    witcert_engine* e = live(engine, "engine");
+    unregister_handle(e);
+    delete e;
+  });
+  (void)s;
+}
+
+witcert_status witcert_engine_tokenize(const witcert_engine* engine, const char* text, int chat, int32_t* tokens,
+                                       size_t capacity, size_t* n) {
+  return guarded(__func__, [&] {
+    const witcert_engine* e = live(engine, "engine");
+    not_null(text, "text");
+    not_null(n, "n");
+    require(tokens || capacity == 0, "tokens is NULL with a capacity");
+    const std::vector<std::int32_t> ids = e->model.prompt_tokens(text, chat != 0);
+    *n = ids.size();
+    require(ids.size() <= capacity,
+            "the text has " + std::to_string(ids.size()) + " tokens; the buffer holds " + std::to_string(capacity),
+            WITCERT_ERROR_BUFFER_TOO_SMALL);
+    std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+namespace {
+
+// The cells of the forward pass behind each generated token: counted from the calling threads
+// with atomics, read and reset between passes.
+class StepMeter final : public gate::MeterSink {
+ public:
+  StepMeter(std::int64_t first_pos, double tau_k, double tau_v) : first_pos_(first_pos), tau_k_(tau_k), tau_v_(tau_v) {}
+  void record(std::span<const gate::MeterCell> cells) override {
+    std::int64_t n = 0, ok_k = 0, ok_v = 0, repaired = 0;
+    double raw = 0.0, meter = 0.0;
+    for (const gate::MeterCell& c : cells) {
+      if (c.pos < first_pos_) continue;
+      ++n;
+      ok_k += c.meter <= tau_k_;
+      ok_v += c.v_meter <= tau_v_;
+      repaired += c.repaired;
+      raw = std::max(raw, std::isnan(c.eform_raw) ? HUGE_VAL : c.eform_raw);
+      meter = std::max(meter, c.meter);
+    }
+    if (n == 0) return;
+    cells_ += n;
+    ok_k_ += ok_k;
+    ok_v_ += ok_v;
+    repaired_ += repaired;
+    raise(raw_max_, raw);
+    raise(meter_max_, meter);
+  }
+  // This step's figures; the next step counts from zero, and from position `next_first`.
+  witcert_step_meter take(std::int64_t next_first) {
+    const std::int64_t n = cells_.exchange(0);
+    witcert_step_meter m{n,
+                         n > 0 ? static_cast<double>(ok_k_.exchange(0)) / static_cast<double>(n) : 1.0,
+                         n > 0 ? static_cast<double>(ok_v_.exchange(0)) / static_cast<double>(n) : 1.0,
+                         raw_max_.exchange(0.0), meter_max_.exchange(0.0), repaired_.exchange(0)};
+    first_pos_ = next_first;
+    return m;
+  }
+
+ private:
+  static void raise(std::atomic<double>& a, double v) {
+    double cur = a.load();
+    while (v > cur && !a.compare_exchange_weak(cur, v)) {
+    }
+  }
+  std::int64_t first_pos_;
+  double tau_k_, tau_v_;
+  std::atomic<std::int64_t> cells_{0}, ok_k_{0}, ok_v_{0}, repaired_{0};
+  std::atomic<double> raw_max_{0.0}, meter_max_{0.0};
+};
+
+}  // namespace
+
+witcert_status witcert_engine_generate(witcert_engine* engine, const char* prompt, const char* request_json,
+                                       witcert_token_callback on_token, void* user, witcert_generation* result,
+                                       char* text, size_t text_capacity, size_t* text_needed) {
+  return guarded(__func__, [&] {
+    witcert_engine* e = live(engine, "engine");
+    not_null(prompt, "prompt");
+    not_null(result, "result");
+    require(text || text_capacity == 0, "text is NULL with a capacity");
+    *result = witcert_generation{};
+    if (text_capacity > 0) text[0] = '\0';
+    // The request's keys go to RequestOptions, the rest to the cache's options.
+    const nlohmann::json all = parse_object(request_json, "request_json");
+    nlohmann::json req = {{"prompt", prompt}}, cache = nlohmann::json::object();
+    for (const auto& item : all.items()) {
+      static const char* request_keys[] = {"chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v"};
+      const bool is_request = std::any_of(std::begin(request_keys), std::end(request_keys),
+                                          [&](const char* k) { return item.key() == k; });
+      require(item.key() != "prompt", "request_json: the prompt is the prompt argument");
+      (is_request ? req : cache)[item.key()] = item.value();
+    }
+    const engine::RequestOptions ro = engine::RequestOptions::from_json(req);
+    const engine::CacheOptions co = engine::CacheOptions::from_json(cache);
+    const std::vector<std::int32_t> tokens = e->model.checked_prompt(ro.prompt, ro.chat);
+    const model::LlamaConfig& cfg = e->model.model->config();
+    const std::int64_t capacity =
+        std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(tokens.size()) + ro.max_new_tokens);
+    const std::int64_t first = static_cast<std::int64_t>(tokens.size());
+    gate::Telemetry tel(cfg.layers, cfg.heads, gate::Telemetry::Options{ro.coverage_tau, ro.coverage_tau_v, co.bound, first, 1});
+    StepMeter step(first - 1, ro.coverage_tau, ro.coverage_tau_v);
+    const engine::Cache c = engine::make_cache(cfg, capacity, ro.max_new_tokens, co, {&tel, &step});
+    engine::Session session(*e->model.model, *c.kv, *e->threads);
+    engine::GenerateOptions go;
+    go.max_new_tokens = ro.max_new_tokens;
+    go.sampler = ro.sampler;
+    go.stop_tokens = e->model.stop_tokens();
+    std::atomic<bool> cancel{false};
+    go.cancel = &cancel;
+    std::string out;
+    const engine::GenerateResult r = engine::generate(session, tokens, go, [&](std::int32_t t) {
+      const std::string piece = e->model.tokenizer->token_piece(t);
+      out += piece;
+      // The token's step: the forward pass at the position before it; the next one starts after.
+      const witcert_step_meter m = step.take(session.position());
+      if (on_token && on_token(user, t, piece.c_str(), c.certified ? &m : nullptr) != 0) cancel = true;
+    });
+    result->prompt_tokens = r.prompt_tokens;
+    result->completion_tokens = static_cast<std::int64_t>(r.tokens.size());
+    result->stopped = r.stopped;
+    result->cancelled = r.cancelled;
+    if (c.certified) {
+      const gate::TelemetrySummary s = tel.summary();
+      const cache::KvStore::PageInStats pi = c.certified->store().page_in_stats();
+      result->has_meter = 1;
+      result->cells = s.cells;
+      result->coverage_k = s.coverage.k;
+      result->coverage_v = s.coverage.v;
+      result->raw_median = s.raw_p50;
+      result->raw_p90 = s.raw_p90;
+      result->raw_max = s.raw_max;
+      result->page_ins = pi.page_ins;
+      result->page_in_bytes = pi.page_in_bytes;
+    }
+    if (text_needed) *text_needed = out.size() + 1;
+    if (!text) return;
+    require(out.size() < text_capacity,
+            "the text has " + std::to_string(out.size()) + " bytes and its NUL; the buffer holds " +
+                std::to_string(text_capacity),
+            WITCERT_ERROR_BUFFER_TOO_SMALL);
+    std::memcpy(text, out.c_str(), out.size() + 1);
+  });
+}
+
+}  // extern "C"
