@@ -18,7 +18,7 @@ cc -std=c99 -Wall -Wextra -Werror "$src/examples/c/meter.c" -o "$work/meter-pc" 
 out_pc=$(LD_LIBRARY_PATH=$libdir "$work/meter-pc")
 echo "$out_cmake"
 for out in "$out_cmake" "$out_pc"; do
-  grep -q '^meter [0-9]' <<<"$out" || { echo "no meter in: $out" >&2; exit 1; }
+  grep -q '^step 47: meter [0-9]' <<<"$out" || { echo "no meter in: $out" >&2; exit 1; }
   grep -q 'n = 0: invalid argument' <<<"$out" || { echo "no refusal in: $out" >&2; exit 1; }
 done
 [ "$out_cmake" = "$out_pc" ] || { echo "the two builds disagree" >&2; exit 1; }

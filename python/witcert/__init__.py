@@ -1,0 +1,215 @@
+"""WitCert: a sound runtime meter for quantized KV caches.
+
+Given an attention step's compressed logits and per-token bounds ``c_t >= |eps_t|`` on their
+error, :func:`meter` returns upper bounds on the total variation between the attention over
+exact and over compressed keys (Wei and Liu, "WitCert: Sound Runtime Risk Observability and
+Gating for KV-Cache Quantization"). The certificates give ``c_t`` for black-box schemes
+(:func:`witness`, :func:`tier_a_bounds`) and for dithered INT8 (:class:`DitherInt8`);
+:class:`Cache` is the certified paged cache and :class:`Engine` runs a GGUF model over it.
+
+Every function calls libwitcert's C API, so Python, C and ``witcert bound`` agree bit for bit.
+Arrays are read in place: they must be C-contiguous and of the documented dtype (float64 for the
+meter, float32 for keys, values and queries, float16 for witnesses and scales), otherwise a
+``TypeError`` names the argument. Bad values raise ``ValueError``; positions beyond a cache or a
+full pool raise ``IndexError``; a missing or malformed GGUF raises ``OSError``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _witcert
+
+__all__ = [
+    "API_VERSION",
+    "__version__",
+    "meter",
+    "meter_tanh",
+    "meter_log_domain",
+    "true_tv",
+    "witness",
+    "tier_a_bounds",
+    "delta_loc",
+    "value_bound",
+    "DitherInt8",
+    "Cache",
+    "Engine",
+]
+
+API_VERSION: int = _witcert.API_VERSION
+__version__: str = _witcert.__version__
+
+Bounds = Dict[str, float]
+
+
+def meter(z: Optional[np.ndarray] = None, c: Optional[np.ndarray] = None, *,
+          p_tilde: Optional[np.ndarray] = None) -> Bounds:
+    """Every bound shape on TV(p, p~) for one attention step, and the meter.
+
+    ``meter(z, c)`` or ``meter(p_tilde=p, c=c)``. Give the compressed logits ``z`` (float64, any additive offset, ``-inf`` for a masked token)
+    or the probabilities ``p_tilde`` (float64, summing to 1), and ``c`` (float64, ``c_t >= 0``,
+    ``+inf`` allowed). Returns ``{"eform", "two_sided", "retention", "tanh", "tanh_half", "raw",
+    "meter"}``: the shapes unclamped (``inf`` means no guarantee), ``raw`` the e-form risk score,
+    ``meter`` the least of them clamped to [0, 1].
+    """
+    if (z is None) == (p_tilde is None):
+        raise ValueError("give either z (logits) or p_tilde (probabilities)")
+    if c is None:
+        raise ValueError("c (the per-token bounds) is required")
+    if z is not None:
+        return _witcert.meter_logits(z, c)
+    return _witcert.meter_probs(p_tilde, c)
+
+
+def meter_tanh(c_max: float) -> Tuple[float, float]:
+    """From ``c`` alone: ``(tanh(c_max), tanh(c_max / 2))``, both sound bounds on the TV."""
+    return _witcert.meter_tanh(float(c_max))
+
+
+def meter_log_domain(log_a: float, log_a_minus: float) -> Tuple[float, float]:
+    """The e-form and two-sided bounds from ``log A`` and ``log A-`` an engine accumulated itself."""
+    return _witcert.meter_log_domain(float(log_a), float(log_a_minus))
+
+
+def true_tv(p_tilde: np.ndarray, eps: np.ndarray) -> float:
+    """The exact TV(p, p~) for ``p ~ p~ * exp(-eps)``: what every bound must dominate."""
+    return _witcert.true_tv(p_tilde, eps)
+
+
+def witness(k_hat: np.ndarray, k: np.ndarray, bands: int = 16, layout: str = "interleaved") -> np.ndarray:
+    """Tier-A witnesses of compressed keys ``k_hat`` against exact keys ``k``.
+
+    ``k_hat`` and ``k`` are float32 of shape ``(d,)`` or ``(n, d)``; ``layout`` is the model's
+    RoPE pairing, ``"interleaved"`` (llama) or ``"neox"``. Returns float16 of shape ``(bands,)`` or
+    ``(n, bands)``, each at least its band's error norm.
+    """
+    return _witcert.witness(k_hat, k, int(bands), layout)
+
+
+def tier_a_bounds(q: np.ndarray, witnesses: np.ndarray, sm: Optional[float] = None,
+                  layout: str = "interleaved") -> np.ndarray:
+    """The per-token bounds ``c`` (float64, ``(n,)``) for query ``q`` (float32, ``(d,)``) from
+    witnesses (float16, ``(n, bands)``) at softmax scale ``sm`` (default ``1/sqrt(d)``)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm is None else float(sm)
+    return _witcert.tier_a_bounds(q, witnesses, scale, layout)
+
+
+def delta_loc(delta_req: float, layers: int, q_heads: int, steps: int) -> float:
+    """The per-cell failure budget ``delta_req / (layers * q_heads * steps)`` of Tier B."""
+    return _witcert.delta_loc(float(delta_req), int(layers), int(q_heads), int(steps))
+
+
+def value_bound(tv_k: float, v_max_norm: float, weighted_rho: float) -> Tuple[float, float]:
+    """The output bound ``2 tv_k max|v| + sum p~ rho`` and the V meter (its second term over
+    ``max|v|``)."""
+    return _witcert.value_bound(float(tv_k), float(v_max_norm), float(weighted_rho))
+
+
+class DitherInt8:
+    """The subtractively dithered INT8 quantizer of Tier B for keys of ``d`` channels.
+
+    ``group`` channels share a scale; ``outliers`` lists channels kept exact (fp16); ``seed``
+    keys the Philox dither, whose counter is (slot, channel / 4, kv_head, layer).
+    """
+
+    def __init__(self, d: int, group: int = 32, seed: int = 0x5EED, outliers: Optional[Sequence[int]] = None):
+        self._q = _witcert.DitherInt8(int(d), int(group), int(seed), None if outliers is None else list(outliers))
+
+    @property
+    def d(self) -> int:
+        return self._q.d
+
+    @property
+    def group(self) -> int:
+        return self._q.group
+
+    def dither(self, layer: int, kv_head: int, slot: int) -> np.ndarray:
+        """The dither of one physical slot: float32 ``(d,)`` on the grid ``k * 2**-24 - 1/2``."""
+        return self._q.dither(int(layer), int(kv_head), int(slot))
+
+    def encode(self, x: np.ndarray, xi: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(codes int8 (d,), scales float16 (d/group,), outlier_values float16)`` of one token."""
+        return self._q.encode(x, xi)
+
+    def decode(self, codes: np.ndarray, scales: np.ndarray, xi: np.ndarray, outlier_values: np.ndarray) -> np.ndarray:
+        """The decoded token, float32 ``(d,)``: within ``scale / 2`` of the input on every channel."""
+        return self._q.decode(codes, scales, xi, outlier_values)
+
+    def radius(self, q: np.ndarray, scales: np.ndarray, n_tokens: int, delta_loc: float,
+               sm: Optional[float] = None) -> float:
+        """The radius ``u_t >= |eps_t|`` (with probability ``>= 1 - delta_loc`` over ``n_tokens``)
+        of one stored key for query ``q`` at scale ``sm`` (default ``1/sqrt(d)``)."""
+        scale = 1.0 / math.sqrt(self.d) if sm is None else float(sm)
+        return self._q.radius(q, scales, int(n_tokens), float(delta_loc), scale)
+
+
+class Cache:
+    """One sequence of the certified paged cache, over its own pool.
+
+    ``kv`` and ``kv_v`` name the key and value schemes (``"q4_0"``, ``"dither-int8"``, ...; ``None``:
+    the plain fp16 cache, which is exact); ``gate`` is the gate's tau_K (a gated cache keeps an
+    exact tier and repairs pages until each served cell is within it); further keyword options
+    (``tau_v``, ``granularity``, ``delta``, ``bound``, ``page_size``, ...) are those of
+    ``witcert generate``. ``pool_bytes`` bounds the pool (0: room for ``capacity`` positions).
+    """
+
+    def __init__(self, layers: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int, *,
+                 kv: Optional[str] = None, kv_v: Optional[str] = None, gate: Optional[float] = None,
+                 pool_bytes: int = 0, decode_budget: int = 256, layout: str = "interleaved", **options: Any):
+        opts: Dict[str, Any] = dict(options)
+        if kv is not None:
+            opts["kv"] = kv
+        if kv_v is not None:
+            opts["kv_v"] = kv_v
+        if gate is not None:
+            opts["gate"] = gate
+        self.group = q_heads // kv_heads if kv_heads > 0 else 0
+        self._c = _witcert.Cache(int(layers), int(q_heads), int(kv_heads), int(head_dim), int(capacity),
+                                 json.dumps(opts), int(pool_bytes), int(decode_budget), layout)
+
+    def write(self, layer: int, kv_head: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Stores the post-RoPE key and value (float32 ``(head_dim,)``) of the next position."""
+        self._c.write(int(layer), int(kv_head), int(pos), k, v)
+
+    def attend(self, layer: int, kv_head: int, q: np.ndarray, n_ctx: int) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
+        """Attention of the ``(group, head_dim)`` float32 queries sharing ``kv_head`` over
+        ``[0, n_ctx)``: the outputs and one meter cell per head (``raw``, ``meter``, ``v_meter``,
+        ``output_bound``, ``repaired``, ...)."""
+        return self._c.attend(int(layer), int(kv_head), q, int(n_ctx))
+
+    def stats(self) -> Dict[str, int]:
+        """Page-ins and their bytes, and the pool's pages and measured bytes."""
+        return self._c.stats()
+
+
+TokenCallback = Callable[[int, bytes, Optional[Dict[str, float]]], Optional[bool]]
+
+
+class Engine:
+    """A GGUF model (llama architecture) on the CPU, generating over a certified cache."""
+
+    def __init__(self, path: str, threads: int = 2):
+        self._e = _witcert.Engine(str(path), int(threads))
+
+    def tokenize(self, text: str, chat: bool = False) -> List[int]:
+        """The token ids of ``text`` (``chat``: wrapped as one user turn of the chat template)."""
+        return self._e.tokenize(text, bool(chat))
+
+    def generate(self, prompt: str, *, kv: Optional[str] = None, gate: Optional[float] = None,
+                 max_tokens: int = 64, on_token: Optional[TokenCallback] = None, **options: Any) -> Dict[str, Any]:
+        """Generates from ``prompt``. ``kv``/``gate`` and further options (``kv_v``, ``tau_v``,
+        ``granularity``, ``chat``, ``temperature``, ``top_p``, ``seed``, ``coverage_tau``, ...)
+        are those of ``witcert generate``. ``on_token(token, piece, step_meter)`` sees each token;
+        returning True cancels. Returns ``text``, ``tokens``, ``prompt_tokens``,
+        ``completion_tokens``, ``finish_reason`` and ``meter`` (the request's summary: cells,
+        coverage, raw-score median, p90 and max, page-ins; ``None`` for the plain cache)."""
+        req: Dict[str, Any] = dict(options)
+        req["max_tokens"] = int(max_tokens)
+        if kv is not None:
+            req["kv"] = kv
+        if gate is not None:
+            req["gate"] = gate
+        return self._e.generate(prompt, json.dumps(req), on_token)

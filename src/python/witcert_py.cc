@@ -1,0 +1,410 @@
+// The Python module `witcert._witcert` over the C API (include/witcert/witcert.h), so that Python,
+// C and the CLI compute the same numbers. Arrays are read in place when they are C-contiguous and
+// of the documented dtype; anything else is a TypeError naming the argument, never a silent copy.
+// A failed C call raises the exception its status maps to, with the library's message.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "witcert/witcert.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void check(witcert_status s) {
+  if (s == WITCERT_OK) return;
+  const std::string msg = witcert_last_error();
+  switch (s) {
+    case WITCERT_ERROR_INVALID_ARGUMENT: throw py::value_error(msg);
+    case WITCERT_ERROR_OUT_OF_RANGE: throw py::index_error(msg);
+    case WITCERT_ERROR_IO: {
+      PyErr_SetString(PyExc_OSError, msg.c_str());
+      throw py::error_already_set();
+    }
+    case WITCERT_ERROR_NON_FINITE: {
+      PyErr_SetString(PyExc_FloatingPointError, msg.c_str());
+      throw py::error_already_set();
+    }
+    default: throw std::runtime_error(msg);
+  }
+}
+
+// A C-contiguous array of T with `ndim` dimensions (any when ndim < 0), read in place.
+template <class T>
+py::array_t<T> take(const py::handle& obj, const char* name, int ndim = 1) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string(name) + " must be a numpy array of " + py::str(py::dtype::of<T>()).cast<std::string>());
+  const py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<T>()))
+    throw py::type_error(std::string(name) + " must have dtype " + py::str(py::dtype::of<T>()).cast<std::string>() +
+                         ", got " + py::str(a.dtype()).cast<std::string>());
+  if (!(a.flags() & py::array::c_style))
+    throw py::type_error(std::string(name) + " must be C-contiguous (np.ascontiguousarray)");
+  if (ndim >= 0 && a.ndim() != ndim)
+    throw py::value_error(std::string(name) + " must have " + std::to_string(ndim) + " dimension(s), got " +
+                          std::to_string(a.ndim()));
+  return py::reinterpret_borrow<py::array_t<T>>(a);
+}
+
+// fp16 travels as numpy float16, whose storage is the IEEE binary16 bits the C API takes.
+py::array_t<std::uint16_t> take_f16(const py::handle& obj, const char* name, int ndim) {
+  if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be a numpy array of float16");
+  const py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (a.dtype().kind() != 'f' || a.dtype().itemsize() != 2)
+    throw py::type_error(std::string(name) + " must have dtype float16, got " + py::str(a.dtype()).cast<std::string>());
+  if (!(a.flags() & py::array::c_style)) throw py::type_error(std::string(name) + " must be C-contiguous");
+  if (a.ndim() != ndim)
+    throw py::value_error(std::string(name) + " must have " + std::to_string(ndim) + " dimension(s), got " +
+                          std::to_string(a.ndim()));
+  return py::array_t<std::uint16_t>(a.request().shape, a.request().strides, static_cast<const std::uint16_t*>(a.data()), a);
+}
+
+py::array as_f16(py::array_t<std::uint16_t> bits) { return bits.attr("view")("float16"); }
+
+py::dict bounds_dict(const witcert_bounds& b) {
+  py::dict d;
+  d["eform"] = b.eform;
+  d["two_sided"] = b.two_sided;
+  d["retention"] = b.retention;
+  d["tanh"] = b.tanh;
+  d["tanh_half"] = b.tanh_half;
+  d["raw"] = b.raw;
+  d["meter"] = b.meter;
+  return d;
+}
+
+witcert_rope_layout layout_of(const std::string& s) {
+  if (s == "interleaved") return WITCERT_ROPE_INTERLEAVED;
+  if (s == "neox") return WITCERT_ROPE_NEOX;
+  throw py::value_error("layout must be 'interleaved' or 'neox', got '" + s + "'");
+}
+
+py::dict meter_logits(const py::object& z_obj, const py::object& c_obj) {
+  const auto z = take<double>(z_obj, "z"), c = take<double>(c_obj, "c");
+  if (z.size() != c.size())
+    throw py::value_error("z has " + std::to_string(z.size()) + " entries, c has " + std::to_string(c.size()));
+  witcert_bounds b{};
+  check(witcert_meter_logits(z.data(), c.data(), static_cast<size_t>(z.size()), &b));
+  return bounds_dict(b);
+}
+
+py::dict meter_probs(const py::object& p_obj, const py::object& c_obj) {
+  const auto p = take<double>(p_obj, "p_tilde"), c = take<double>(c_obj, "c");
+  if (p.size() != c.size())
+    throw py::value_error("p_tilde has " + std::to_string(p.size()) + " entries, c has " + std::to_string(c.size()));
+  witcert_bounds b{};
+  check(witcert_meter_probs(p.data(), c.data(), static_cast<size_t>(p.size()), &b));
+  return bounds_dict(b);
+}
+
+py::array witness(const py::object& k_hat_obj, const py::object& k_obj, int bands, const std::string& layout) {
+  const auto kh = take<float>(k_hat_obj, "k_hat", -1), k = take<float>(k_obj, "k", -1);
+  if (kh.ndim() < 1 || kh.ndim() > 2) throw py::value_error("k_hat must be (d,) or (n, d)");
+  if (kh.ndim() != k.ndim() || !std::equal(kh.shape(), kh.shape() + kh.ndim(), k.shape()))
+    throw py::value_error("k_hat and k must have the same shape");
+  const py::ssize_t d = kh.shape(kh.ndim() - 1), n = kh.ndim() == 2 ? kh.shape(0) : 1;
+  std::vector<py::ssize_t> shape = {n, bands};
+  if (bands < 1) throw py::value_error("bands must be at least 1");
+  py::array_t<std::uint16_t> w(shape);
+  for (py::ssize_t t = 0; t < n; ++t)
+    check(witcert_witness(static_cast<int>(d), bands, layout_of(layout), kh.data() + t * d, k.data() + t * d,
+                          w.mutable_data() + t * bands));
+  if (kh.ndim() == 1) w = w.reshape({static_cast<py::ssize_t>(bands)});
+  return as_f16(w);
+}
+
+py::array tier_a_bounds(const py::object& q_obj, const py::object& w_obj, double sm, const std::string& layout) {
+  const auto q = take<float>(q_obj, "q");
+  const auto w = take_f16(w_obj, "witnesses", 2);
+  py::array_t<double> c(w.shape(0));
+  check(witcert_tier_a_bounds(static_cast<int>(q.size()), static_cast<int>(w.shape(1)), layout_of(layout), q.data(),
+                              w.data(), static_cast<size_t>(w.shape(0)), sm, c.mutable_data()));
+  return c;
+}
+
+// Tier B for one head dimension, group and outlier mask.
+class DitherInt8 {
+ public:
+  DitherInt8(int d, int group, std::uint64_t seed, const py::object& outliers) : d_(d), group_(group), seed_(seed) {
+    if (d < 1) throw py::value_error("d must be at least 1");
+    mask_.assign(static_cast<std::size_t>(d), 0);
+    if (!outliers.is_none())
+      for (const py::handle& h : outliers) {
+        const long c = h.cast<long>();
+        if (c < 0 || c >= d) throw py::value_error("outlier channel " + std::to_string(c) + " is outside [0, d)");
+        mask_[static_cast<std::size_t>(c)] = 1;
+      }
+    for (std::uint8_t m : mask_) n_outliers_ += m;
+    if (group < 1 || d % group != 0) throw py::value_error("group must divide d");
+  }
+  py::array_t<float> dither(std::uint32_t layer, std::uint32_t kv_head, std::uint32_t slot) const {
+    py::array_t<float> xi(d_);
+    check(witcert_dither_values(seed_, layer, kv_head, slot, xi.mutable_data(), static_cast<size_t>(d_)));
+    return xi;
+  }
+  py::tuple encode(const py::object& x_obj, const py::object& xi_obj) const {
+    const auto x = take<float>(x_obj, "x"), xi = take<float>(xi_obj, "xi");
+    size_check(x.size(), "x");
+    size_check(xi.size(), "xi");
+    py::array_t<std::int8_t> codes(d_);
+    py::array_t<std::uint16_t> scales(d_ / group_), ov(static_cast<py::ssize_t>(n_outliers_));
+    check(witcert_dither_encode(x.data(), xi.data(), mask_.data(), static_cast<size_t>(d_), group_, codes.mutable_data(),
+                                scales.mutable_data(), ov.mutable_data(), n_outliers_));
+    return py::make_tuple(codes, as_f16(scales), as_f16(ov));
+  }
+  py::array_t<float> decode(const py::object& codes_obj, const py::object& scales_obj, const py::object& xi_obj,
+                            const py::object& ov_obj) const {
+    const auto codes = take<std::int8_t>(codes_obj, "codes");
+    const auto scales = take_f16(scales_obj, "scales", 1);
+    const auto xi = take<float>(xi_obj, "xi");
+    const auto ov = take_f16(ov_obj, "outlier_values", 1);
+    size_check(codes.size(), "codes");
+    size_check(xi.size(), "xi");
+    if (scales.size() != d_ / group_) throw py::value_error("scales must hold d / group values");
+    if (static_cast<size_t>(ov.size()) != n_outliers_) throw py::value_error("outlier_values must hold one value per outlier");
+    py::array_t<float> out(d_);
+    check(witcert_dither_decode(codes.data(), scales.data(), xi.data(), mask_.data(), ov.data(), n_outliers_,
+                                static_cast<size_t>(d_), group_, out.mutable_data()));
+    return out;
+  }
+  double radius(const py::object& q_obj, const py::object& scales_obj, long n_tokens, double delta_loc, double sm) const {
+    const auto q = take<float>(q_obj, "q");
+    const auto scales = take_f16(scales_obj, "scales", 1);
+    size_check(q.size(), "q");
+    if (scales.size() != d_ / group_) throw py::value_error("scales must hold d / group values");
+    double u = 0;
+    check(witcert_dither_radius(q.data(), scales.data(), mask_.data(), static_cast<size_t>(d_), group_, sm, n_tokens,
+                                delta_loc, &u));
+    return u;
+  }
+  int d() const { return d_; }
+  int group() const { return group_; }
+
+ private:
+  void size_check(py::ssize_t n, const char* name) const {
+    if (n != d_) throw py::value_error(std::string(name) + " must hold d = " + std::to_string(d_) + " values, got " + std::to_string(n));
+  }
+  int d_, group_;
+  std::uint64_t seed_;
+  std::vector<std::uint8_t> mask_;
+  size_t n_outliers_ = 0;
+};
+
+// One sequence over its own pool.
+class Cache {
+ public:
+  Cache(int layers, int q_heads, int kv_heads, int head_dim, long capacity, const std::string& options_json,
+        long pool_bytes, long decode_budget, const std::string& layout) {
+    g_ = {layers, q_heads, kv_heads, head_dim, capacity, layout_of(layout)};
+    check(witcert_pool_create(&g_, options_json.c_str(), pool_bytes, &pool_));
+    const witcert_status s = witcert_cache_create(pool_, nullptr, decode_budget, &cache_);
+    if (s != WITCERT_OK) {
+      const std::string msg = witcert_last_error();
+      witcert_pool_free(pool_);
+      throw py::value_error(msg);
+    }
+  }
+  ~Cache() {
+    witcert_cache_free(cache_);
+    witcert_pool_free(pool_);
+  }
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  void write(int layer, int kv_head, long pos, const py::object& k_obj, const py::object& v_obj) {
+    const auto k = take<float>(k_obj, "k"), v = take<float>(v_obj, "v");
+    if (k.size() != g_.head_dim || v.size() != g_.head_dim) throw py::value_error("k and v must hold head_dim values");
+    check(witcert_cache_write(cache_, layer, kv_head, pos, k.data(), v.data()));
+  }
+  py::tuple attend(int layer, int kv_head, const py::object& q_obj, long n_ctx) {
+    const auto q = take<float>(q_obj, "q", 2);
+    const int group = g_.q_heads / g_.kv_heads;
+    if (q.shape(0) != group || q.shape(1) != g_.head_dim)
+      throw py::value_error("q must be (q_heads / kv_heads, head_dim) = (" + std::to_string(group) + ", " +
+                            std::to_string(g_.head_dim) + ")");
+    py::array_t<float> out({static_cast<py::ssize_t>(group), static_cast<py::ssize_t>(g_.head_dim)});
+    std::vector<witcert_cell> cells(static_cast<std::size_t>(group));
+    check(witcert_cache_attend(cache_, layer, kv_head, q.data(), group, n_ctx, out.mutable_data(), cells.data()));
+    py::list cl;
+    for (const witcert_cell& c : cells) {
+      py::dict d;
+      d["layer"] = c.layer;
+      d["q_head"] = c.q_head;
+      d["pos"] = c.pos;
+      d["raw"] = c.raw;
+      d["meter"] = c.meter;
+      d["v_meter"] = c.v_meter;
+      d["output_bound"] = c.output_bound;
+      d["repaired"] = c.repaired != 0;
+      cl.append(d);
+    }
+    return py::make_tuple(out, cl);
+  }
+  py::dict stats() const {
+    witcert_cache_stats s{};
+    witcert_pool_stats p{};
+    check(witcert_cache_stats_get(cache_, &s));
+    check(witcert_pool_stats_get(pool_, &p));
+    py::dict d;
+    d["page_ins"] = s.page_ins;
+    d["page_in_bytes"] = s.page_in_bytes;
+    d["sequence_bytes"] = s.bytes;
+    d["pool_pages"] = p.pages;
+    d["pool_free_pages"] = p.free_pages;
+    d["page_size"] = p.page_size;
+    d["pool_bytes"] = p.bytes;
+    d["backing_bytes"] = p.backing_bytes;
+    return d;
+  }
+
+ private:
+  witcert_geometry g_{};
+  witcert_pool* pool_ = nullptr;
+  witcert_cache* cache_ = nullptr;
+};
+
+class Engine {
+ public:
+  Engine(const std::string& path, int threads) { check(witcert_engine_load(path.c_str(), threads, &e_)); }
+  ~Engine() { witcert_engine_free(e_); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::vector<std::int32_t> tokenize(const std::string& text, bool chat) const {
+    size_t n = 0;
+    witcert_status s = witcert_engine_tokenize(e_, text.c_str(), chat, nullptr, 0, &n);
+    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL && s != WITCERT_OK) check(s);
+    std::vector<std::int32_t> ids(n);
+    check(witcert_engine_tokenize(e_, text.c_str(), chat, ids.data(), ids.size(), &n));
+    return ids;
+  }
+
+  // The request as JSON (the C API's request_json); on_token(token, piece, step_meter or None)
+  // returning True cancels.
+  py::dict generate(const std::string& prompt, const std::string& request_json, const py::object& on_token) {
+    struct Ctx {
+      py::object cb;
+      std::string text;
+      std::vector<std::int32_t> tokens;
+      bool failed = false;
+      std::unique_ptr<py::error_already_set> error;
+    } ctx{on_token, {}, {}, false, nullptr};
+    const auto trampoline = [](void* user, int32_t token, const char* piece, const witcert_step_meter* m) -> int {
+      auto* c = static_cast<Ctx*>(user);
+      c->tokens.push_back(token);
+      c->text += piece;
+      if (c->cb.is_none() || c->failed) return c->failed;
+      try {
+        py::object meter = py::none();
+        if (m) {
+          py::dict d;
+          d["cells"] = m->cells;
+          d["coverage_k"] = m->coverage_k;
+          d["coverage_v"] = m->coverage_v;
+          d["raw_max"] = m->raw_max;
+          d["meter_max"] = m->meter_max;
+          d["repaired"] = m->repaired;
+          meter = d;
+        }
+        return py::cast<bool>(py::bool_(c->cb(token, py::bytes(piece), meter))) ? 1 : 0;
+      } catch (py::error_already_set& e) {
+        c->failed = true;  // stop, and raise the callback's exception after the call returns
+        c->error = std::make_unique<py::error_already_set>(std::move(e));
+        return 1;
+      }
+    };
+    witcert_generation r{};
+    const witcert_status s = witcert_engine_generate(e_, prompt.c_str(), request_json.c_str(), trampoline, &ctx, &r,
+                                                     nullptr, 0, nullptr);
+    if (ctx.failed) throw *ctx.error;
+    check(s);
+    py::dict out;
+    out["text"] = py::bytes(ctx.text).attr("decode")("utf-8", "replace");
+    out["tokens"] = ctx.tokens;
+    out["prompt_tokens"] = r.prompt_tokens;
+    out["completion_tokens"] = r.completion_tokens;
+    out["finish_reason"] = r.cancelled ? "cancelled" : r.stopped ? "stop" : "length";
+    if (r.has_meter) {
+      py::dict m;
+      m["cells"] = r.cells;
+      m["coverage_k"] = r.coverage_k;
+      m["coverage_v"] = r.coverage_v;
+      m["raw_median"] = r.raw_median;
+      m["raw_p90"] = r.raw_p90;
+      m["raw_max"] = r.raw_max;
+      m["page_ins"] = r.page_ins;
+      m["page_in_bytes"] = r.page_in_bytes;
+      out["meter"] = m;
+    } else {
+      out["meter"] = py::none();
+    }
+    return out;
+  }
+
+ private:
+  witcert_engine* e_ = nullptr;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_witcert, m) {
+  m.doc() = "WitCert's C API for Python (the witcert package wraps it with type hints).";
+  m.attr("API_VERSION") = witcert_api_version();
+  m.attr("__version__") = witcert_version();
+  m.def("meter_logits", &meter_logits, py::arg("z"), py::arg("c"));
+  m.def("meter_probs", &meter_probs, py::arg("p_tilde"), py::arg("c"));
+  m.def("meter_tanh", [](double c_max) {
+    double t = 0, th = 0;
+    check(witcert_meter_tanh(c_max, &t, &th));
+    return py::make_tuple(t, th);
+  });
+  m.def("meter_log_domain", [](double log_a, double log_a_minus) {
+    double e = 0, ts = 0;
+    check(witcert_meter_log_domain(log_a, log_a_minus, &e, &ts));
+    return py::make_tuple(e, ts);
+  });
+  m.def("true_tv", [](const py::object& p_obj, const py::object& e_obj) {
+    const auto p = take<double>(p_obj, "p_tilde"), e = take<double>(e_obj, "eps");
+    if (p.size() != e.size()) throw py::value_error("p_tilde and eps must have the same length");
+    double tv = 0;
+    check(witcert_true_tv(p.data(), e.data(), static_cast<size_t>(p.size()), &tv));
+    return tv;
+  });
+  m.def("witness", &witness, py::arg("k_hat"), py::arg("k"), py::arg("bands"), py::arg("layout"));
+  m.def("tier_a_bounds", &tier_a_bounds, py::arg("q"), py::arg("witnesses"), py::arg("sm"), py::arg("layout"));
+  m.def("delta_loc", [](double delta_req, long layers, long q_heads, long steps) {
+    double d = 0;
+    check(witcert_delta_loc(delta_req, layers, q_heads, steps, &d));
+    return d;
+  });
+  m.def("value_bound", [](double tv_k, double v_max_norm, double weighted_rho) {
+    double b = 0, vm = 0;
+    check(witcert_value_bound(tv_k, v_max_norm, weighted_rho, &b, &vm));
+    return py::make_tuple(b, vm);
+  });
+  py::class_<DitherInt8>(m, "DitherInt8")
+      .def(py::init<int, int, std::uint64_t, const py::object&>(), py::arg("d"), py::arg("group"), py::arg("seed"),
+           py::arg("outliers"))
+      .def("dither", &DitherInt8::dither)
+      .def("encode", &DitherInt8::encode)
+      .def("decode", &DitherInt8::decode)
+      .def("radius", &DitherInt8::radius)
+      .def_property_readonly("d", &DitherInt8::d)
+      .def_property_readonly("group", &DitherInt8::group);
+  py::class_<Cache>(m, "Cache")
+      .def(py::init<int, int, int, int, long, const std::string&, long, long, const std::string&>())
+      .def("write", &Cache::write)
+      .def("attend", &Cache::attend)
+      .def("stats", &Cache::stats);
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<const std::string&, int>())
+      .def("tokenize", &Engine::tokenize)
+      .def("generate", &Engine::generate);
+}
