@@ -157,6 +157,9 @@ TEST(CApi, EveryMeterAndCertificateFunctionRefusesBadArguments) {
   expect_refused(witcert_bounds_meter(&b, static_cast<witcert_bound_shape>(6), &out), A, "shape");
   expect_refused(witcert_bounds_meter(&b, WITCERT_BOUND_MIN, nullptr), A, "meter");
   expect_refused(witcert_true_tv(p, nanv, 2, &out), A, "eps[1]");
+  expect_refused(witcert_true_tv(nullptr, c, 2, &out), A, "p_tilde");
+  expect_refused(witcert_true_tv(p, nullptr, 2, &out), A, "eps");
+  expect_refused(witcert_true_tv(p, c, 2, nullptr), A, "tv");
   expect_refused(witcert_true_tv(p, c, 0, &out), A, "n");
 
   // Certificates.
@@ -400,6 +403,8 @@ TEST(CApi, CacheAndPoolRefuseBadArgumentsAndStaleHandles) {
   // A pool of two 16-token pages: the third page is refused, and comes back on free.
   ASSERT_EQ(witcert_pool_create(&g, R"({"kv": "q4_0", "page_size": 16})", 0, &pool), WITCERT_OK);
   witcert_pool_stats ps{};
+  expect_refused(witcert_pool_stats_get(pool, nullptr), A, "stats");
+  expect_refused(witcert_pool_stats_get(nullptr, &ps), A, "pool");
   ASSERT_EQ(witcert_pool_stats_get(pool, &ps), WITCERT_OK);
   EXPECT_EQ(ps.pages, 4);
   EXPECT_EQ(ps.page_size, 16);
@@ -432,6 +437,9 @@ TEST(CApi, CacheAndPoolRefuseBadArgumentsAndStaleHandles) {
   expect_refused(witcert_cache_attend(cache, 0, 0, q.data(), 2, 1, out.data(), cells), A, "q[100]");
   q[100] = 1.0f;
   ASSERT_EQ(witcert_cache_attend(cache, 0, 0, q.data(), 2, 1, out.data(), nullptr), WITCERT_OK) << witcert_last_error();
+  expect_refused(witcert_cache_attend(nullptr, 0, 0, q.data(), 2, 1, out.data(), cells), A, "cache");
+  expect_refused(witcert_cache_write(nullptr, 0, 0, 0, k.data(), v.data()), A, "cache");
+  expect_refused(witcert_cache_stats_get(cache, nullptr), A, "stats");
   // Fill two pages of one stream: the layer-1 streams then find no page left.
   for (std::int64_t p = 1; p < 32; ++p) ASSERT_EQ(witcert_cache_write(cache, 0, 0, p, k.data(), v.data()), WITCERT_OK);
   witcert_cache* other = nullptr;
@@ -494,6 +502,11 @@ TEST(CApi, TheEngineGeneratesWhatTheLibraryGenerates) {
   std::vector<int32_t> got(4);
   expect_refused(witcert_engine_tokenize(e, prompt.c_str(), 0, got.data(), 2, &n), WITCERT_ERROR_BUFFER_TOO_SMALL, "buffer");
   EXPECT_EQ(n, ids.size());
+  expect_refused(witcert_engine_tokenize(e, nullptr, 0, got.data(), 4, &n), WITCERT_ERROR_INVALID_ARGUMENT, "text");
+  expect_refused(witcert_engine_tokenize(e, "x", 0, nullptr, 4, &n), WITCERT_ERROR_INVALID_ARGUMENT, "tokens");
+  expect_refused(witcert_engine_tokenize(e, "x", 0, got.data(), 4, nullptr), WITCERT_ERROR_INVALID_ARGUMENT, "n");
+  expect_refused(witcert_engine_tokenize(nullptr, "x", 0, got.data(), 4, &n), WITCERT_ERROR_INVALID_ARGUMENT, "engine");
+  expect_refused(witcert_engine_load(model_path().c_str(), 2, nullptr), WITCERT_ERROR_INVALID_ARGUMENT, "engine");
   got.resize(n);
   ASSERT_EQ(witcert_engine_tokenize(e, prompt.c_str(), 0, got.data(), got.size(), &n), WITCERT_OK);
   EXPECT_EQ(got, ids);
@@ -561,8 +574,13 @@ TEST(CApi, TheEngineGeneratesWhatTheLibraryGenerates) {
   while (m.prompt_tokens(beyond, false).size() <= static_cast<std::size_t>(m.model->config().context)) beyond += "the boats and the nets ";
   expect_refused(witcert_engine_generate(e, beyond.c_str(), nullptr, nullptr, nullptr, &r, nullptr, 0, nullptr),
                  WITCERT_ERROR_OUT_OF_RANGE, "context");
+  expect_refused(witcert_engine_generate(nullptr, prompt.c_str(), nullptr, nullptr, nullptr, &r, nullptr, 0, nullptr), A, "engine");
+  expect_refused(witcert_engine_generate(e, prompt.c_str(), nullptr, nullptr, nullptr, &r, nullptr, 8, nullptr), A, "text");
   witcert_engine_free(e);
+  witcert_engine_free(nullptr);
   expect_refused(witcert_engine_tokenize(e, "x", 0, got.data(), got.size(), &n), WITCERT_ERROR_INVALID_HANDLE, "engine");
+  expect_refused(witcert_engine_generate(e, prompt.c_str(), nullptr, nullptr, nullptr, &r, nullptr, 0, nullptr),
+                 WITCERT_ERROR_INVALID_HANDLE, "engine");
 }
 
 }  // namespace
