@@ -133,6 +133,25 @@ void check_group(std::size_t d, int group) {
           "group must be positive and divide d (" + std::to_string(d) + "), got " + std::to_string(group));
 }
 
+// The outlier mask of a dither-int8 token after checking the shape: group divides d, the mask
+// holds 0s and 1s, n_outliers counts its 1s and outlier_values is there when any.
+std::vector<std::uint8_t> dither_layout(std::size_t d, int group, const std::uint8_t* outlier,
+                                        const void* outlier_values, std::size_t n_outliers) {
+  check_group(d, group);
+  std::size_t ones = 0;
+  std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
+  require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " + std::to_string(ones) +
+                                  " outlier channels");
+  require(ones == 0 || outlier_values, "outlier_values is NULL");
+  return mask;
+}
+
+// A dither: every value on [−½, ½).
+void check_dither(const float* xi, std::size_t d) {
+  for (std::size_t i = 0; i < d; ++i)
+    require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+}
+
 // Every live handle, so that a freed or foreign pointer is refused without being read (its
 // address may be reused by a later handle, which then reads as live).
 std::mutex g_handles_mu;
@@ -351,18 +370,12 @@ witcert_status witcert_dither_encode(const float* x, const float* xi, const uint
     not_null(xi, "xi");
     not_null(codes, "codes");
     not_null(scales, "scales");
-    check_group(d, group);
-    std::size_t ones = 0;
-    const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
-    require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " +
-                                    std::to_string(ones) + " outlier channels");
-    require(ones == 0 || outlier_values, "outlier_values is NULL");
+    const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
     for (std::size_t i = 0; i < d; ++i)
       require(!std::isnan(x[i]), "x[" + std::to_string(i) + "] is NaN");  // ±inf: scale +inf, no guarantee
-    for (std::size_t i = 0; i < d; ++i)
-      require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+    check_dither(xi, d);
     quant::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
-                              {outlier_values, ones});
+                              {outlier_values, n_outliers});
   });
 }
 
@@ -374,16 +387,10 @@ witcert_status witcert_dither_decode(const int8_t* codes, const uint16_t* scales
     not_null(scales, "scales");
     not_null(xi, "xi");
     not_null(out, "out");
-    check_group(d, group);
-    std::size_t ones = 0;
-    const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
-    require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " +
-                                    std::to_string(ones) + " outlier channels");
-    require(ones == 0 || outlier_values, "outlier_values is NULL");
-    for (std::size_t i = 0; i < d; ++i)
-      require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+    const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
+    check_dither(xi, d);
     quant::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
-                              {outlier_values, ones}, group, {out, d});
+                              {outlier_values, n_outliers}, group, {out, d});
   });
 }
 
