@@ -47,7 +47,11 @@ typedef enum witcert_status {
   WITCERT_ERROR_BUFFER_TOO_SMALL = 4, /* the caller's buffer cannot hold the result; *needed says how much */
   WITCERT_ERROR_IO = 5,               /* a file that cannot be read (a missing or malformed GGUF) */
   WITCERT_ERROR_NON_FINITE = 6,       /* the model produced NaN or infinite activations */
-  WITCERT_ERROR_INTERNAL = 7          /* a bug: please report it with witcert_last_error() */
+  WITCERT_ERROR_INTERNAL = 7,         /* a bug: please report it with witcert_last_error() */
+  /* Not statuses: they make each enum of this header as wide as int, so that any int a caller
+   * passes is refused as a bad value rather than being undefined behaviour in C++. */
+  WITCERT_STATUS_MIN_ = -2147483647 - 1,
+  WITCERT_STATUS_MAX_ = 2147483647
 } witcert_status;
 
 /* WITCERT_API_VERSION of the library that is loaded, and its release, e.g. "0.1.0". */
@@ -71,7 +75,9 @@ typedef enum witcert_bound_shape {
   WITCERT_BOUND_RETENTION = 2,
   WITCERT_BOUND_TANH = 3,
   WITCERT_BOUND_TANH_HALF = 4,
-  WITCERT_BOUND_MIN = 5
+  WITCERT_BOUND_MIN = 5,
+  WITCERT_BOUND_SHAPE_MIN_ = -2147483647 - 1, /* not values: as wide as int */
+  WITCERT_BOUND_SHAPE_MAX_ = 2147483647
 } witcert_bound_shape;
 
 /* Every bound shape of one attention distribution, unclamped (+inf: no guarantee), and the meter:
@@ -111,7 +117,9 @@ WITCERT_EXPORT witcert_status witcert_true_tv(const double* p_tilde, const doubl
 /* Which coordinates form RoPE frequency pair j of a d-dimensional head. */
 typedef enum witcert_rope_layout {
   WITCERT_ROPE_INTERLEAVED = 0, /* (2j, 2j+1): GGML's "normal" rope, llama */
-  WITCERT_ROPE_NEOX = 1         /* (j, j + d/2) */
+  WITCERT_ROPE_NEOX = 1,        /* (j, j + d/2) */
+  WITCERT_ROPE_LAYOUT_MIN_ = -2147483647 - 1, /* not values: as wide as int */
+  WITCERT_ROPE_LAYOUT_MAX_ = 2147483647
 } witcert_rope_layout;
 
 /* Tier A (black-box schemes). A key k of d floats and its compressed value k_hat: the witness is

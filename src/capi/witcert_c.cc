@@ -235,6 +235,7 @@ const char* witcert_status_name(witcert_status status) {
     case WITCERT_ERROR_IO: return "i/o error";
     case WITCERT_ERROR_NON_FINITE: return "non-finite activations";
     case WITCERT_ERROR_INTERNAL: return "internal error";
+    default: break;
   }
   return "unknown status";
 }
