@@ -8,7 +8,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "cert", "quant", "cache", "attn", "kernel", "model", "gate", "engine", "capi", "apps"]
+LAYERS = ["base", "cert", "quant", "cache", "attn", "kernel", "model", "gate", "engine", "capi", "python", "apps"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 
 
