@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/fetch-model.sh  # the real-model tests fail without it
+scripts/fetch-eval-data.sh  # the corpus of `witcert eval --quick`
 tools/check_layers.py  # no file includes a layer above its own
 build_dir=${1:-build}
 shift || true

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/cli/commands.h"
+#include "apps/eval/eval.h"
 #include "cache/kv_store.h"
 
 namespace {
@@ -350,7 +351,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0));
   const PoolCacheOptions serve_cache = add_pool_cache_options(serve, sa.cache);
 
-  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch, serve};
+  witcert::apps::EvalOptions ev;
+  std::string ev_experiment;
+  auto* evalc = app.add_subcommand("eval", "The paper's evaluation on this model: tables, CSVs and plots (docs/EVALUATION.md)");
+  evalc->add_option("experiment", ev_experiment, "all, or one of: " + [] {
+    std::string names;
+    for (const std::string& n : witcert::apps::eval_experiments()) names += (names.empty() ? "" : ", ") + n;
+    return names;
+  }())->required();
+  evalc->add_option("--model", ev.model, "GGUF model file (default: the fetched SmolLM2-135M)");
+  evalc->add_option("--out", ev.out, "results directory (an experiment's cells already there are not recomputed)");
+  evalc->add_option("--data", ev.data, "the corpus fetched by scripts/fetch-eval-data.sh");
+  evalc->add_flag("--quick", ev.quick, "small sizes: minutes instead of hours");
+  evalc->add_option("--threads", ev.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
+  evalc->add_option("--python", ev.python, "interpreter with matplotlib for the plots (default: .venv/bin/python, python3)");
+
+  const std::vector<CLI::App*> commands = {bound, philox, schemes, selfcheck, generate, logits, runc, demo, batch, serve, evalc};
   try {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
@@ -402,6 +418,7 @@ int main(int argc, char** argv) {
     if (*runc) return witcert::apps::run_run(ra, std::cout, std::cerr);
     if (*batch) return witcert::apps::run_batch(ba, std::cerr);
     if (*serve) return witcert::apps::run_serve(sa, std::cerr);
+    if (*evalc) return witcert::apps::run_eval(ev_experiment, ev, std::cout, std::cerr);
     if (*demo) return witcert::apps::run_demo(demo_model, demo_threads, demo_tokens, demo_report, std::cout, std::cerr);
   } catch (const std::exception& e) {
     std::cerr << "witcert: error: " << e.what() << "\n";

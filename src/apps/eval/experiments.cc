@@ -1,0 +1,264 @@
+// The experiments of `witcert eval`. Each runs requests through the engine's session loop on a
+// certified cache whose exact tier also gives the true TV of every cell (check_soundness), keeps
+// its finished cells in a ResultStore, and writes its tables and plots.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+#include <stdexcept>
+
+#include "apps/eval/eval.h"
+#include "base/thread_pool.h"
+#include "engine/cache_factory.h"
+#include "engine/session.h"
+#include "gate/meter_cell.h"
+#include "quant/kv_format.h"
+
+namespace witcert::apps {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Every cell's soundness, from the calling threads: counts, violations (true TV above the meter)
+// and the worst ratio TV / meter.
+class SoundnessSink final : public gate::MeterSink {
+ public:
+  void record(std::span<const gate::MeterCell> cells) override {
+    std::int64_t n = 0, bad = 0;
+    double worst = 0.0, tv_max = 0.0;
+    for (const gate::MeterCell& c : cells) {
+      if (std::isnan(c.tv)) continue;
+      ++n;
+      bad += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+      worst = std::max(worst, c.meter > 0 ? c.tv / c.meter : (c.tv > 0 ? HUGE_VAL : 0.0));
+      tv_max = std::max(tv_max, c.tv);
+    }
+    std::lock_guard lock(mu_);
+    checked += n;
+    violations += bad;
+    worst_ratio = std::max(worst_ratio, worst);
+    max_tv = std::max(max_tv, tv_max);
+  }
+  std::mutex mu_;
+  std::int64_t checked = 0, violations = 0;
+  double worst_ratio = 0.0, max_tv = 0.0;
+};
+
+// Keeps every k-th checked cell of the decode steps (pos ≥ first): raw score, meter and true TV.
+class CellSample final : public gate::MeterSink {
+ public:
+  CellSample(std::int64_t first, int every) : first_(first), every_(every) {}
+  void record(std::span<const gate::MeterCell> cells) override {
+    std::lock_guard lock(mu_);
+    for (const gate::MeterCell& c : cells)
+      if (c.pos >= first_ && !std::isnan(c.tv) && seen_++ % every_ == 0) kept.push_back({c.eform_raw, c.meter, c.tv});
+  }
+  struct Cell {
+    double raw, meter, tv;
+  };
+  std::vector<Cell> kept;
+
+ private:
+  std::mutex mu_;
+  std::int64_t first_;
+  int every_;
+  std::int64_t seen_ = 0;
+};
+
+engine::CacheOptions checked_cache(const std::string& kv) {
+  engine::CacheOptions o = engine::CacheOptions::from_json({{"kv", kv}});
+  o.check_soundness = true;
+  return o;
+}
+
+// Greedy generation of n tokens from prompt on a cache of `opts` with the sinks.
+void run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt, int n,
+                 const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
+  const model::LlamaConfig& cfg = m.model->config();
+  const engine::Cache c =
+      engine::make_cache(cfg, static_cast<std::int64_t>(prompt.size()) + n, n, opts, std::move(sinks));
+  engine::Session session(*m.model, *c.kv, pool);
+  engine::GenerateOptions go;
+  go.max_new_tokens = n;
+  engine::generate(session, prompt, go);
+}
+
+std::string experiment_dir(const EvalOptions& o, const std::string& name) { return (fs::path(o.out) / name).string(); }
+
+void finish(const EvalOptions& o, const std::string& name, const std::string& dir, std::ostream& out,
+            std::int64_t violations) {
+  std::ifstream md(fs::path(dir) / (name + ".md"));
+  out << md.rdbuf() << "\n";
+  for (const std::string& f : eval::draw_plots(o, name, dir)) out << "plot: " << f << "\n";
+  out << fmt::format("{}: {} soundness violations\n\n", name, violations);
+}
+
+// Schemes whose meter is a certificate: every KV format but the exact fp16.
+std::vector<std::string> metered_schemes() {
+  std::vector<std::string> s;
+  for (const std::string& n : quant::kv_format_names())
+    if (n != "fp16") s.push_back(n);
+  return s;
+}
+
+// §4.2 (ii): free-running requests with every cell checked against the true TV.
+std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
+  const std::string dir = experiment_dir(o, "soundness");
+  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  const std::vector<std::string> schemes = metered_schemes();
+  // Every scheme on prose and on code at least once, even in the quick run.
+  const int requests = o.quick ? 2 * static_cast<int>(schemes.size()) : 1000, n = o.quick ? 6 : 16;
+  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", requests, o.quick ? 48 : 160, 11);
+  const std::vector<std::string> code = eval::domain_prompts(m, o, "code", requests, o.quick ? 48 : 160, 12);
+  ThreadPool pool(o.threads);
+  eval::EtaBar bar(err, "soundness", requests);
+  for (int i = 0; i < requests; ++i) {
+    const std::string key = fmt::format("req-{}", i);
+    if (store.has(key)) {
+      bar.skip();
+      continue;
+    }
+    const std::string& scheme = schemes[static_cast<std::size_t>(i) % schemes.size()];
+    const bool is_code = (i / static_cast<int>(schemes.size())) % 2 == 1;
+    const std::vector<std::int32_t> prompt = m.prompt_tokens((is_code ? code : prose)[i], false);
+    SoundnessSink sink;
+    run_checked(m, pool, prompt, n, checked_cache(scheme), {&sink});
+    store.put(key, {{"scheme", scheme}, {"domain", is_code ? "code" : "prose"}, {"prompt_tokens", prompt.size()},
+                    {"cells", sink.checked}, {"violations", sink.violations}, {"worst_ratio", sink.worst_ratio},
+                    {"max_tv", sink.max_tv}});
+    bar.advance();
+  }
+  bar.finish();
+  // One row per scheme and one for all.
+  std::vector<json> rows, per_request;
+  std::int64_t total_cells = 0, total_bad = 0, total_requests = 0;
+  double total_worst = 0, total_max_tv = 0;
+  for (const std::string& s : schemes) {
+    std::int64_t reqs = 0, cells = 0, bad = 0;
+    double worst = 0, max_tv = 0;
+    for (int i = 0; i < requests; ++i) {
+      const json& r = store.get(fmt::format("req-{}", i));
+      if (r.at("scheme") != s) continue;
+      ++reqs;
+      cells += r.at("cells").get<std::int64_t>();
+      bad += r.at("violations").get<std::int64_t>();
+      worst = std::max(worst, r.at("worst_ratio").get<double>());
+      max_tv = std::max(max_tv, r.at("max_tv").get<double>());
+      per_request.push_back({{"scheme", s}, {"worst_ratio", r.at("worst_ratio")}});
+    }
+    if (reqs == 0) continue;
+    rows.push_back({{"scheme", s}, {"requests", reqs}, {"cells checked", cells}, {"violations", bad},
+                    {"worst TV/meter", worst}, {"largest TV", max_tv}});
+    total_cells += cells, total_bad += bad, total_requests += reqs;
+    total_worst = std::max(total_worst, worst), total_max_tv = std::max(total_max_tv, max_tv);
+  }
+  rows.push_back({{"scheme", "all"}, {"requests", total_requests}, {"cells checked", total_cells},
+                  {"violations", total_bad}, {"worst TV/meter", total_worst}, {"largest TV", total_max_tv},
+                  {"95% bound, violating requests", eval::rule_of_three(total_requests)},
+                  {"95% bound, violating cells", eval::rule_of_three(total_cells)}});
+  eval::write_table(dir, "soundness",
+                    {"scheme", "requests", "cells checked", "violations", "worst TV/meter", "largest TV",
+                     "95% bound, violating requests", "95% bound, violating cells"},
+                    rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell checked", requests, n));
+  eval::write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
+  finish(o, "soundness", dir, out, total_bad);
+  return total_bad;
+}
+
+// Fig. 1: per scheme, the raw meter against the true TV per cell, the tightness, and the raw score
+// as a classifier of danger (TV > 0.2).
+std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
+  const std::string dir = experiment_dir(o, "schemes");
+  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  const int prompts = o.quick ? 2 : 8, tokens = o.quick ? 64 : 256, n = o.quick ? 8 : 32;
+  const std::vector<std::string> names = metered_schemes();
+  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", prompts, tokens, 21);
+  ThreadPool pool(o.threads);
+  eval::EtaBar bar(err, "schemes", static_cast<std::int64_t>(names.size()));
+  for (const std::string& s : names) {
+    if (store.has(s)) {
+      bar.skip();
+      continue;
+    }
+    json cells = json::array();
+    std::int64_t violations = 0, count = 0;
+    for (const std::string& text : prose) {
+      const std::vector<std::int32_t> prompt = m.prompt_tokens(text, false);
+      CellSample sample(static_cast<std::int64_t>(prompt.size()), o.quick ? 1 : 4);
+      SoundnessSink sound;
+      run_checked(m, pool, prompt, n, checked_cache(s), {&sample, &sound});
+      violations += sound.violations;
+      count += sound.checked;
+      for (const CellSample::Cell& c : sample.kept) cells.push_back({c.raw, c.meter, c.tv});
+    }
+    store.put(s, {{"scheme", s}, {"cells_checked", count}, {"violations", violations}, {"cells", cells}});
+    bar.advance();
+  }
+  bar.finish();
+  std::vector<json> rows, points;
+  std::int64_t total_bad = 0;
+  for (const std::string& s : names) {
+    const json& r = store.get(s);
+    std::vector<double> raw, tight;
+    std::vector<bool> danger;
+    std::int64_t covered = 0;
+    for (const json& c : r.at("cells")) {
+      const double rw = c[0].is_number() ? c[0].get<double>() : HUGE_VAL, meter = c[1].get<double>(), tv = c[2].get<double>();
+      raw.push_back(rw);
+      danger.push_back(tv > 0.2);
+      covered += meter <= 0.2;
+      if (tv > 1e-12) tight.push_back(meter / tv);
+      points.push_back({{"scheme", s}, {"raw", std::isinf(rw) ? json("inf") : json(rw)}, {"meter", meter}, {"tv", tv}});
+    }
+    std::sort(tight.begin(), tight.end());
+    const auto q = [&](double p) { return tight.empty() ? NAN : tight[static_cast<std::size_t>(p * (tight.size() - 1))]; };
+    const double a = eval::auroc(raw, danger);
+    const std::int64_t dangerous = std::count(danger.begin(), danger.end(), true);
+    total_bad += r.at("violations").get<std::int64_t>();
+    rows.push_back({{"scheme", s}, {"cells", raw.size()}, {"coverage at 0.2", raw.empty() ? 0.0 : double(covered) / raw.size()},
+                    {"dangerous (TV > 0.2)", dangerous}, {"AUROC", std::isnan(a) ? json(nullptr) : json(a)},
+                    {"meter/TV median", q(0.5)}, {"meter/TV p90", q(0.9)},
+                    {"cells checked", r.at("cells_checked")}, {"violations", r.at("violations")}});
+  }
+  eval::write_table(dir, "schemes",
+                    {"scheme", "cells", "coverage at 0.2", "dangerous (TV > 0.2)", "AUROC", "meter/TV median",
+                     "meter/TV p90", "cells checked", "violations"},
+                    rows,
+                    fmt::format("Schemes: {} prose prompts of {} tokens, {} decode steps each; cells of the decode "
+                                "steps (AUROC: the raw score as a classifier of TV > 0.2; – where a class is empty)",
+                                prompts, tokens, n));
+  eval::write_table(dir, "cells", {"scheme", "raw", "meter", "tv"}, points, "Every sampled cell");
+  finish(o, "schemes", dir, out, total_bad);
+  return total_bad;
+}
+
+}  // namespace
+
+std::vector<std::string> eval_experiments() { return {"soundness", "schemes"}; }
+
+int run_eval(const std::string& experiment, const EvalOptions& opts, std::ostream& out, std::ostream& err) {
+  const std::vector<std::string> all = eval_experiments();
+  if (experiment != "all" && std::find(all.begin(), all.end(), experiment) == all.end()) {
+    std::string names;
+    for (const std::string& n : all) names += (names.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown experiment '" + experiment + "' (all, " + names + ")");
+  }
+  if (opts.threads < 1 || opts.threads > 256) throw std::invalid_argument("--threads must be in [1, 256]");
+  const engine::Model m = engine::Model::load(opts.model.empty() ? engine::default_model_path() : opts.model);
+  std::int64_t violations = 0;
+  for (const std::string& e : all) {
+    if (experiment != "all" && e != experiment) continue;
+    if (e == "soundness") violations += soundness(m, opts, out, err);
+    if (e == "schemes") violations += schemes(m, opts, out, err);
+  }
+  return violations == 0 ? 0 : 1;
+}
+
+}  // namespace witcert::apps

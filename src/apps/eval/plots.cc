@@ -1,0 +1,155 @@
+// The plots of `witcert eval`, drawn by matplotlib (pinned in scripts/install-deps.sh) from the
+// experiment's CSVs. The script is part of the binary, written beside the results for the run, so
+// an installed `witcert` needs no file of the source tree.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+
+#include "apps/eval/eval.h"
+
+namespace witcert::apps::eval {
+
+namespace {
+
+constexpr const char* kScript = R"PY(
+import csv, math, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.cm.tab20.colors)  # 16 schemes, 16 colours
+
+experiment, out = sys.argv[1], sys.argv[2]
+written = []
+
+def rows(name):
+    with open(f"{out}/{name}.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+def num(s):
+    return math.inf if s == "inf" else float(s)
+
+def save(fig, name):
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        path = f"{out}/{name}.{ext}"
+        fig.savefig(path, dpi=120)
+        written.append(path)
+    plt.close(fig)
+
+if experiment == "soundness":
+    r = rows("ratios")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    schemes = sorted({x["scheme"] for x in r})
+    data = [[num(x["worst_ratio"]) for x in r if x["scheme"] == s] for s in schemes]
+    # Edges on multiples of 0.05, so that no bin straddles 1 (a ratio of 0.9999 is not a violation).
+    ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=schemes)
+    ax.axvline(1.0, color="red", linestyle="--", label="violation (TV > meter)")
+    ax.set_title("Soundness: worst true TV / meter of each request")
+    ax.set_xlabel("worst true TV / meter in the request (dimensionless; > 1 is a violation)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=6, ncol=2)
+    save(fig, "soundness")
+
+if experiment == "schemes":
+    r = rows("cells")
+    schemes = sorted({x["scheme"] for x in r})
+    floor = 1e-7
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for s in schemes:
+        pts = [(max(num(x["raw"]), floor), max(num(x["tv"]), floor)) for x in r if x["scheme"] == s and num(x["raw"]) < math.inf]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=3, alpha=0.5, label=s)
+    ax.plot([floor, 1e3], [floor, 1e3], color="black", linewidth=1, label="y = x (bound = TV)")
+    ax.set_xscale("log"); ax.set_yscale("log")
+    ax.set_xlim(floor, 1e3); ax.set_ylim(floor, 1.5)
+    ax.set_title("Raw meter (e-form) against the true TV, per (layer, head, step) cell")
+    ax.set_xlabel(f"raw meter, unclamped (TV bound; values below {floor:g} drawn at it)")
+    ax.set_ylabel("true TV(p, p~)")
+    ax.legend(fontsize=6, ncol=2, markerscale=3)
+    save(fig, "scatter")
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for s in schemes:
+        cells = [(num(x["raw"]), num(x["tv"]) > 0.2) for x in r if x["scheme"] == s]
+        pos = sum(1 for c in cells if c[1]); neg = len(cells) - pos
+        if pos == 0 or neg == 0:
+            continue
+        cells.sort(key=lambda c: -c[0])
+        tp = fp = 0; xs = [0.0]; ys = [0.0]
+        for _, d in cells:
+            if d: tp += 1
+            else: fp += 1
+            xs.append(fp / neg); ys.append(tp / pos)
+        ax.plot(xs, ys, label=s)
+    ax.plot([0, 1], [0, 1], color="gray", linestyle=":", label="chance")
+    ax.set_title("Raw score as a classifier of danger (true TV > 0.2)")
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.legend(fontsize=6)
+    save(fig, "roc")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s in schemes:
+        t = sorted(num(x["meter"]) / num(x["tv"]) for x in r if x["scheme"] == s and num(x["tv"]) > 1e-12)
+        if t:
+            ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], label=s)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="red", linestyle="--", label="meter = TV")
+    ax.set_title("Tightness: meter / true TV per cell (cumulative)")
+    ax.set_xlabel("meter / true TV (dimensionless, >= 1 when sound)")
+    ax.set_ylabel("fraction of cells")
+    ax.legend(fontsize=6, ncol=2)
+    save(fig, "tightness")
+
+print("\n".join(written))
+)PY";
+
+std::string interpreter(const EvalOptions& o) {
+  if (!o.python.empty()) return o.python;
+  if (const char* env = std::getenv("WITCERT_PYTHON")) return env;
+  if (std::filesystem::exists(".venv/bin/python")) return ".venv/bin/python";
+  return "python3";
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+std::vector<std::string> draw_plots(const EvalOptions& o, const std::string& experiment, const std::string& dir) {
+  const std::string py = interpreter(o);
+  const std::string script = (std::filesystem::path(dir) / ".plots.py").string();
+  {
+    std::FILE* f = std::fopen(script.c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + script);
+    std::fputs(kScript, f);
+    std::fclose(f);
+  }
+  const std::string cmd = fmt::format("{} {} {} {} 2>&1", shell_quote(py), shell_quote(script), shell_quote(experiment),
+                                      shell_quote(dir));
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("cannot run " + py);
+  std::string output;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) output += buf;
+  const int rc = pclose(p);
+  std::filesystem::remove(script);
+  if (rc != 0)
+    throw std::runtime_error(fmt::format("the plots need matplotlib (scripts/install-deps.sh puts it in .venv; "
+                                         "--python or WITCERT_PYTHON names another interpreter): {} said:\n{}",
+                                         py, output));
+  std::vector<std::string> files;
+  std::istringstream lines(output);
+  for (std::string l; std::getline(lines, l);)
+    if (!l.empty()) files.push_back(l);
+  return files;
+}
+
+}  // namespace witcert::apps::eval
