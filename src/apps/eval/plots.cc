@@ -105,6 +105,28 @@ if experiment == "schemes":
     ax.legend(fontsize=6, ncol=2)
     save(fig, "tightness")
 
+if experiment == "shapes":
+    r = rows("shapes")
+    schemes = list(dict.fromkeys(x["scheme"] for x in r))
+    bounds = list(dict.fromkeys(x["bound"] for x in r))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(schemes)
+    for i, s in enumerate(schemes):
+        sub = {x["bound"]: x for x in r if x["scheme"] == s}
+        xs = [j + i * width for j in range(len(bounds))]
+        axes[0].bar(xs, [float(sub[b]["K coverage at 0.2"]) for b in bounds], width, label=s)
+        axes[1].bar(xs, [float(sub[b]["gated page-in KiB per request"]) for b in bounds], width, label=s)
+    for ax in axes:
+        ax.set_xticks([j + width * (len(schemes) - 1) / 2 for j in range(len(bounds))])
+        ax.set_xticklabels(bounds)
+        ax.set_xlabel("bound shape")
+        ax.legend(fontsize=7)
+    axes[0].set_title("K coverage at tau = 0.2, no gate")
+    axes[0].set_ylabel("fraction of decode cells with meter <= 0.2")
+    axes[1].set_title("Page-in of a gate at tau = 0.2")
+    axes[1].set_ylabel("KiB read from the exact tier per request")
+    save(fig, "shapes")
+
 print("\n".join(written))
 )PY";
 
