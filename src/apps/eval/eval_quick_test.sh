@@ -10,12 +10,14 @@ cd "$src"
 for f in soundness/soundness.md soundness/soundness.csv soundness/soundness.png soundness/soundness.svg \
          schemes/schemes.md schemes/schemes.csv schemes/cells.csv schemes/scatter.png schemes/scatter.svg \
          schemes/roc.png schemes/roc.svg schemes/tightness.png schemes/tightness.svg \
-         shapes/shapes.md shapes/shapes.csv shapes/shapes.png shapes/shapes.svg; do
+         shapes/shapes.md shapes/shapes.csv shapes/shapes.png shapes/shapes.svg \
+         outliers/outliers.md outliers/outliers.csv outliers/outliers.png outliers/outliers.svg; do
   [ -s "$work/$f" ] || { echo "missing $work/$f"; exit 1; }
 done
 grep -q "soundness: 0 soundness violations" "$work.log"
 grep -q "schemes: 0 soundness violations" "$work.log"
 grep -q "shapes: 0 soundness violations" "$work.log"
+grep -q "outliers: 0 soundness violations" "$work.log"
 lines=$(cat "$work"/*/results.jsonl | wc -l)
 start=$(date +%s)
 "$bin" eval all --quick --out "$work" > "$work.2.log" 2>&1

@@ -127,6 +127,26 @@ if experiment == "shapes":
     axes[1].set_ylabel("KiB read from the exact tier per request")
     save(fig, "shapes")
 
+if experiment == "outliers":
+    r = rows("outliers")
+    ms = [int(x["m"]) for x in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(ms, [float(x["K coverage (min)"]) for x in r], marker="o", label="K coverage, min of sound forms")
+    ax.plot(ms, [float(x["K coverage (e-form)"]) for x in r], marker="s", label="K coverage, e-form")
+    pm = [(int(x["m"]), float(x["paper e-form (Qwen2.5-7B)"])) for x in r if x["paper e-form (Qwen2.5-7B)"]]
+    ax.plot([p[0] for p in pm], [p[1] for p in pm], marker="^", linestyle="--", label="paper, e-form (Qwen2.5-7B)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("dither-int8: coverage at tau = 0.2 against the outlier budget")
+    ax.set_xlabel("m, RoPE pairs kept exact per KV head")
+    ax.set_ylabel("fraction of decode cells with K meter <= 0.2")
+    ax2 = ax.twinx()
+    ax2.plot(ms, [float(x["B/tok/head (K+V)/2"]) for x in r], color="gray", linestyle=":", label="bytes")
+    ax2.set_ylabel("bytes per token and head (mean of K and V)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + ["bytes per token and head (right axis)"], fontsize=7, loc="lower right")
+    save(fig, "outliers")
+
 print("\n".join(written))
 )PY";
 
