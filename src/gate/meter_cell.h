@@ -25,6 +25,10 @@ struct MeterCell {
   double output_bound = 0.0;  // ‖y − ŷ‖ ≤ this for the served output (2·meter·max‖v‖ + Σ p̃ ρ^v)
 };
 
+// A checked cell (tv not NaN) whose true TV exceeds its served meter beyond the double rounding
+// of both (relative 1e-9, absolute 1e-12): a soundness violation.
+inline bool violates(const MeterCell& c) { return !(c.tv <= c.meter * (1 + 1e-9) + 1e-12); }
+
 // Receives the cells of every attention call as it is served, from several threads at once.
 class MeterSink {
  public:

@@ -107,7 +107,7 @@ void Telemetry::record(std::span<const MeterCell> cells) {
     s.raw_max = std::max(s.raw_max, c.raw_before);
     if (!std::isnan(c.tv)) {
       ++s.checked;
-      s.violations += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+      s.violations += violates(c);
     }
     s.sum_meter[at] += c.meter;
     ++s.count[at];

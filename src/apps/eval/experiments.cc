@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,7 +38,7 @@ class SoundnessSink final : public gate::MeterSink {
     for (const gate::MeterCell& c : cells) {
       if (std::isnan(c.tv)) continue;
       ++n;
-      bad += !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+      bad += gate::violates(c);
       worst = std::max(worst, c.meter > 0 ? c.tv / c.meter : (c.tv > 0 ? HUGE_VAL : 0.0));
       tv_max = std::max(tv_max, c.tv);
     }
@@ -81,9 +80,10 @@ engine::CacheOptions checked_cache(const std::string& kv) {
   return o;
 }
 
-// Greedy generation of n tokens from prompt on a cache of `opts` with the sinks.
-void run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt, int n,
-                 const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
+// Greedy generation of n tokens from prompt on a certified cache of `opts` with the sinks; returns
+// the pages its gate read from the exact tier.
+cache::KvStore::PageInStats run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt,
+                                        int n, const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
   const model::LlamaConfig& cfg = m.model->config();
   const engine::Cache c =
       engine::make_cache(cfg, static_cast<std::int64_t>(prompt.size()) + n, n, opts, std::move(sinks));
@@ -91,6 +91,7 @@ void run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std
   engine::GenerateOptions go;
   go.max_new_tokens = n;
   engine::generate(session, prompt, go);
+  return c.certified->store().page_in_stats();
 }
 
 std::string experiment_dir(const EvalOptions& o, const std::string& name) { return (fs::path(o.out) / name).string(); }
@@ -273,15 +274,11 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
           if (gated) c.gate.tau_k = tau;
           gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first, 1});
           SoundnessSink sound;
-          const engine::Cache cache = engine::make_cache(cfg, first + n, n, c, {&tel, &sound});
-          engine::Session session(*m.model, *cache.kv, pool);
-          engine::GenerateOptions go;
-          go.max_new_tokens = n;
-          engine::generate(session, prompt, go);
+          const cache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound});
           checked += sound.checked;
           violations += sound.violations;
           if (gated) {
-            page_in += static_cast<double>(cache.certified->store().page_in_stats().page_in_bytes);
+            page_in += static_cast<double>(pi.page_in_bytes);
           } else {
             const gate::TelemetrySummary sum = tel.summary();
             covered += sum.coverage.k * static_cast<double>(sum.cells);
