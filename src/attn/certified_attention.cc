@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "cert/round_up.h"
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
 
@@ -47,6 +48,15 @@ class BoundEvaluator {
                                                     std::span<const std::uint8_t>(reader_.outlier_mask(), d_),
                                                     quant::kDefaultGroup, ctx_.sm);
       return cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, reader_.non_outlier_channels());
+    }
+    if (bound.kind == cache::KeyBound::rounded) {
+      // |q·(k − k̂)| ≤ Σ_c |q_c|·|k_c − k̂_c|, and |k_c − k̂_c| ≤ s·(½ + 2^-17) on every channel
+      // rounded to nearest (the decode's float rounding included); outliers are exact.
+      const std::uint8_t* outlier = reader_.outlier_mask();
+      double sum = 0.0;
+      for (int c = 0; c < d_; ++c)
+        if (!outlier[c]) sum += std::fabs(double(q_[h * d_ + c])) * fp16_to_double(bound.scales[c / quant::kDefaultGroup]);
+      return ctx_.sm * sum * (0.5 + 0x1p-17) * cert::kRoundUpMargin;
     }
     return 0.0;
   }

@@ -189,14 +189,15 @@ const char* dither_mode_name(DitherMode mode) {
     case DitherMode::per_slot: return "per-slot";
     case DitherMode::shared_page: return "shared-page";
     case DitherMode::shared_prompt: return "shared-prompt";
+    case DitherMode::none: return "none";
   }
   return "?";
 }
 
 DitherMode parse_dither_mode(const std::string& name) {
-  for (DitherMode m : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt})
+  for (DitherMode m : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt, DitherMode::none})
     if (name == dither_mode_name(m)) return m;
-  throw std::invalid_argument("unknown dither mode '" + name + "' (per-slot, shared-page or shared-prompt)");
+  throw std::invalid_argument("unknown dither mode '" + name + "' (per-slot, shared-page, shared-prompt or none)");
 }
 
 bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
@@ -328,7 +329,7 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
     std::vector<float> xi(d, 0.0f);  // values are rounded without dither: their bound is deterministic
     std::vector<std::uint8_t> no_outliers(d, 0);
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : no_outliers.data();
-    if (key) {
+    if (key && cfg().dither != DitherMode::none) {
       const quant::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
                                        static_cast<std::uint32_t>(st % cfg().kv_heads)};
       quant::dither_values(stream, dither_counter_slot(pos), xi);
@@ -497,10 +498,13 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
     bound = KeyBound{KeyBound::tier_a, &sd.meta[at * sd.meta_per_token], nullptr};
     return;
   }
-  const quant::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
-                                   static_cast<std::uint32_t>(kv_head_)};
-  xi_.resize(d);  // sized on first use: the fast kernel reads raw pages and never needs it
-  quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
+  const bool rounded = s_.cfg().dither == DitherMode::none;
+  xi_.assign(d, 0.0f);  // sized on first use: the fast kernel reads raw pages and never needs it
+  if (!rounded) {
+    const quant::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
+                                     static_cast<std::uint32_t>(kv_head_)};
+    quant::dither_values(stream, s_.dither_counter_slot(pos), xi_);
+  }
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   key_codes_.resize(d);
   for (int c = 0; c < d; ++c) key_codes_[c] = sd.codes[s_.key_code(at, c)];
@@ -509,7 +513,8 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
                             std::span<const std::uint8_t>(outlier_mask(), d),
                             std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,
                             std::span<float>(k_hat, d));
-  bound = KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token], s_.shared_dither(pos)};
+  bound = rounded ? KeyBound{KeyBound::rounded, nullptr, &sd.meta[at * sd.meta_per_token], false}
+                  : KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token], s_.shared_dither(pos)};
 }
 
 void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {

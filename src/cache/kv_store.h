@@ -43,10 +43,13 @@ enum class DitherMode {
   shared_page,    // one ξ per (page, channel), shared by the page's tokens (docs/dither-cost.md)
   shared_prompt,  // the prompt's tokens share their page's ξ, every later token has its own: as sound
                   // as per slot in free decoding (docs/dither-cost.md §2), nearly as fast as shared
+  none,           // no dither: keys rounded to nearest on the same scales and outliers (RTN), bounded
+                  // by the deterministic |k̂ − k| ≤ s/2 per channel; the δ = 0 reference of the
+                  // evaluation, served by the scalar reference path
 };
 
-// "per-slot", "shared-page", "shared-prompt"; parse_dither_mode throws std::invalid_argument on
-// anything else.
+// "per-slot", "shared-page", "shared-prompt", "none"; parse_dither_mode throws
+// std::invalid_argument on anything else.
 const char* dither_mode_name(DitherMode mode);
 DitherMode parse_dither_mode(const std::string& name);
 
@@ -85,9 +88,10 @@ double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int
 
 // How the meter bounds one stored key.
 struct KeyBound {
-  enum Kind { exact, tier_a, tier_b } kind = exact;
+  // rounded: dither-int8 keys without dither (DitherMode::none), c_t from the scales alone.
+  enum Kind { exact, tier_a, tier_b, rounded } kind = exact;
   const f16* witness = nullptr;  // B band norms (tier_a)
-  const f16* scales = nullptr;   // head_dim / 32 group scales (tier_b)
+  const f16* scales = nullptr;   // head_dim / 32 group scales (tier_b, rounded)
   // tier_b with the page's shared ξ: the fast kernel's float tiles, whose c_t the meter takes
   // through its moments (cert::MeterStats::add_moment); the reference does the same.
   bool shared_dither = false;
@@ -211,7 +215,8 @@ class KvStore {
     switch (config().dither) {
       case DitherMode::shared_page: return std::numeric_limits<std::int64_t>::max();
       case DitherMode::shared_prompt: return seq_.prompt_length_;
-      case DitherMode::per_slot: break;
+      case DitherMode::per_slot:
+      case DitherMode::none: break;
     }
     return 0;
   }

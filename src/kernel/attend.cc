@@ -89,6 +89,11 @@ HWY_EXPORT(DecodePackedRow);
 void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                   std::int64_t begin, std::int64_t end, const attn::BoundContext& ctx,
                   std::vector<attn::HeadPartial>& partials, bool meter) {
+  // Keys rounded without dither (DitherMode::none) have no fast path: the δ = 0 reference of the
+  // evaluation, not a serving format.
+  if (reader.kind(quant::KvSide::key) == cache::FormatKind::dither_int8 &&
+      reader.config().dither == cache::DitherMode::none)
+    return attn::attend_range_reference(reader, q, group, head_dim, begin, end, ctx, partials);
   HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
 }
 

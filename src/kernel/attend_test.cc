@@ -261,6 +261,81 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
   EXPECT_EQ(violations, 0);
 }
 
+// Keys rounded to nearest without dither (DitherMode::none, the evaluation's δ = 0 reference): the
+// decode is s·round(k/s) on every non-outlier channel and the stored value on the outliers, the
+// kernel serves them through the reference, and the deterministic bound holds on every head
+// against the true TV under queries aligned with the rounding error of one token (the worst case
+// of |q·(k − k̂)| ≤ Σ|q_c||k_c − k̂_c|), from small to saturated meters, for every bound shape.
+TEST(RoundedKeys, DecodeToNearestAndBoundTheTrueTvUnderAlignedQueries) {
+  long cells = 0;
+  double tightest = 0.0;  // the largest TV / meter seen
+  int config = 0;
+  for (int d : {64, 128})
+    for (int page : {1, 16})
+      for (int m : {0, 4})
+        for (std::int64_t n : {9, 41, 77}) {
+          Format f{cache::kDitherInt8, n % 2 ? "fp16" : cache::kDitherInt8, cache::DitherMode::none};
+          cache::CacheConfig c = Store::config(f, d, n, page, 300 + config);
+          c.outlier_pairs = m;
+          Store s(c, d, n, 300 + config++);
+          cache::KvStore::Reader r(s.store, 0, 1);
+          SCOPED_TRACE(testing::Message() << "d " << d << " page " << page << " m " << m << " n " << n);
+          std::vector<float> k_hat(d), k(d), err(d);
+          cache::KeyBound bound;
+          for (std::int64_t t = 0; t < n; ++t) {
+            r.key(t, k_hat.data(), bound);
+            r.exact_key(t, k.data());
+            if (bound.kind == cache::KeyBound::exact) continue;  // the calibration window
+            ASSERT_EQ(bound.kind, cache::KeyBound::rounded);
+            for (int ch = 0; ch < d; ++ch) {
+              if (r.outlier_mask()[ch]) {
+                ASSERT_EQ(k_hat[ch], k[ch]) << "outlier channel " << ch;
+                continue;
+              }
+              const double sc = fp16_to_double(bound.scales[ch / quant::kDefaultGroup]);
+              ASSERT_EQ(double(k_hat[ch]), static_cast<double>(static_cast<float>(sc * std::nearbyint(k[ch] / sc))))
+                  << "token " << t << " channel " << ch;
+              ASSERT_LE(std::fabs(double(k_hat[ch]) - k[ch]), sc * (0.5 + 0x1p-17));
+            }
+          }
+          // Queries along the rounding error of the last token, at growing scales, plus noise.
+          r.key(n - 1, k_hat.data(), bound);
+          r.exact_key(n - 1, k.data());
+          std::mt19937_64 rng(config);
+          std::normal_distribution<float> g(0.0f, 0.05f);
+          for (float scale : {0.5f, 4.0f, 40.0f, 400.0f}) {
+            const int group = 3;
+            std::vector<float> q(static_cast<std::size_t>(group) * d);
+            for (int h = 0; h < group; ++h)
+              for (int ch = 0; ch < d; ++ch) {
+                const float e = k[ch] - k_hat[ch];
+                q[h * d + ch] = scale * (h == 2 ? -1.0f : 1.0f) * (e > 0 ? 1.0f : e < 0 ? -1.0f : 0.0f) + g(rng);
+              }
+            std::vector<float> out, ref_out;
+            const std::vector<HeadPartial> fast = attend_partials(attend_range_fast, r, q.data(), group, d, n, 2);
+            const std::vector<HeadPartial> ref = attend_partials(reference_kernel, r, q.data(), group, d, n, 2);
+            for (int h = 0; h < group; ++h) {
+              const double tv = true_tv(r, &q[h * d], d, n);
+              for (cert::BoundShape shape : {cert::BoundShape::eform, cert::BoundShape::two_sided, cert::BoundShape::tanh,
+                                             cert::BoundShape::tanh_half, cert::BoundShape::min}) {
+                out.assign(d, 0.0f);
+                ref_out.assign(d, 0.0f);
+                const HeadResult a = finish(fast[h], d, out.data(), shape), b = finish(ref[h], d, ref_out.data(), shape);
+                ASSERT_EQ(a.meter, b.meter) << cert::bound_shape_name(shape);
+                ASSERT_EQ(out, ref_out);
+                ++cells;
+                ASSERT_LE(tv, a.meter * (1 + 1e-9) + 1e-12)
+                    << "scale " << scale << " head " << h << " shape " << cert::bound_shape_name(shape);
+                if (a.meter > 0) tightest = std::max(tightest, tv / a.meter);
+              }
+            }
+          }
+        }
+  std::printf("[rounded-keys] %ld cells, largest TV/meter %.3f\n", cells, tightest);
+  EXPECT_GT(cells, 0);
+  EXPECT_GT(tightest, 0.05);  // the aligned queries come near the bound, not only below it
+}
+
 // The float tiles' moment sums (cert::MeterStats::add_moment) where c_t is far from small: queries
 // scaled up until c_t reaches about 1, 30 and beyond e^c's double range (tiles above
 // kFloatWeightMaxC take double weights). The risk score (eform_raw, unclamped) is never below the

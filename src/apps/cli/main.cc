@@ -103,7 +103,7 @@ CLI::Validator dither_mode(const std::string& flag) {
         }
         return {};
       },
-      "{per-slot, shared-page, shared-prompt}");
+      "{per-slot, shared-page, shared-prompt, none}");
 }
 
 CLI::Validator positive_finite(const std::string& flag) {
@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
                                                "repair granularity of the gate: head, block or request")
                               ->check(choice("--granularity", {"head", "block", "request"}));
   auto* gen_dither = generate->add_option(
-      "--dither", gen.cache.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+      "--dither", gen.cache.dither, "dither-int8 keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
                          ->check(dither_mode("--dither"));
   auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.cache.shared_page_dither,
                                              "the same as --dither shared-page")
@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
       ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
   const TierOptions run_tier = add_tier_options(runc, ra.cache);
   auto* run_dither = runc->add_option(
-      "--dither", ra.cache.dither, "dither-int8 keys: per-slot, shared-page or shared-prompt (default; docs/dither-cost.md)")
+      "--dither", ra.cache.dither, "dither-int8 keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
                          ->check(dither_mode("--dither"));
   runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
