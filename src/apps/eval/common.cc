@@ -210,4 +210,39 @@ std::vector<std::string> domain_prompts(const engine::Model& m, const EvalOption
   return prompts;
 }
 
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const std::size_t rank = static_cast<std::size_t>(std::ceil(p * static_cast<double>(values.size())));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+std::pair<double, double> paired_bootstrap_ci(const std::vector<double>& a, const std::vector<double>& b,
+                                              int resamples, std::uint64_t seed) {
+  if (a.size() != b.size() || a.empty()) return {NAN, NAN};
+  std::mt19937_64 rng(seed);
+  std::vector<double> means(static_cast<std::size_t>(resamples));
+  const std::size_t n = a.size();
+  for (double& mean : means) {
+    double sum = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t j = rng() % n;
+      sum += b[j] - a[j];
+    }
+    mean = sum / static_cast<double>(n);
+  }
+  return {percentile(means, 0.025), percentile(means, 0.975)};
+}
+
+double mcnemar_p(std::int64_t b01, std::int64_t b10) {
+  // Exact binomial: under H0 each discordant pair goes either way with probability ½.
+  const std::int64_t n = b01 + b10, k = std::min(b01, b10);
+  if (n == 0) return 1.0;
+  double tail = 0.0;
+  for (std::int64_t i = 0; i <= k; ++i)
+    tail += std::exp(std::lgamma(double(n) + 1) - std::lgamma(double(i) + 1) - std::lgamma(double(n - i) + 1) -
+                     static_cast<double>(n) * std::log(2.0));
+  return std::min(1.0, 2.0 * tail);
+}
+
 }  // namespace witcert::apps::eval

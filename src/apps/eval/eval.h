@@ -87,6 +87,17 @@ std::vector<std::pair<double, double>> roc_curve(const std::vector<double>& scor
 // (the rule of three, 3/n; exactly 1 − 0.05^{1/n}).
 double rule_of_three(std::int64_t n);
 
+// Percentile p ∈ [0, 1] of values (nearest rank); NaN when empty.
+double percentile(std::vector<double> values, double p);
+
+// Paired bootstrap: the 95 % interval of mean(b − a) over `resamples` resamples of the pairs.
+std::pair<double, double> paired_bootstrap_ci(const std::vector<double>& a, const std::vector<double>& b,
+                                              int resamples, std::uint64_t seed);
+
+// McNemar's exact test of paired binary outcomes: the two-sided p-value from the discordant
+// counts (b01: a wrong, b right; b10: a right, b wrong).
+double mcnemar_p(std::int64_t b01, std::int64_t b10);
+
 // Prompts of one domain: "prose" and "code" are windows of `tokens` tokens of the corpus under
 // opts.data at offsets drawn from `seed`; a missing corpus throws with the fetch command.
 std::vector<std::string> domain_prompts(const engine::Model& m, const EvalOptions& opts, const std::string& domain,

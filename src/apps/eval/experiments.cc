@@ -12,7 +12,7 @@
 #include <ostream>
 #include <stdexcept>
 
-#include "apps/eval/eval.h"
+#include "apps/eval/internal.h"
 #include "apps/report/run.h"
 #include "base/thread_pool.h"
 #include "engine/cache_factory.h"
@@ -26,103 +26,19 @@ namespace witcert::apps {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-// Every cell's soundness, from the calling threads: counts, violations (true TV above the meter)
-// and the worst ratio TV / meter.
-class SoundnessSink final : public gate::MeterSink {
- public:
-  void record(std::span<const gate::MeterCell> cells) override {
-    std::int64_t n = 0, bad = 0;
-    double worst = 0.0, tv_max = 0.0;
-    for (const gate::MeterCell& c : cells) {
-      if (std::isnan(c.tv)) continue;
-      ++n;
-      bad += gate::violates(c);
-      worst = std::max(worst, c.meter > 0 ? c.tv / c.meter : (c.tv > 0 ? HUGE_VAL : 0.0));
-      tv_max = std::max(tv_max, c.tv);
-    }
-    std::lock_guard lock(mu_);
-    checked += n;
-    violations += bad;
-    worst_ratio = std::max(worst_ratio, worst);
-    max_tv = std::max(max_tv, tv_max);
-  }
-  std::mutex mu_;
-  std::int64_t checked = 0, violations = 0;
-  double worst_ratio = 0.0, max_tv = 0.0;
-};
-
-// Keeps every k-th checked cell of the decode steps (pos ≥ first): raw score, meter and true TV.
-class CellSample final : public gate::MeterSink {
- public:
-  CellSample(std::int64_t first, int every) : first_(first), every_(every) {}
-  void record(std::span<const gate::MeterCell> cells) override {
-    std::lock_guard lock(mu_);
-    for (const gate::MeterCell& c : cells)
-      if (c.pos >= first_ && !std::isnan(c.tv) && seen_++ % every_ == 0) kept.push_back({c.eform_raw, c.meter, c.tv});
-  }
-  struct Cell {
-    double raw, meter, tv;
-  };
-  std::vector<Cell> kept;
-
- private:
-  std::mutex mu_;
-  std::int64_t first_;
-  int every_;
-  std::int64_t seen_ = 0;
-};
-
-engine::CacheOptions checked_cache(const std::string& kv) {
-  engine::CacheOptions o = engine::CacheOptions::from_json({{"kv", kv}});
-  o.check_soundness = true;
-  return o;
-}
-
-// Greedy generation of n tokens from prompt on a certified cache of `opts` with the sinks; returns
-// the pages its gate read from the exact tier.
-cache::KvStore::PageInStats run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt,
-                                        int n, const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
-  const model::LlamaConfig& cfg = m.model->config();
-  const engine::Cache c =
-      engine::make_cache(cfg, static_cast<std::int64_t>(prompt.size()) + n, n, opts, std::move(sinks));
-  engine::Session session(*m.model, *c.kv, pool);
-  engine::GenerateOptions go;
-  go.max_new_tokens = n;
-  engine::generate(session, prompt, go);
-  return c.certified->store().page_in_stats();
-}
-
-std::string experiment_dir(const EvalOptions& o, const std::string& name) { return (fs::path(o.out) / name).string(); }
-
-void finish(const EvalOptions& o, const std::string& name, const std::string& dir, std::ostream& out,
-            std::int64_t violations) {
-  std::ifstream md(fs::path(dir) / (name + ".md"));
-  out << md.rdbuf() << "\n";
-  for (const std::string& f : eval::draw_plots(o, name, dir)) out << "plot: " << f << "\n";
-  out << fmt::format("{}: {} soundness violations\n\n", name, violations);
-}
-
-// Schemes whose meter is a certificate: every KV format but the exact fp16.
-std::vector<std::string> metered_schemes() {
-  std::vector<std::string> s;
-  for (const std::string& n : quant::kv_format_names())
-    if (n != "fp16") s.push_back(n);
-  return s;
-}
+namespace eval {
 
 // §4.2 (ii): free-running requests with every cell checked against the true TV.
 std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "soundness");
-  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  ResultStore store((fs::path(dir) / "results.jsonl").string());
   const std::vector<std::string> schemes = metered_schemes();
   // Every scheme on prose and on code at least once, even in the quick run.
   const int requests = o.quick ? 2 * static_cast<int>(schemes.size()) : 1000, n = o.quick ? 6 : 16;
-  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", requests, o.quick ? 48 : 160, 11);
-  const std::vector<std::string> code = eval::domain_prompts(m, o, "code", requests, o.quick ? 48 : 160, 12);
+  const std::vector<std::string> prose = domain_prompts(m, o, "prose", requests, o.quick ? 48 : 128, 11);
+  const std::vector<std::string> code = domain_prompts(m, o, "code", requests, o.quick ? 48 : 128, 12);
   ThreadPool pool(o.threads);
-  eval::EtaBar bar(err, "soundness", requests);
+  EtaBar bar(err, "soundness", requests);
   for (int i = 0; i < requests; ++i) {
     const std::string key = fmt::format("req-{}", i);
     if (store.has(key)) {
@@ -165,13 +81,13 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
   }
   rows.push_back({{"scheme", "all"}, {"requests", total_requests}, {"cells checked", total_cells},
                   {"violations", total_bad}, {"worst TV/meter", total_worst}, {"largest TV", total_max_tv},
-                  {"95% bound, violating requests", eval::rule_of_three(total_requests)},
-                  {"95% bound, violating cells", eval::rule_of_three(total_cells)}});
-  eval::write_table(dir, "soundness",
+                  {"95% bound, violating requests", rule_of_three(total_requests)},
+                  {"95% bound, violating cells", rule_of_three(total_cells)}});
+  write_table(dir, "soundness",
                     {"scheme", "requests", "cells checked", "violations", "worst TV/meter", "largest TV",
                      "95% bound, violating requests", "95% bound, violating cells"},
                     rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell checked", requests, n));
-  eval::write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
+  write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
   finish(o, "soundness", dir, out, total_bad);
   return total_bad;
 }
@@ -180,12 +96,12 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
 // as a classifier of danger (TV > 0.2).
 std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "schemes");
-  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  ResultStore store((fs::path(dir) / "results.jsonl").string());
   const int prompts = o.quick ? 2 : 8, tokens = o.quick ? 64 : 256, n = o.quick ? 8 : 32;
   const std::vector<std::string> names = metered_schemes();
-  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", prompts, tokens, 21);
+  const std::vector<std::string> prose = domain_prompts(m, o, "prose", prompts, tokens, 21);
   ThreadPool pool(o.threads);
-  eval::EtaBar bar(err, "schemes", static_cast<std::int64_t>(names.size()));
+  EtaBar bar(err, "schemes", static_cast<std::int64_t>(names.size()));
   for (const std::string& s : names) {
     if (store.has(s)) {
       bar.skip();
@@ -223,7 +139,7 @@ std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream&
     }
     std::sort(tight.begin(), tight.end());
     const auto q = [&](double p) { return tight.empty() ? NAN : tight[static_cast<std::size_t>(p * (tight.size() - 1))]; };
-    const double a = eval::auroc(raw, danger);
+    const double a = auroc(raw, danger);
     const std::int64_t dangerous = std::count(danger.begin(), danger.end(), true);
     total_bad += r.at("violations").get<std::int64_t>();
     rows.push_back({{"scheme", s}, {"cells", raw.size()}, {"coverage at 0.2", raw.empty() ? 0.0 : double(covered) / raw.size()},
@@ -231,14 +147,14 @@ std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream&
                     {"meter/TV median", q(0.5)}, {"meter/TV p90", q(0.9)},
                     {"cells checked", r.at("cells_checked")}, {"violations", r.at("violations")}});
   }
-  eval::write_table(dir, "schemes",
+  write_table(dir, "schemes",
                     {"scheme", "cells", "coverage at 0.2", "dangerous (TV > 0.2)", "AUROC", "meter/TV median",
                      "meter/TV p90", "cells checked", "violations"},
                     rows,
                     fmt::format("Schemes: {} prose prompts of {} tokens, {} decode steps each; cells of the decode "
                                 "steps (AUROC: the raw score as a classifier of TV > 0.2; – where a class is empty)",
                                 prompts, tokens, n));
-  eval::write_table(dir, "cells", {"scheme", "raw", "meter", "tv"}, points, "Every sampled cell");
+  write_table(dir, "cells", {"scheme", "raw", "meter", "tv"}, points, "Every sampled cell");
   finish(o, "schemes", dir, out, total_bad);
   return total_bad;
 }
@@ -247,15 +163,15 @@ std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream&
 // gate at the same τ pays, for Tier A (fp8-e4m3, q8_0) and Tier B (dither-int8).
 std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "shapes");
-  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  ResultStore store((fs::path(dir) / "results.jsonl").string());
   const int prompts = o.quick ? 1 : 4, tokens = o.quick ? 64 : 256, n = o.quick ? 8 : 32;
   const double tau = 0.2;
   const std::vector<std::string> kvs = {"fp8-e4m3", "q8_0", "dither-int8"};
   const std::vector<std::string> bounds = {"eform", "two-sided", "retention", "tanh", "tanh-half", "min"};
-  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", prompts, tokens, 31);
+  const std::vector<std::string> prose = domain_prompts(m, o, "prose", prompts, tokens, 31);
   const model::LlamaConfig& cfg = m.model->config();
   ThreadPool pool(o.threads);
-  eval::EtaBar bar(err, "shapes", static_cast<std::int64_t>(kvs.size() * bounds.size()));
+  EtaBar bar(err, "shapes", static_cast<std::int64_t>(kvs.size() * bounds.size()));
   for (const std::string& kv : kvs)
     for (const std::string& b : bounds) {
       const std::string key = kv + "/" + b;
@@ -274,7 +190,7 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
           if (gated) c.gate.tau_k = tau;
           gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first, 1});
           SoundnessSink sound;
-          const cache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound});
+          const cache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound}).page_in;
           checked += sound.checked;
           violations += sound.violations;
           if (gated) {
@@ -301,7 +217,7 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
                       {"gated page-in KiB per request", r.at("page_in_bytes").get<double>() / 1024},
                       {"cells checked", r.at("cells_checked")}, {"violations", r.at("violations")}});
     }
-  eval::write_table(dir, "shapes",
+  write_table(dir, "shapes",
                     {"scheme", "bound", "K coverage at 0.2", "gated page-in KiB per request", "cells checked",
                      "violations"},
                     rows,
@@ -317,12 +233,12 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
 // KL against fp16, teacher-forced on the run's own tokens.
 std::int64_t outliers(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "outliers");
-  eval::ResultStore store((fs::path(dir) / "results.jsonl").string());
+  ResultStore store((fs::path(dir) / "results.jsonl").string());
   const int prompts = o.quick ? 1 : 4, tokens = o.quick ? 64 : 512, n = o.quick ? 8 : 32;
   const std::vector<int> budgets = {0, 1, 2, 4, 8, 16};
-  const std::vector<std::string> prose = eval::domain_prompts(m, o, "prose", prompts, tokens, 41);
+  const std::vector<std::string> prose = domain_prompts(m, o, "prose", prompts, tokens, 41);
   const model::LlamaConfig& cfg = m.model->config();
-  eval::EtaBar bar(err, "outliers", static_cast<std::int64_t>(budgets.size()));
+  EtaBar bar(err, "outliers", static_cast<std::int64_t>(budgets.size()));
   for (int budget : budgets) {
     const std::string key = fmt::format("m{}", budget);
     if (store.has(key)) {
@@ -366,20 +282,49 @@ std::int64_t outliers(const engine::Model& m, const EvalOptions& o, std::ostream
                 {"cells checked", r.at("cells_checked")}, {"violations", r.at("violations")}};
     rows.push_back(row);
   }
-  eval::write_table(dir, "outliers",
+  write_table(dir, "outliers",
                     {"m", "K coverage (min)", "K coverage (e-form)", "paper e-form (Qwen2.5-7B)", "B/tok/head (K+V)/2",
                      "saved vs fp16", "KL/tok vs fp16", "cells checked", "violations"},
                     rows,
                     fmt::format("Outlier budget of dither-int8: {} prose prompts of {} tokens, {} decode steps, "
                                 "coverage at tau = 0.2",
                                 prompts, tokens, n));
+  // Table 5's control: the pairs bypassed, but left in their group's amax.
+  std::int64_t control_bad = 0;
+  write_table(dir, "control",
+              {"treatment", "median meter (e-form, raw)", "max meter", "coverage at 0.2", "paper median", "paper max",
+               "queries"},
+              outlier_control(o, control_bad),
+              "Outlier bypass control: synthetic keys with 4 massive RoPE pairs, dither-int8 meter per query");
+  total_bad += control_bad;
+  {
+    std::ifstream md(fs::path(dir) / "control.md");
+    out << md.rdbuf() << "\n";
+  }
   finish(o, "outliers", dir, out, total_bad);
   return total_bad;
 }
 
+}  // namespace eval
+
+namespace {
+
+// The experiments in the order `all` runs them.
+const std::vector<std::pair<std::string, eval::Experiment>>& registry() {
+  static const std::vector<std::pair<std::string, eval::Experiment>> r = {
+      {"soundness", eval::soundness}, {"schemes", eval::schemes}, {"shapes", eval::shapes},
+      {"outliers", eval::outliers},   {"risk-coverage", eval::risk_coverage}, {"needle", eval::needle},
+      {"danger", eval::danger},       {"layer-pollution", eval::layer_pollution}, {"quality", eval::quality}};
+  return r;
+}
+
 }  // namespace
 
-std::vector<std::string> eval_experiments() { return {"soundness", "schemes", "shapes", "outliers"}; }
+std::vector<std::string> eval_experiments() {
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : registry()) names.push_back(name);
+  return names;
+}
 
 int run_eval(const std::string& experiment, const EvalOptions& opts, std::ostream& out, std::ostream& err) {
   const std::vector<std::string> all = eval_experiments();
@@ -391,13 +336,8 @@ int run_eval(const std::string& experiment, const EvalOptions& opts, std::ostrea
   if (opts.threads < 1 || opts.threads > 256) throw std::invalid_argument("--threads must be in [1, 256]");
   const engine::Model m = engine::Model::load(opts.model.empty() ? engine::default_model_path() : opts.model);
   std::int64_t violations = 0;
-  for (const std::string& e : all) {
-    if (experiment != "all" && e != experiment) continue;
-    if (e == "soundness") violations += soundness(m, opts, out, err);
-    if (e == "schemes") violations += schemes(m, opts, out, err);
-    if (e == "shapes") violations += shapes(m, opts, out, err);
-    if (e == "outliers") violations += outliers(m, opts, out, err);
-  }
+  for (const auto& [name, fn] : registry())
+    if (experiment == "all" || name == experiment) violations += fn(m, opts, out, err);
   return violations == 0 ? 0 : 1;
 }
 

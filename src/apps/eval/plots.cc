@@ -147,6 +147,110 @@ if experiment == "outliers":
     ax.legend(h1 + h2, l1 + ["bytes per token and head (right axis)"], fontsize=7, loc="lower right")
     save(fig, "outliers")
 
+if experiment == "risk-coverage":
+    r = rows("curve")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for m, ax in zip(("0", "4"), axes):
+        for dom in dict.fromkeys(x["domain"] for x in r):
+            pts = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) > 0]
+            pts.sort(key=lambda x: float(x["delta"]))
+            line, = ax.plot([float(x["delta"]) for x in pts], [float(x["coverage"]) for x in pts], marker="o", label=f"{dom}, default shape")
+            ax.plot([float(x["delta"]) for x in pts], [float(x["coverage_eform"]) for x in pts], marker="s", linestyle="--",
+                    color=line.get_color(), label=f"{dom}, e-form")
+            t = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) == 0]
+            if t:
+                ax.axhline(float(t[0]["coverage"]), color=line.get_color(), linestyle=":", label=f"{dom}, tanh (delta = 0)")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"Risk-coverage, dither-int8, m = {m}")
+        ax.set_xlabel("request failure budget delta (log)")
+        ax.set_ylabel("joint K and V coverage of decode cells (tau_K 0.2, tau_V 0.05)")
+        ax.legend(fontsize=6)
+    save(fig, "risk-coverage")
+
+if experiment == "needle":
+    r = [x for x in rows("needle")]
+    labels = [x["configuration"] for x in r]
+    acc = [float(x["accuracy"]) for x in r]
+    base = acc[0]
+    lo = [base + float(x["95% CI low"]) for x in r]
+    hi = [base + float(x["95% CI high"]) for x in r]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    ys = list(range(len(r)))
+    axes[0].barh(ys, acc, color=["gray" if "raw" in l or l == "fp16" else "tab:green" for l in labels])
+    axes[0].errorbar(acc, ys, xerr=[[max(0.0, a - l) for a, l in zip(acc, lo)], [max(0.0, h - a) for a, h in zip(acc, hi)]],
+                     fmt="none", color="black", capsize=2, label="95% paired bootstrap interval vs fp16")
+    axes[0].set_yticks(ys); axes[0].set_yticklabels(labels, fontsize=7); axes[0].invert_yaxis()
+    axes[0].axvline(base, color="red", linestyle="--", label="fp16")
+    axes[0].set_xlim(0, 1.05)
+    axes[0].set_title("Needle accuracy, raw (gray) and gated (green)")
+    axes[0].set_xlabel("fraction of prompts answered")
+    axes[0].legend(fontsize=7, loc="lower right")
+    p50 = [float(x["page-in P50 KiB"]) for x in r]
+    p95 = [float(x["page-in P95 KiB"]) for x in r]
+    axes[1].barh(ys, p95, color="lightgray", label="P95")
+    axes[1].barh(ys, p50, color="tab:blue", label="P50")
+    axes[1].set_yticks(ys); axes[1].set_yticklabels(labels, fontsize=7); axes[1].invert_yaxis()
+    axes[1].set_title("Page-in per request")
+    axes[1].set_xlabel("KiB read from the exact tier per request")
+    axes[1].legend(fontsize=7)
+    save(fig, "needle")
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for x in r:
+        if x["configuration"] == "fp16":
+            continue
+        ax.scatter(float(x["coverage at 0.2"]), float(x["accuracy"]), marker="o" if x["gate"] == "–" else "^")
+        ax.annotate(x["configuration"], (float(x["coverage at 0.2"]), float(x["accuracy"])), fontsize=6)
+    ax.set_xlim(-0.02, 1.05); ax.set_ylim(-0.02, 1.05)
+    ax.set_title("Coverage (online) against accuracy (ground truth)")
+    ax.set_xlabel("joint coverage at tau = 0.2 of decode cells, as served")
+    ax.set_ylabel("needle accuracy")
+    save(fig, "coverage-accuracy")
+
+if experiment == "danger":
+    r = [x for x in rows("danger")]
+    labels = [x["scheme"] for x in r]
+    ys = list(range(len(r)))
+    fig, ax = plt.subplots(figsize=(8, 6))
+    ax.barh([y - 0.2 for y in ys], [float(x["danger rate (TV > 0.2)"]) for x in r], 0.4, color="tab:red", label="danger rate (true TV > 0.2)")
+    ax.barh([y + 0.2 for y in ys], [float(x["needle accuracy"]) for x in r], 0.4, color="tab:blue", label="needle accuracy")
+    ax.set_yticks(ys); ax.set_yticklabels(labels, fontsize=7); ax.invert_yaxis()
+    ax.set_xlim(0, 1.05)
+    ax.set_title("Per-step danger against end-task accuracy, raw caches")
+    ax.set_xlabel("fraction (of decode cells, or of prompts)")
+    ax.legend(fontsize=7)
+    save(fig, "danger")
+
+if experiment == "layer-pollution":
+    r = [x for x in rows("layer-pollution") if int(x["layer"]) >= 0]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar([int(x["layer"]) for x in r], [float(x["KL/token vs fp16"]) for x in r], color="tab:purple", label="KL per token")
+    allrow = [x for x in rows("layer-pollution") if int(x["layer"]) == -1]
+    if allrow:
+        ax.axhline(float(allrow[0]["KL/token vs fp16"]), color="red", linestyle="--", label="kivi-2bit in every layer")
+    ax.set_yscale("log")
+    ax.set_title("Layer pollution: kivi-2bit in one layer, the others exact")
+    ax.set_xlabel("layer holding kivi-2bit")
+    ax.set_ylabel("KL(fp16 || run) per token, nats (log)")
+    ax.legend(fontsize=7)
+    save(fig, "layer-pollution")
+
+if experiment == "quality":
+    r = rows("quality")
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for dom, mk in (("prose", "o"), ("code", "s")):
+        pts = [x for x in r if x["domain"] == dom and x["cache"] != "fp16"]
+        ax.scatter([float(x["B/token/head (K+V)/2"]) for x in pts], [max(float(x["KL/token vs fp16"]), 1e-7) for x in pts], marker=mk, label=dom)
+        for x in pts:
+            ax.annotate(x["cache"], (float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7)), fontsize=5)
+    ax.set_yscale("log")
+    ax.set_title("Teacher-forced KL against fp16 by bytes per token")
+    ax.set_xlabel("bytes per token and head (mean of K and V)")
+    ax.set_ylabel("KL(fp16 || run) per token, nats (log)")
+    ax.legend(fontsize=7)
+    save(fig, "quality")
+
 print("\n".join(written))
 )PY";
 
