@@ -66,6 +66,11 @@ TEST(EngineOptions, BadJsonNamesTheSetting) {
   fails(R"({"cache": {"kv": "q8_0", "bound": "max"}})", "bound");
   fails(R"({"cache": {"kv": "q8_0", "exact_tier": "disk"}})", "exact_tier must be ram or file");
   fails(R"({"cache": {"kv": "q8_0", "check_soundness": 1}})", "check_soundness must be true or false");
+  fails(R"({"cache": {"kv": "dither-int8", "dither": "off"}})", "per-slot, shared-page, shared-prompt or none");
+  // Every dither mode reads back by its name.
+  for (cache::DitherMode d : {cache::DitherMode::per_slot, cache::DitherMode::shared_page,
+                              cache::DitherMode::shared_prompt, cache::DitherMode::none})
+    EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int8"}, {"dither", cache::dither_mode_name(d)}}).dither, d);
 }
 
 TEST(RequestOptions, JsonAndValidation) {

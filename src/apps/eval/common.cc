@@ -235,13 +235,22 @@ std::pair<double, double> paired_bootstrap_ci(const std::vector<double>& a, cons
 }
 
 double mcnemar_p(std::int64_t b01, std::int64_t b10) {
-  // Exact binomial: under H0 each discordant pair goes either way with probability ½.
+  // Exact binomial: under H0 each discordant pair goes either way with probability ½. The terms
+  // C(n, i)·2^-n by their ratios (exact in binary for small n), in the log domain past 2^-1000.
   const std::int64_t n = b01 + b10, k = std::min(b01, b10);
   if (n == 0) return 1.0;
   double tail = 0.0;
-  for (std::int64_t i = 0; i <= k; ++i)
-    tail += std::exp(std::lgamma(double(n) + 1) - std::lgamma(double(i) + 1) - std::lgamma(double(n - i) + 1) -
-                     static_cast<double>(n) * std::log(2.0));
+  if (n <= 1000) {
+    double term = std::ldexp(1.0, -static_cast<int>(n));
+    for (std::int64_t i = 0; i <= k; ++i) {
+      tail += term;
+      term = term * static_cast<double>(n - i) / static_cast<double>(i + 1);
+    }
+  } else {
+    for (std::int64_t i = 0; i <= k; ++i)
+      tail += std::exp(std::lgamma(double(n) + 1) - std::lgamma(double(i) + 1) - std::lgamma(double(n - i) + 1) -
+                       static_cast<double>(n) * std::log(2.0));
+  }
   return std::min(1.0, 2.0 * tail);
 }
 

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "apps/eval/eval.h"
+#include "apps/eval/internal.h"
 
 namespace witcert::apps::eval {
 namespace {
@@ -51,6 +53,81 @@ TEST(Eval, RuleOfThree) {
   EXPECT_NEAR(rule_of_three(1), 0.95, 1e-12);
   EXPECT_NEAR(rule_of_three(1000), 3.0 / 1000, 2e-5);  // ≈ 3/n for large n
   EXPECT_NEAR(std::pow(1 - rule_of_three(300), 300), 0.05, 1e-12);
+}
+
+TEST(Eval, PercentileIsTheNearestRank) {
+  EXPECT_EQ(percentile({4, 1, 3, 2}, 0.5), 2.0);
+  EXPECT_EQ(percentile({4, 1, 3, 2}, 0.0), 1.0);
+  EXPECT_EQ(percentile({4, 1, 3, 2}, 1.0), 4.0);
+  EXPECT_EQ(percentile({4, 1, 3, 2}, 0.95), 4.0);
+  EXPECT_EQ(percentile({7}, 0.3), 7.0);
+  EXPECT_TRUE(std::isnan(percentile({}, 0.5)));
+}
+
+TEST(Eval, McNemarExactKnownAnswers) {
+  EXPECT_EQ(mcnemar_p(0, 0), 1.0);
+  EXPECT_DOUBLE_EQ(mcnemar_p(0, 6), 2.0 / 64);         // 2·P(X ≤ 0), X ~ Bin(6, ½)
+  EXPECT_DOUBLE_EQ(mcnemar_p(9, 1), 2.0 * 11 / 1024);  // 2·P(X ≤ 1), X ~ Bin(10, ½)
+  EXPECT_DOUBLE_EQ(mcnemar_p(1, 9), mcnemar_p(9, 1));  // two-sided
+  EXPECT_EQ(mcnemar_p(5, 5), 1.0);                     // capped at 1
+  EXPECT_LT(mcnemar_p(0, 30), 1e-8);
+  // Past the exact range: the log-domain sum, continuous with it.
+  EXPECT_NEAR(mcnemar_p(480, 521), 0.2062, 0.002);  // normal approximation: z = 40/sqrt(1001) ≈ 1.264
+}
+
+TEST(Eval, PairedBootstrapCoversTheMeanDifference) {
+  // Identical and uniformly shifted pairs: a degenerate interval at the difference.
+  const std::vector<double> zeros(50, 0.0), ones(50, 1.0);
+  EXPECT_EQ(paired_bootstrap_ci(zeros, zeros, 1000, 1), std::make_pair(0.0, 0.0));
+  EXPECT_EQ(paired_bootstrap_ci(zeros, ones, 1000, 1), std::make_pair(1.0, 1.0));
+  // 30 of 100 prompts gained, none lost: mean 0.3, standard error about 0.046.
+  std::vector<double> a(100, 0.0), b(100, 0.0);
+  for (int i = 0; i < 30; ++i) b[i] = 1.0;
+  const auto [lo, hi] = paired_bootstrap_ci(a, b, 10000, 3);
+  EXPECT_GT(lo, 0.19);
+  EXPECT_LT(lo, 0.24);
+  EXPECT_GT(hi, 0.36);
+  EXPECT_LT(hi, 0.41);
+  // The pairing matters: b is a shuffled a, so unpaired means agree, yet pairs differ.
+  std::vector<double> c = {1, 0, 1, 0, 1, 0, 1, 0}, d = {0, 1, 0, 1, 0, 1, 0, 1};
+  const auto [l2, h2] = paired_bootstrap_ci(c, d, 10000, 4);
+  EXPECT_LT(l2, 0.0);
+  EXPECT_GT(h2, 0.0);
+  EXPECT_TRUE(std::isnan(paired_bootstrap_ci({}, {}, 10, 1).first));
+  EXPECT_TRUE(std::isnan(paired_bootstrap_ci({1.0}, {1.0, 2.0}, 10, 1).first));
+}
+
+// The needle prompts: reproducible from their seed, every one holding its own passphrase once in
+// the needle sentence at its depth, near its length, with the question after the haystack.
+TEST(Eval, NeedlePromptsHoldTheirAnswerAtTheirDepth) {
+  const engine::Model m = engine::Model::load(std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  const std::vector<NeedlePrompt> a = needle_prompts(m, 40, 96, 256, 61), b = needle_prompts(m, 40, 96, 256, 61);
+  std::set<std::string> answers;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(a[i].text, b[i].text);
+    const std::string& t = a[i].text;
+    const std::size_t at = t.find(a[i].answer);
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_EQ(t.find(a[i].answer, at + 1), std::string::npos);
+    EXPECT_TRUE(answered("The passphrase is " + a[i].answer + ".", a[i].answer));
+    EXPECT_FALSE(answered("I do not know.", a[i].answer));
+    EXPECT_GE(a[i].depth, 0.1);
+    EXPECT_LE(a[i].depth, 0.9);
+    EXPECT_GE(a[i].target_tokens, 96);
+    EXPECT_LE(a[i].target_tokens, 256);
+    const int tokens = static_cast<int>(m.tokenizer->encode(t, false).size());
+    EXPECT_GE(tokens, a[i].target_tokens);
+    EXPECT_LE(tokens, a[i].target_tokens + 80);  // the last filler sentence, the needle and the question
+    // The needle sits at its depth of the text, within a sentence or two.
+    const double where = static_cast<double>(at) / static_cast<double>(t.size());
+    EXPECT_NEAR(where, a[i].depth, 0.25);
+    EXPECT_LT(at, t.find("Question:"));
+    answers.insert(a[i].answer);
+  }
+  EXPECT_GE(answers.size(), 38u);
+  EXPECT_NE(needle_prompts(m, 1, 96, 256, 62)[0].text, a[0].text);
+  EXPECT_THROW(needle_prompts(m, 1, 300, 200, 1), std::invalid_argument);
 }
 
 TEST(Eval, DurationsReadAsAPersonWritesThem) {
