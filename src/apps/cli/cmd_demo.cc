@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "apps/cli/commands.h"
+#include "apps/eval/eval.h"
 #include "apps/report/run.h"
 
 namespace witcert::apps {
@@ -14,26 +15,9 @@ constexpr const char* kAnswer = "orange-falcon-17";
 
 // A haystack of ordinary sentences with the needle about 40 % of the way in, and the question.
 std::string needle_prompt(const engine::Model& e, int target_tokens) {
-  static const char* const kFiller[] = {
-      "The river flows slowly through the valley, past farms and old stone bridges.",
-      "In the spring the orchards bloom, and the air smells of apples and cut grass.",
-      "Merchants once carried salt and wool along this road to the coastal towns.",
-      "The library keeps maps of the region drawn by surveyors two centuries ago.",
-      "Every autumn the village holds a market where bakers sell bread and honey cakes.",
-      "A lighthouse stands on the cliff, and its keeper writes the weather in a ledger.",
-      "The school teaches mathematics, music and the history of the northern provinces.",
-      "Fishermen mend their nets on the pier while gulls circle above the harbour.",
-      "The mountain pass closes in winter, when snow covers the path for months.",
-      "Scholars debate whether the old tower was built as a fortress or a granary.",
-  };
-  std::string before, after;
-  int i = 0;
-  while (static_cast<int>(e.tokenizer->encode(before, false).size()) < target_tokens * 2 / 5)
-    before += std::string(kFiller[i++ % 10]) + " ";
-  while (static_cast<int>(e.tokenizer->encode(before + after, false).size()) < target_tokens)
-    after += std::string(kFiller[i++ % 10]) + " ";
-  return "Read the following text carefully.\n\n" + before + kNeedle + " " + after +
-         "\n\nQuestion: What is the secret passphrase for the archive? Answer with the passphrase only.";
+  return eval::needle_text(e, target_tokens * 2 / 5, target_tokens, kNeedle,
+                           "What is the secret passphrase for the archive? Answer with the passphrase only.",
+                           {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
 }  // namespace

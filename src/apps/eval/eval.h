@@ -34,6 +34,13 @@ int run_eval(const std::string& experiment, const EvalOptions& opts, std::ostrea
 
 namespace eval {
 
+// A needle-in-a-haystack prompt, as `witcert demo` and the needle experiments write it: "Read the
+// following text carefully.", ordinary sentences of the haystack (indices into its 16 sentences,
+// cycled in `order`) until `before_tokens`, the needle, more sentences until `target_tokens` in
+// all, then "Question: " and the question.
+std::string needle_text(const engine::Model& m, int before_tokens, int target_tokens, const std::string& needle,
+                        const std::string& question, const std::vector<int>& order);
+
 // The finished cells of an experiment, one JSON object per line with a unique "key"; a rerun
 // loads them and skips what is there. A torn last line (a run killed mid-write) is dropped.
 class ResultStore {

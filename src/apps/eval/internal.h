@@ -19,6 +19,9 @@
 
 namespace witcert::apps::eval {
 
+// The paper's coverage thresholds (§5): τ_K = 0.2, τ_V = 0.05.
+inline constexpr double kTauK = 0.2, kTauV = 0.05;
+
 // Every cell's soundness, from the calling threads: counts, violations (true TV above the meter),
 // the worst ratio TV / meter, and the cells of the decode steps (pos ≥ first) whose true TV
 // exceeds 0.2 (the paper's "danger").
@@ -49,6 +52,26 @@ class CellSample final : public gate::MeterSink {
   std::int64_t first_;
   int every_;
   std::int64_t seen_ = 0;
+};
+
+// Joint K∧V coverage at (τ_K, τ_V) of the decode-step cells (pos ≥ first): as served (after the
+// step's repair), before the step's repair, and before it under the e-form (the clamped raw score)
+// with the same V meter.
+class CoverageSink final : public gate::MeterSink {
+ public:
+  CoverageSink(std::int64_t first, double tau_k, double tau_v) : first_(first), tau_k_(tau_k), tau_v_(tau_v) {}
+  void record(std::span<const gate::MeterCell> cells) override;
+  std::int64_t cells() const { return cells_; }
+  double served() const { return ratio(served_); }
+  double before() const { return ratio(before_); }
+  double eform_before() const { return ratio(eform_); }
+
+ private:
+  double ratio(std::int64_t n) const { return cells_ ? double(n) / double(cells_) : 0.0; }
+  std::mutex mu_;
+  std::int64_t first_;
+  double tau_k_, tau_v_;
+  std::int64_t cells_ = 0, served_ = 0, before_ = 0, eform_ = 0;
 };
 
 // The certified cache of one KV format (both sides) with the soundness check on.

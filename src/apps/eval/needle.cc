@@ -15,26 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kTauK = 0.2, kTauV = 0.05;
-
-// Joint coverage at τ_K = 0.2, τ_V = 0.05 of the decode-step cells (pos ≥ first) as served.
-class ServedCoverage final : public gate::MeterSink {
- public:
-  explicit ServedCoverage(std::int64_t first) : first_(first) {}
-  void record(std::span<const gate::MeterCell> cells) override {
-    std::int64_t n = 0, pass = 0;
-    for (const gate::MeterCell& c : cells)
-      if (c.pos >= first_) ++n, pass += c.meter <= kTauK && c.v_meter <= kTauV;
-    std::lock_guard lock(mu_);
-    cells_ += n, pass_ += pass;
-  }
-  double coverage() const { return cells_ ? double(pass_) / double(cells_) : 0.0; }
-
- private:
-  std::mutex mu_;
-  std::int64_t first_, cells_ = 0, pass_ = 0;
-};
-
 // One configuration of a needle request: fp16, or a scheme raw (tau 0) or gated.
 struct Config {
   std::string label, kv;
@@ -50,12 +30,12 @@ json run_config(const engine::Model& m, ThreadPool& pool, const std::vector<std:
   if (!cfg.kv.empty()) c = checked_cache(cfg.kv);
   if (cfg.tau > 0) c.gate = {cfg.tau, cfg.granularity, kTauV};
   const std::int64_t first = static_cast<std::int64_t>(prompt.size());
-  ServedCoverage cov(first);
+  CoverageSink cov(first, kTauK, kTauV);
   SoundnessSink sound(first);
   const CheckedRun r = run_checked(m, pool, prompt, n, c, {&cov, &sound}, /*stop=*/true, /*check_prompt=*/false);
   return {{"correct", answered(m.tokenizer->decode(r.tokens), p.answer)},
           {"page_in_bytes", r.page_in.page_in_bytes},
-          {"coverage", cfg.kv.empty() ? 1.0 : cov.coverage()},
+          {"coverage", cfg.kv.empty() ? 1.0 : cov.served()},
           {"danger", sound.decode_checked ? double(sound.dangerous) / double(sound.decode_checked) : 0.0},
           {"cells_checked", sound.checked},
           {"violations", sound.violations}};

@@ -17,34 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kTauK = 0.2, kTauV = 0.05;
-
-// Joint coverage of the decode-step cells (pos ≥ first) under the served meter and under the
-// e-form (clamped raw score) with the same V meter.
-class JointCoverage final : public gate::MeterSink {
- public:
-  explicit JointCoverage(std::int64_t first) : first_(first) {}
-  void record(std::span<const gate::MeterCell> cells) override {
-    std::int64_t n = 0, served = 0, eform = 0;
-    for (const gate::MeterCell& c : cells) {
-      if (c.pos < first_) continue;
-      ++n;
-      const bool v = c.v_meter_before <= kTauV;
-      served += v && c.meter_before <= kTauK;
-      eform += v && std::min(c.raw_before, 1.0) <= kTauK;
-    }
-    std::lock_guard lock(mu_);
-    cells_ += n, served_ += served, eform_ += eform;
-  }
-  double served() const { return cells_ ? double(served_) / double(cells_) : 0.0; }
-  double eform() const { return cells_ ? double(eform_) / double(cells_) : 0.0; }
-  std::int64_t cells() const { return cells_; }
-
- private:
-  std::mutex mu_;
-  std::int64_t first_, cells_ = 0, served_ = 0, eform_ = 0;
-};
-
 struct Domain {
   std::string name;
   std::vector<std::vector<std::int32_t>> prompts;
@@ -88,7 +60,7 @@ std::int64_t risk_coverage(const engine::Model& m, const EvalOptions& o, std::os
               c.bound = cert::BoundShape::tanh;
             }
             if (gated) c.gate = {kTauK, gate::Granularity::block, kTauV};
-            JointCoverage cov(first);
+            CoverageSink cov(first, kTauK, kTauV);
             SoundnessSink sound;
             const CheckedRun r = run_checked(m, pool, prompt, n, c, {&cov, &sound});
             checked += sound.checked, violations += sound.violations;
@@ -96,7 +68,7 @@ std::int64_t risk_coverage(const engine::Model& m, const EvalOptions& o, std::os
               page_in += static_cast<double>(r.page_in.page_in_bytes);
             } else {
               const double k = static_cast<double>(cov.cells());
-              served += cov.served() * k, eform += cov.eform() * k, cells += k;
+              served += cov.before() * k, eform += cov.eform_before() * k, cells += k;
             }
           }
         }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <stdexcept>
 
 #include "apps/eval/internal.h"
 #include "engine/cache_factory.h"
@@ -41,6 +42,20 @@ void CellSample::record(std::span<const gate::MeterCell> cells) {
   std::lock_guard lock(mu_);
   for (const gate::MeterCell& c : cells)
     if (c.pos >= first_ && !std::isnan(c.tv) && seen_++ % every_ == 0) kept.push_back({c.eform_raw, c.meter, c.tv});
+}
+
+void CoverageSink::record(std::span<const gate::MeterCell> cells) {
+  std::int64_t n = 0, served = 0, before = 0, eform = 0;
+  for (const gate::MeterCell& c : cells) {
+    if (c.pos < first_) continue;
+    ++n;
+    served += c.meter <= tau_k_ && c.v_meter <= tau_v_;
+    const bool v = c.v_meter_before <= tau_v_;
+    before += v && c.meter_before <= tau_k_;
+    eform += v && std::min(c.raw_before, 1.0) <= tau_k_;
+  }
+  std::lock_guard lock(mu_);
+  cells_ += n, served_ += served, before_ += before, eform_ += eform;
 }
 
 engine::CacheOptions checked_cache(const std::string& kv) {
@@ -85,8 +100,8 @@ std::vector<std::string> metered_schemes() {
   return s;
 }
 
-std::vector<NeedlePrompt> needle_prompts(const engine::Model& m, int count, int min_tokens, int max_tokens,
-                                         std::uint64_t seed) {
+std::string needle_text(const engine::Model& m, int before_tokens, int target_tokens, const std::string& needle,
+                        const std::string& question, const std::vector<int>& order) {
   static const char* const kFiller[] = {
       "The river flows slowly through the valley, past farms and old stone bridges.",
       "In the spring the orchards bloom, and the air smells of apples and cut grass.",
@@ -105,6 +120,19 @@ std::vector<NeedlePrompt> needle_prompts(const engine::Model& m, int count, int 
       "The canal was dug by hand, and barges still carry coal along its banks.",
       "A choir sings in the cathedral every Sunday, and visitors fill the benches.",
   };
+  if (order.empty()) throw std::invalid_argument("needle_text: no haystack sentences");
+  for (int i : order)
+    if (i < 0 || i >= static_cast<int>(std::size(kFiller))) throw std::invalid_argument("needle_text: no such sentence");
+  const auto tokens = [&](const std::string& s) { return static_cast<int>(m.tokenizer->encode(s, false).size()); };
+  std::string before, after;
+  std::size_t k = 0;
+  while (tokens(before) < before_tokens) before += std::string(kFiller[order[k++ % order.size()]]) + " ";
+  while (tokens(before + after) < target_tokens) after += std::string(kFiller[order[k++ % order.size()]]) + " ";
+  return "Read the following text carefully.\n\n" + before + needle + " " + after + "\n\nQuestion: " + question;
+}
+
+std::vector<NeedlePrompt> needle_prompts(const engine::Model& m, int count, int min_tokens, int max_tokens,
+                                         std::uint64_t seed) {
   static const char* const kAdjectives[] = {"orange", "silver", "quiet", "golden", "rapid", "hidden", "crimson", "lucky",
                                             "frozen", "bright", "gentle", "northern", "purple", "brave", "ancient", "velvet"};
   static const char* const kAnimals[] = {"falcon", "otter", "badger", "heron", "lynx", "marten", "raven", "salmon",
@@ -119,17 +147,13 @@ std::vector<NeedlePrompt> needle_prompts(const engine::Model& m, int count, int 
     p.answer = fmt::format("{}-{}-{}", kAdjectives[rng() % 16], kAnimals[rng() % 16], 10 + rng() % 90);
     p.target_tokens = min_tokens + static_cast<int>(rng() % static_cast<std::uint64_t>(max_tokens - min_tokens + 1));
     p.depth = 0.1 + 0.8 * std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-    const std::string needle = fmt::format("The secret passphrase for the {} is {}.", place, p.answer);
-    std::vector<int> order(std::size(kFiller));
+    std::vector<int> order(16);
     for (std::size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
     std::shuffle(order.begin(), order.end(), rng);
-    std::string before, after;
-    std::size_t k = 0;
-    const auto tokens = [&](const std::string& s) { return static_cast<int>(m.tokenizer->encode(s, false).size()); };
-    while (tokens(before) < static_cast<int>(p.target_tokens * p.depth)) before += std::string(kFiller[order[k++ % order.size()]]) + " ";
-    while (tokens(before + after) < p.target_tokens) after += std::string(kFiller[order[k++ % order.size()]]) + " ";
-    p.text = "Read the following text carefully.\n\n" + before + needle + " " + after +
-             fmt::format("\n\nQuestion: What is the secret passphrase for the {}? Answer with the passphrase only.", place);
+    p.text = needle_text(m, static_cast<int>(p.target_tokens * p.depth), p.target_tokens,
+                         fmt::format("The secret passphrase for the {} is {}.", place, p.answer),
+                         fmt::format("What is the secret passphrase for the {}? Answer with the passphrase only.", place),
+                         order);
     out.push_back(std::move(p));
   }
   return out;
