@@ -20,6 +20,7 @@ struct Config {
   std::string label, kv;
   double tau = 0.0;
   gate::Granularity granularity = gate::Granularity::block;
+  int prompts = 0;  // runs on the first `prompts` prompts only; 0: every one
 };
 
 // Runs one configuration on one prompt: whether it answered, its page-in bytes, coverage, and
@@ -33,7 +34,9 @@ json run_config(const engine::Model& m, ThreadPool& pool, const std::vector<std:
   CoverageSink cov(first, kTauK, kTauV);
   SoundnessSink sound(first);
   const CheckedRun r = run_checked(m, pool, prompt, n, c, {&cov, &sound}, /*stop=*/true, /*check_prompt=*/false);
-  return {{"correct", answered(m.tokenizer->decode(r.tokens), p.answer)},
+  const std::string text = m.tokenizer->decode(r.tokens);
+  return {{"correct", answered(text, p.answer)},
+          {"text", text},
           {"page_in_bytes", r.page_in.page_in_bytes},
           {"coverage", cfg.kv.empty() ? 1.0 : cov.served()},
           {"danger", sound.decode_checked ? double(sound.dangerous) / double(sound.decode_checked) : 0.0},
@@ -54,7 +57,8 @@ void run_prompts(const engine::Model& m, const EvalOptions& o, ResultStore& stor
     }
     const std::vector<std::int32_t> prompt = m.prompt_tokens(prompts[i].text, true);
     json rec = {{"prompt_tokens", prompt.size()}, {"depth", prompts[i].depth}, {"answer", prompts[i].answer}};
-    for (const Config& c : configs) rec[c.label] = run_config(m, pool, prompt, prompts[i], n, c);
+    for (const Config& c : configs)
+      if (c.prompts == 0 || static_cast<int>(i) < c.prompts) rec[c.label] = run_config(m, pool, prompt, prompts[i], n, c);
     store.put(key, rec);
     bar.advance();
   }
@@ -66,7 +70,8 @@ void run_prompts(const engine::Model& m, const EvalOptions& o, ResultStore& stor
 std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "needle");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
-  const int count = o.quick ? 2 : 200, n = 12, min_tokens = o.quick ? 64 : 96, max_tokens = o.quick ? 96 : 256;
+  const int count = o.quick ? 2 : 200, n = 20, min_tokens = o.quick ? 64 : 96, max_tokens = o.quick ? 96 : 192;
+  const int head_prompts = o.quick ? 2 : 40;  // head-granular paging, against block, on these
   // The paper's Table 18 schemes: fp8 (broken raw), kivi-2bit (a silent tail), rtn-int8 (safe).
   const std::vector<std::string> schemes =
       o.quick ? std::vector<std::string>{"kivi-2bit"} : std::vector<std::string>{"fp8-e4m3", "kivi-2bit", "rtn-int8"};
@@ -75,7 +80,7 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
   for (const std::string& s : schemes) {
     configs.push_back({s + " raw", s, 0.0});
     for (double t : taus) configs.push_back({fmt::format("{} gate {:g}", s, t), s, t});
-    configs.push_back({s + " gate 0.2 head", s, 0.2, gate::Granularity::head});
+    configs.push_back({s + " gate 0.2 head", s, 0.2, gate::Granularity::head, head_prompts});
   }
   const std::vector<NeedlePrompt> prompts = needle_prompts(m, count, min_tokens, max_tokens, 61);
   run_prompts(m, o, store, "needle", prompts, configs, n, err);
@@ -87,7 +92,8 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
   for (const Config& c : configs) {
     std::vector<double> correct, page_in, coverage;
     std::int64_t b01 = 0, b10 = 0, checked = 0, bad = 0;
-    for (int i = 0; i < count; ++i) {
+    const int runs = c.prompts == 0 ? count : std::min(count, c.prompts);
+    for (int i = 0; i < runs; ++i) {
       const json& r = store.get(fmt::format("p{}", i)).at(c.label);
       const bool ok = r.at("correct").get<bool>();
       correct.push_back(ok);
@@ -99,14 +105,14 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
     total_bad += bad;
     double acc = 0, cov = 0;
     for (std::size_t i = 0; i < correct.size(); ++i) acc += correct[i], cov += coverage[i];
-    acc /= count, cov /= count;
+    acc /= runs, cov /= runs;
     const auto [lo, hi] = paired_bootstrap_ci(base, correct, 10000, 7);
     if (c.granularity == gate::Granularity::head) {
       const std::string block = fmt::format("{} gate 0.2", c.kv);
       std::vector<double> block_kib;
-      for (int i = 0; i < count; ++i)
+      for (int i = 0; i < runs; ++i)
         block_kib.push_back(store.get(fmt::format("p{}", i)).at(block).at("page_in_bytes").get<double>() / 1024);
-      traffic.push_back({{"scheme", c.kv}, {"block P50 KiB", percentile(block_kib, 0.5)},
+      traffic.push_back({{"scheme", c.kv}, {"prompts", runs}, {"block P50 KiB", percentile(block_kib, 0.5)},
                          {"block P95 KiB", percentile(block_kib, 0.95)}, {"head P50 KiB", percentile(page_in, 0.5)},
                          {"head P95 KiB", percentile(page_in, 0.95)}, {"head accuracy", acc}});
       continue;
@@ -126,7 +132,7 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
                           "greedy, up to {} new tokens; accuracy paired against fp16 (bootstrap 10^4, McNemar exact); "
                           "coverage of the decode steps as served, K and V",
                           count, min_tokens, max_tokens, n));
-  write_table(dir, "traffic", {"scheme", "block P50 KiB", "block P95 KiB", "head P50 KiB", "head P95 KiB", "head accuracy"},
+  write_table(dir, "traffic", {"scheme", "prompts", "block P50 KiB", "block P95 KiB", "head P50 KiB", "head P95 KiB", "head accuracy"},
               traffic, "Page-in per request of a certified gate (tau = 0.2): pages in block order against whole heads");
   finish(o, "needle", dir, out, total_bad);
   return total_bad;
@@ -135,7 +141,7 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
 std::int64_t danger(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "danger");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
-  const int count = o.quick ? 1 : 24, n = 12;
+  const int count = o.quick ? 1 : 24, n = 20;
   std::vector<Config> configs = {{"fp16", "", 0.0}};
   const std::vector<std::string> all = metered_schemes();
   // The quick run: one Tier A scheme, one 2-bit scheme and Tier B.

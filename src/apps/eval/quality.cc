@@ -99,7 +99,7 @@ class LayerMix final : public attn::KvCache {
 std::int64_t quality(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "quality");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
-  const int windows = o.quick ? 1 : 3, tokens = o.quick ? 48 : 320;
+  const int windows = o.quick ? 1 : 2, tokens = o.quick ? 48 : 256;
   struct Arm {
     std::string label;
     engine::CacheOptions cache;
@@ -200,7 +200,7 @@ std::int64_t layer_pollution(const engine::Model& m, const EvalOptions& o, std::
   const std::string dir = experiment_dir(o, "layer-pollution");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
   const model::LlamaConfig& cfg = m.model->config();
-  const int count = o.quick ? 1 : 8, n = 12;
+  const int count = o.quick ? 1 : 8, n = 20;
   // -1: every layer polluted; −2: none (the fp16 control through the same path).
   std::vector<int> layers = {-2};
   for (int l = 0; l < (o.quick ? 2 : cfg.layers); ++l) layers.push_back(l);
