@@ -109,6 +109,13 @@ int default_splits(int batch, int kv_heads, long long max_ctx, int multiprocesso
   return static_cast<int>(splits < 1 ? 1 : (splits > 256 ? 256 : splits));
 }
 
+cudaError_t set_up_kernels(int group, int d, int bands) {
+  const int bytes = static_cast<int>(shared_bytes(group, d, bands));
+  if (cudaError_t e = cudaFuncSetAttribute(split_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); e != cudaSuccess)
+    return e;
+  return cudaFuncSetAttribute(split_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 cudaError_t attend_step(const PoolView& pool, const BatchView& batch, const StepConfig& config, const Workspace& ws,
                         MeterSummary* host_summary, cudaStream_t stream) {
   if (batch.group < 1 || batch.group > kMaxGroup || pool.d % kGroup != 0 || pool.d > kMaxHeadDim || config.splits < 1)
@@ -116,15 +123,10 @@ cudaError_t attend_step(const PoolView& pool, const BatchView& batch, const Step
   const std::size_t bytes = shared_bytes(batch.group, pool.d, pool.bands);
   const dim3 grid(config.splits, pool.kv_heads, batch.batch);
   const int threads = block_threads(batch.group);
-  // Opting in to more than 48 KiB of shared memory is a host-side attribute set, legal while a
-  // stream is being captured.
-  if (config.meter) {
-    cudaFuncSetAttribute(split_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (config.meter)
     split_kernel<true><<<grid, threads, bytes, stream>>>(pool, batch, ws.buffers, config.splits);
-  } else {
-    cudaFuncSetAttribute(split_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  else
     split_kernel<false><<<grid, threads, bytes, stream>>>(pool, batch, ws.buffers, config.splits);
-  }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int heads = batch.batch * pool.kv_heads * batch.group;
   const std::size_t merge_bytes = align16(sizeof(HeadState)) + 2 * sizeof(double) * config.splits;

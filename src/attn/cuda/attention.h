@@ -48,8 +48,13 @@ Workspace carve_workspace(void* device_base, int batch, int q_heads, int splits,
 // sequence, in whole tiles.
 int default_splits(int batch, int kv_heads, long long max_ctx, int multiprocessors);
 
-// Enqueues one step on `stream`: pool and batch hold device pointers; host_summary (pinned memory,
-// or null) receives the summary when the stream reaches it. Returns the first launch error.
+// Lets the split kernel take the shared memory of a group of `group` heads of d values (above the
+// default 48 KiB); once per shape, before attend_step and outside any stream capture.
+cudaError_t set_up_kernels(int group, int d, int bands);
+
+// Enqueues one step on `stream` (after set_up_kernels for its shape): pool and batch hold device
+// pointers; host_summary (pinned memory, or null) receives the summary when the stream reaches it.
+// Returns the first launch error.
 cudaError_t attend_step(const PoolView& pool, const BatchView& batch, const StepConfig& config, const Workspace& ws,
                         MeterSummary* host_summary, cudaStream_t stream);
 

@@ -92,6 +92,7 @@ StepRun run_step(const PoolView& pool, const BatchView& batch, const StepConfig&
                                        batch.batch, pool.kv_heads * batch.group, config.splits, pool.d);
   MeterSummary* pinned = nullptr;
   check(cudaMallocHost(&pinned, sizeof(MeterSummary)), "cudaMallocHost");
+  check(set_up_kernels(batch.group, pool.d, pool.bands), "set_up_kernels");
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
   if (graph) {
@@ -498,6 +499,7 @@ int run_bench(const char* json, bool quick) {
       const int q_heads = sh.kv_heads * sh.group;
       const Workspace ws = carve_workspace(dev.alloc(workspace_bytes(sh.batch, q_heads, config.splits, sh.d)), sh.batch, q_heads,
                                            config.splits, sh.d);
+      check(set_up_kernels(sh.group, sh.d, pool.bands), "set_up_kernels");
       const double ms = time_ms(stream, [&] { check(attend_step(pool, batch, config, ws, nullptr, stream), "attend_step"); });
       const double gbps = bytes / (ms * 1e6);
       std::printf("%-12s meter %-3s B=%-3d S=%-6lld d=%-4d GQA %d:1 splits %-3d %9.3f ms  %7.0f GB/s  %5.1f%% of copy\n",
