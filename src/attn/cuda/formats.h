@@ -141,6 +141,29 @@ WITCERT_HD double dither_variance_proxy(const float* q, const std::uint16_t* sca
   return is_nan(v) ? kInf : v;
 }
 
+// ς_t² as the kernel evaluates it: Σ_g Q_g·s_g² with Q_g = Σ_{c∈g non-outlier} q_c² summed once per
+// query (group_q2), G terms per token instead of d. The same non-negative terms as
+// dither_variance_proxy's in another order, which its margin kRoundUpMargin covers (a sum of
+// d + G non-negative terms rounds by at most (d + G + 3)·2^-53 relative in any order; docs/cuda.md).
+WITCERT_HD double dither_variance_grouped(const double* q2, const std::uint16_t* scales, int groups, double sm) {
+  double sum = 0.0;
+  for (int g = 0; g < groups; ++g) {
+    if (q2[g] == 0.0) continue;  // every q_c of the group is 0: dither_variance_proxy skips them all
+    const double s = half_to_double(scales[g]);
+    sum += q2[g] * (s * s);
+  }
+  const double v = sm * sm / 12.0 * sum * kRoundUpMargin;
+  return is_nan(v) ? kInf : v;
+}
+
+// Q_g = Σ_{c∈g non-outlier} q_c² of group g (dither_variance_grouped).
+WITCERT_HD double group_q2(const float* q, const std::int8_t* outlier_rank, int g) {
+  double sum = 0.0;
+  for (int c = g * kGroup; c < (g + 1) * kGroup; ++c)
+    if (outlier_rank[c] < 0) sum += static_cast<double>(q[c]) * q[c];
+  return sum;
+}
+
 // u_t = ς_t·(tail + bias) rounded up (cert::subgaussian_radius), with tail + bias = κ computed once
 // per (sequence, stream) on the host by subgaussian_kappa.
 WITCERT_HD double subgaussian_radius(double varsigma2, double kappa) {

@@ -134,6 +134,20 @@ TEST(CudaFormats, BoundsMatchTheCertLayer) {
         if (trial % 9 == 0) scales[0] = kFp16PosInf;
         const double v2 = dither_variance_proxy(q.data(), scales.data(), rank.data(), d, sm);
         ASSERT_TRUE(same_bits(v2, cert::dither_variance_proxy(q, scales, mask, 32, sm)));
+        // The kernel's grouped order: within rounding of the channel order, and above the exact ς².
+        std::vector<double> q2(d / 32);
+        for (int g = 0; g < d / 32; ++g) q2[g] = group_q2(q.data(), rank.data(), g);
+        const double grouped = dither_variance_grouped(q2.data(), scales.data(), d / 32, sm);
+        long double exact = 0.0L;
+        for (int c = 0; c < d; ++c)
+          if (!mask[c]) exact += static_cast<long double>(q[c]) * q[c] * fp16_to_double(scales[c / 32]) * fp16_to_double(scales[c / 32]);
+        exact *= static_cast<long double>(sm) * sm / 12.0L;
+        if (std::isinf(v2)) {
+          ASSERT_EQ(grouped, v2);
+        } else {
+          ASSERT_NEAR(grouped, v2, 1e-14 * v2);
+          ASSERT_GE(static_cast<long double>(grouped), exact);
+        }
         const long S = 1 + static_cast<long>(rng() % 100000);
         const double delta = cert::delta_loc(1e-2, 30, 9, 256);
         ASSERT_TRUE(same_bits(subgaussian_radius(v2, subgaussian_kappa(S, delta, d - 2)),

@@ -146,4 +146,18 @@ WITCERT_HD double key_bound(const PoolView& pool, const BatchView& b, int seq, i
   return subgaussian_radius(v2, b.kappa[at]);
 }
 
+// key_bound as the kernel evaluates it: Lemma 2's ς_t² from the query's Q_g (q2, d/32 of them) rather
+// than channel by channel; Theorem 2's c_t and exact tokens as key_bound.
+WITCERT_HD double key_bound_grouped(const PoolView& pool, const BatchView& b, int seq, int stream, const TokenAt& t,
+                                    const double* q2, const double* q_norm) {
+  const SideView& k = pool.k;
+  if (!t.k_packed || k.format == Format::fp16) return 0.0;
+  const double sm = b.sm[seq];
+  if (k.format != Format::dither_int8)
+    return tier_a_c(q_norm, k.meta + slot_index(pool, stream, t.slot, pool.bands), pool.bands, sm);
+  const int groups = pool.d / kGroup;
+  const double v2 = dither_variance_grouped(q2, k.meta + slot_index(pool, stream, t.slot, groups), groups, sm);
+  return subgaussian_radius(v2, b.kappa[static_cast<std::int64_t>(seq) * b.streams + stream]);
+}
+
 }  // namespace witcert::cuda

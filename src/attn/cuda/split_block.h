@@ -4,10 +4,11 @@
 // thread id in turn (split_block_test.cc), so the kernel's arithmetic and its order of merges are
 // checked on any machine. All of a phase's state lives in the block's shared memory (Shared).
 //
-// Per tile of kTile positions: locate and decode the keys and values once for the GQA group, the
-// logits z̃_t of every query head (double, the scalar reference's order), c_t and one MeterStats
-// per token, merged in a tree; then the weights e^{z̃_t − m}, the output accumulators (the tile's
-// products in float, added to double accumulators) and Σ e^{z̃_t − m}, Σ e^{z̃_t − m} ρ_t.
+// Per tile of kTile positions: locate and decode the keys and values once for the GQA group; the
+// logits z̃_t of every query head (double, the scalar reference's order), c_t (Lemma 2's ς_t² from
+// the query's group sums, key_bound_grouped) and one MeterStats per token, merged in a tree; then
+// the weights e^{z̃_t − m}, the output accumulators (the tile's products in float, added to double
+// accumulators) and Σ e^{z̃_t − m}, Σ e^{z̃_t − m} ρ_t.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +38,7 @@ struct StepBuffers {
 // Views into the block's shared memory; carve() lays them out in one buffer of shared_bytes().
 struct Shared {
   double* q_norm;     // [group][bands]
+  double* q2;         // [group][d/32] Q_g of dither-int8's ς_t²
   double* z;          // [group][kTile]
   double* c;          // [group][kTile]
   double* w;          // [group][kTile] e^{z̃_t − m}, 0 for a token that adds no weight
@@ -65,6 +67,7 @@ WITCERT_HD std::size_t carve(unsigned char* base, int group, int d, int bands, S
   const std::size_t G = static_cast<std::size_t>(group), T = kTile, D = static_cast<std::size_t>(d);
   Shared v;
   v.q_norm = reinterpret_cast<double*>(take(G * bands * sizeof(double)));
+  v.q2 = reinterpret_cast<double*>(take(G * (D / kGroup) * sizeof(double)));
   v.z = reinterpret_cast<double*>(take(G * T * sizeof(double)));
   v.c = reinterpret_cast<double*>(take(G * T * sizeof(double)));
   v.w = reinterpret_cast<double*>(take(G * T * sizeof(double)));
@@ -131,10 +134,13 @@ struct SplitBlock {
     if (tid < group) s.head[tid] = HeadState{};
   }
 
-  // ‖q_b‖ of every band of every head (Theorem 2).
+  // ‖q_b‖ of every band (Theorem 2) and Q_g of every group (Lemma 2) of every head.
   WITCERT_HD void norms(int tid) {
     for (int i = tid; i < group * pool.bands; i += threads)
       s.q_norm[i] = band_norm(s.q + (i / pool.bands) * d, pool.neox, d, pool.bands, i % pool.bands);
+    const int groups = d / kGroup;
+    const std::int8_t* rank = batch.outlier_rank + (static_cast<std::int64_t>(seq) * batch.streams + stream) * d;
+    for (int i = tid; i < group * groups; i += threads) s.q2[i] = group_q2(s.q + (i / groups) * d, rank, i % groups);
   }
 
   WITCERT_HD bool more_tiles() const { return t0 < end_pos; }
@@ -185,7 +191,7 @@ struct SplitBlock {
     }
     s.z[at] = z;
     if constexpr (Meter) {
-      const double c = key_bound(pool, batch, seq, stream, s.tok[t], q, s.q_norm + h * pool.bands);
+      const double c = key_bound_grouped(pool, batch, seq, stream, s.tok[t], s.q2 + h * (d / kGroup), s.q_norm + h * pool.bands);
       s.c[at] = c;
       MeterStats m;
       if (s.tok[t].shared && s.tok[t].k_packed && pool.k.format == Format::dither_int8)
