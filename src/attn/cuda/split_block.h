@@ -59,8 +59,8 @@ WITCERT_HD std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 // Lays the views out from `base` (16-byte aligned); returns the bytes they take.
 WITCERT_HD std::size_t carve(unsigned char* base, int group, int d, int bands, Shared* s) {
   std::size_t at = 0;
-  const auto take = [&](std::size_t bytes) {
-    unsigned char* p = base + at;
+  const auto take = [&](std::size_t bytes) {  // no pointer arithmetic on a null base (shared_bytes)
+    unsigned char* p = base == nullptr ? nullptr : base + at;
     at += align16(bytes);
     return p;
   };
