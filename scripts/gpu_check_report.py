@@ -28,20 +28,20 @@ def main() -> int:
     sdpa_runs = (sdpa or {}).get("runs", [])
     copy = (bench or {}).get("copy_gbps")
 
-    def find(fmt, meter, b, S, d):
+    def find(fmt, meter, b, S, d, kv):
         for r in runs:
-            if (r["format"], r["meter"], r["batch"], r["S"], r["d"]) == (fmt, meter, b, S, d):
+            if (r["format"], r["meter"], r["batch"], r["S"], r["d"], r["kv_heads"]) == (fmt, meter, b, S, d, kv):
                 return r
         return None
 
     rows = []
-    for b, S, d in sorted({(r["batch"], r["S"], r["d"]) for r in runs}):
-        fp16 = find("fp16", False, b, S, d)
-        on, off = find("dither-int8", True, b, S, d), find("dither-int8", False, b, S, d)
-        q8 = find("q8_0", True, b, S, d)
-        sd = next((r for r in sdpa_runs if (r["batch"], r["S"], r["d"]) == (b, S, d)), None)
+    for b, S, d, kv in sorted({(r["batch"], r["S"], r["d"], r["kv_heads"]) for r in runs}):
+        fp16 = find("fp16", False, b, S, d, kv)
+        on, off = find("dither-int8", True, b, S, d, kv), find("dither-int8", False, b, S, d, kv)
+        q8 = find("q8_0", True, b, S, d, kv)
+        sd = next((r for r in sdpa_runs if (r["batch"], r["S"], r["d"], r["kv_heads"]) == (b, S, d, kv)), None)
         ratio = lambda x, y: x["ms"] / y["ms"] if x and y else None  # noqa: E731
-        rows.append({"batch": b, "S": S, "d": d, "fp16_ms": fp16 and fp16["ms"], "sdpa_ms": sd and sd["ms"],
+        rows.append({"batch": b, "S": S, "d": d, "gqa": f"{32 // kv}:1", "fp16_ms": fp16 and fp16["ms"], "sdpa_ms": sd and sd["ms"],
                      "dither_meter_ms": on and on["ms"], "dither_no_meter_ms": off and off["ms"], "q8_0_meter_ms": q8 and q8["ms"],
                      "fp16_gbps": fp16 and fp16["gbps"], "dither_meter_gbps": on and on["gbps"],
                      "dither_meter_vs_fp16": ratio(on, fp16), "meter_on_vs_off": ratio(on, off),
@@ -61,13 +61,13 @@ def main() -> int:
                   f"(limit 1e-5), worst meter error {tests['worst_meter_rel_error']:.3g} (limit 1e-6).", ""]
     else:
         lines += [f"Tests: no result (exit {args.tests_exit}).", ""]
-    lines += ["One decode step of one layer, 32 query heads, GQA 4:1, times in ms (CUDA events); GB/s of the cache's bytes.",
+    lines += ["One decode step of one layer, 32 query heads, times in ms (CUDA events); GB/s of the cache's bytes.",
               "",
-              "| B | S | d | fp16 (ours) | SDPA fp16 | dither-int8 meter | dither-int8 no meter | q8_0 meter | "
+              "| B | S | d | GQA | fp16 (ours) | SDPA fp16 | dither-int8 meter | dither-int8 no meter | q8_0 meter | "
               "fp16 GB/s | dither meter GB/s | dither meter / fp16 | meter on / off | fp16 / SDPA | dither meter / copy BW |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['S']} | {r['d']} | {f(r['fp16_ms'])} | {f(r['sdpa_ms'])} | {f(r['dither_meter_ms'])} | "
+        lines.append(f"| {r['batch']} | {r['S']} | {r['d']} | {r['gqa']} | {f(r['fp16_ms'])} | {f(r['sdpa_ms'])} | {f(r['dither_meter_ms'])} | "
                      f"{f(r['dither_no_meter_ms'])} | {f(r['q8_0_meter_ms'])} | {f(r['fp16_gbps'], 0)} | "
                      f"{f(r['dither_meter_gbps'], 0)} | {f(r['dither_meter_vs_fp16'], 2)} | {f(r['meter_on_vs_off'], 2)} | "
                      f"{f(r['fp16_vs_sdpa'], 2)} | {f(r['dither_meter_copy_fraction'], 2)} |")

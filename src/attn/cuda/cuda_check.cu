@@ -3,7 +3,7 @@
 // framework and no third-party library, so that a bare GPU machine builds it with nvcc alone.
 //
 //   witcert_cuda_check --test  [--json FILE]   exit 0: every check passed; 1: a failure; 77: no device
-//   witcert_cuda_check --bench [--json FILE] [--quick]
+//   witcert_cuda_check --bench [--json FILE] [--quick | --full]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -455,7 +455,7 @@ const char* format_name(Format f) {
   return "?";
 }
 
-int run_bench(const char* json, bool quick) {
+int run_bench(const char* json, bool quick, bool full) {
   cudaDeviceProp prop;
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   cudaStream_t stream;
@@ -480,10 +480,21 @@ int run_bench(const char* json, bool quick) {
                               {Format::dither_int8, Format::dither_int8, true},
                               {Format::dither_int8, Format::dither_int8, false},
                               {Format::q8_0, Format::q8_0, true}};
+  // 32 query heads; --full: the issue's whole matrix, shapes whose fp16 cache fits in 40 % of the
+  // device's memory.
   std::vector<BenchShape> shapes;
-  for (int b : {1, 64})
-    for (long long S : quick ? std::vector<long long>{4096} : std::vector<long long>{4096, 32768})
-      for (int d : {64, 128}) shapes.push_back({b, d, 8, 4, S});
+  const std::vector<int> batches = full ? std::vector<int>{1, 8, 64} : std::vector<int>{1, 64};
+  const std::vector<long long> lengths = quick  ? std::vector<long long>{4096}
+                                         : full ? std::vector<long long>{4096, 32768, 131072}
+                                                : std::vector<long long>{4096, 32768};
+  const std::vector<int> groups = full ? std::vector<int>{4, 8} : std::vector<int>{4};
+  for (int b : batches)
+    for (long long S : lengths)
+      for (int d : {64, 128})
+        for (int group : groups) {
+          const double fp16_bytes = 2.0 * b * S * (32 / group) * d * 2;
+          if (fp16_bytes <= 0.4 * static_cast<double>(prop.totalGlobalMem)) shapes.push_back({b, d, 32 / group, group, S});
+        }
   FILE* out = json != nullptr ? std::fopen(json, "w") : nullptr;
   if (out) std::fprintf(out, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"runs\": [\n", prop.name, copy_gbps);
   bool first = true;
@@ -526,21 +537,22 @@ int run_bench(const char* json, bool quick) {
 }  // namespace witcert::cuda
 
 int main(int argc, char** argv) {
-  bool test = false, bench = false, quick = false;
+  bool test = false, bench = false, quick = false, full = false;
   const char* json = nullptr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--test") test = true;
     else if (a == "--bench") bench = true;
     else if (a == "--quick") quick = true;
+    else if (a == "--full") full = true;
     else if (a == "--json" && i + 1 < argc) json = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s --test|--bench [--json FILE] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --test|--bench [--json FILE] [--quick | --full]\n", argv[0]);
       return 2;
     }
   }
   if (test == bench) {
-    std::fprintf(stderr, "usage: %s --test|--bench [--json FILE] [--quick]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s --test|--bench [--json FILE] [--quick | --full]\n", argv[0]);
     return 2;
   }
   int devices = 0;
@@ -551,7 +563,7 @@ int main(int argc, char** argv) {
     return witcert::cuda::kNoDevice;
   }
   try {
-    return test ? witcert::cuda::run_tests(json) : witcert::cuda::run_bench(json, quick);
+    return test ? witcert::cuda::run_tests(json) : witcert::cuda::run_bench(json, quick, full);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "error: %s\n", ex.what());
     return 1;
