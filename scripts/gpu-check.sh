@@ -24,6 +24,7 @@ bench_timeout=180
 [ "$size" = "--full" ] && bench_timeout=1200
 out=out/gpu-check
 obj=$out/build
+rm -rf "$obj"
 mkdir -p "$obj"
 rm -f "$out"/results.json "$out"/results.md "$out"/tests.json "$out"/bench.json "$out"/sdpa.json
 started=$(date +%s)
@@ -35,8 +36,17 @@ elapsed() { echo $(($(date +%s) - started)); }
 
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$nvcc" ] || die "nvcc not found: put the CUDA toolkit's bin/ on PATH or set NVCC"
-cxx=${CXX:-$(command -v g++ || command -v c++ || true)}
-[ -n "$cxx" ] || die "no host C++ compiler (g++ or c++)"
+# A host compiler with the C++20 the sources use (g++ ≥ 11 or clang++ ≥ 14); nvcc takes the same one.
+cxx=""
+for candidate in ${CXX:-} g++ c++ clang++; do
+  command -v "$candidate" >/dev/null 2>&1 || continue
+  if printf '#include <bit>\n#include <span>\nint main() { float f = 1; return std::bit_cast<int>(f) == 0 && std::span<float>(&f, 1).empty(); }\n' |
+    "$candidate" -std=c++20 -x c++ - -o "$obj/cxx20-probe" >/dev/null 2>&1; then
+    cxx=$(command -v "$candidate")
+    break
+  fi
+done
+[ -n "$cxx" ] || die "no host C++ compiler with C++20 (std::bit_cast, std::span): install g++ 11 or later, or set CXX"
 jobs=$(nproc)
 
 # The device's own architecture where nvidia-smi tells it; otherwise A100 and H100/H200.
@@ -65,10 +75,10 @@ echo "gpu-check: building with $nvcc (${arch[*]}) and $cxx, $jobs jobs"
   printf '%s\n' "${cpu_sources[@]}" |
     xargs -P "$jobs" -I{} sh -c 'o='"$obj"'/$(echo {} | tr / _).o; '"$cxx"' -std=c++20 -O2 -Isrc -c {} -o "$o"'
   for s in "${cuda_sources[@]}"; do
-    "$nvcc" -std=c++20 -O3 -fmad=false -Isrc "${arch[@]}" -c "$s" -o "$obj/$(echo "$s" | tr / _).o" &
+    "$nvcc" -ccbin "$cxx" -std=c++20 -O3 -fmad=false -Isrc "${arch[@]}" -c "$s" -o "$obj/$(echo "$s" | tr / _).o" &
   done
   wait
-  "$nvcc" "${arch[@]}" "$obj"/*.o -o "$obj/witcert_cuda_check" -lpthread
+  "$nvcc" -ccbin "$cxx" "${arch[@]}" "$obj"/*.o -o "$obj/witcert_cuda_check" -lpthread
 } >"$out/build.log" 2>&1 || {
   tail -40 "$out/build.log" >&2
   die "the build failed (full log: $out/build.log)"
