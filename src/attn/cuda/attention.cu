@@ -25,12 +25,7 @@ __global__ void split_kernel(PoolView pool, BatchView batch, StepBuffers out, in
     __syncthreads();
     b.logits(tid);
     __syncthreads();
-    if constexpr (Meter)
-      for (int level = 0; level < SplitBlock<Meter>::kTreeLevels; ++level) {
-        b.tree(tid, level);
-        __syncthreads();
-      }
-    b.softmax(tid);
+    b.maxima(tid);
     __syncthreads();
     b.weights(tid);
     __syncthreads();

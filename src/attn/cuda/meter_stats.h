@@ -1,8 +1,8 @@
 // The meter's statistics for host and device: cert::Lse, cert::MeterStats and the bound shapes of
 // attn::finish, written as WITCERT_HD code that reproduces the cert layer's arithmetic operation
-// for operation (meter_stats_test.cc holds them to it bit for bit). The CUDA kernel adds a tile's
-// tokens into per-token statistics and merges them in a tree; the cert layer's margins cover any
-// merge order (docs/cuda.md).
+// for operation (meter_stats_test.cc holds them to it bit for bit). The CUDA kernel sums each
+// tile's terms from the tile's maxima and merges the tiles (tile_stats); the cert layer's margins
+// cover any order of the sums (docs/cuda.md).
 #pragma once
 
 #include "attn/cuda/hd.h"
@@ -150,6 +150,69 @@ struct MeterStats {
     mom_c2 *= r;
   }
 };
+
+// A tile's share of the meter, in three steps that a thread block runs as phases (split_block.h):
+// the reference points of its log-sum-exps (TileMax, per head), each token's terms (token_terms, in
+// parallel) and their sums (tile_stats). For finite z̃_t and c_t the result is the MeterStats of
+// the tokens added one by one, up to the order of the sums, which lse_rounding_margin covers; a
+// tile that holds a non-finite z̃_t or c_t is added token by token instead, for the cert layer's
+// rules on −inf, +inf and NaN. A moment token (shared-ξ key) enters LSE(z̃) and the moment sums
+// only, as in add_moment.
+struct TileMax {
+  double z = -kInf, plus = -kInf, minus = -kInf;  // max z̃_t, max z̃_t + c_t, max z̃_t − c_t
+  bool finite = true;
+};
+
+WITCERT_HD void tile_max_add(TileMax& m, double z, double c, bool moment) {
+  m.finite = m.finite && is_finite(z) && is_finite(c);
+  m.z = max_of(m.z, z);
+  if (moment) return;
+  m.plus = max_of(m.plus, z + c);
+  m.minus = max_of(m.minus, z - c);
+}
+
+struct TileTerms {
+  double e_z, e_plus, e_minus;  // e^{z̃_t − max}, and e^{z̃_t ± c_t − max} (0 for a moment token)
+};
+
+WITCERT_HD TileTerms token_terms(const TileMax& m, double z, double c, bool moment) {
+  if (moment) return {exp(z - m.z), 0.0, 0.0};
+  return {exp(z - m.z), exp(z + c - m.plus), exp(z - c - m.minus)};
+}
+
+// The tile's MeterStats from its n tokens' logits z, bounds c, moment flags and terms.
+WITCERT_HD MeterStats tile_stats(const TileMax& m, const double* z, const double* c, const unsigned char* moment,
+                                 const TileTerms* terms, int n) {
+  MeterStats t;
+  if (!m.finite) {
+    for (int i = 0; i < n; ++i) {
+      if (moment[i])
+        t.add_moment(z[i], c[i]);
+      else
+        t.add(z[i], c[i]);
+    }
+    return t;
+  }
+  double sz = 0.0, sp = 0.0, sm = 0.0;
+  for (int i = 0; i < n; ++i) {
+    sz += terms[i].e_z;
+    if (moment[i]) {
+      const double w = terms[i].e_z;  // add_moment's products, in its order
+      t.mom_w += w;
+      t.mom_c1 += w * c[i];
+      t.mom_c2 += w * c[i] * c[i];
+    } else {
+      sp += terms[i].e_plus;
+      sm += terms[i].e_minus;
+    }
+    t.c_max = max_of(t.c_max, c[i]);
+  }
+  t.n = n;
+  if (n > 0) t.z = {m.z, sz};
+  if (sp > 0.0) t.z_plus_c = {m.plus, sp};
+  if (sm > 0.0) t.z_minus_c = {m.minus, sm};
+  return t;
+}
 
 // A bound that came out NaN reads as no guarantee.
 WITCERT_HD double sound(double v) { return is_nan(v) ? kInf : v; }

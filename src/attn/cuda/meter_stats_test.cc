@@ -82,23 +82,43 @@ TEST(CudaMeterStats, ScalarOrderMatchesTheCertLayerBitForBit) {
   }
 }
 
-// The kernel's order: one statistic per token, merged in a tree of kTile leaves per tile, then
-// into the running statistic tile by tile. log A may differ from the scalar order's by rounding,
-// within the margin both carry, and stays above the exact log A (computed in long double).
-TEST(CudaMeterStats, TreeOrderIsWithinTheMarginAndSound) {
-  std::mt19937_64 rng(2);
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<Token> ts = tokens(rng, 1 + static_cast<int>(rng() % 2000), false);
-    for (Token& t : ts) t.moment = false;
-    MeterStats scalar, tree;
-    for (const Token& t : ts) scalar.add(t.z, t.c);
-    for (std::size_t t0 = 0; t0 < ts.size(); t0 += 32) {
-      MeterStats lanes[32];
-      for (std::size_t i = 0; i < 32 && t0 + i < ts.size(); ++i) lanes[i].add(ts[t0 + i].z, ts[t0 + i].c);
-      for (int offset = 16; offset > 0; offset /= 2)
-        for (int i = 0; i < offset; ++i) lanes[i].merge(lanes[i + offset]);
-      tree.merge(lanes[0]);
+// The kernel's order: per tile of 32 tokens the maxima, each token's terms and their sums
+// (tile_stats), merged into the running statistics tile by tile.
+MeterStats tile_order(const std::vector<Token>& ts) {
+  MeterStats run;
+  for (std::size_t t0 = 0; t0 < ts.size(); t0 += 32) {
+    const int n = static_cast<int>(std::min<std::size_t>(32, ts.size() - t0));
+    double z[32], c[32];
+    unsigned char moment[32];
+    TileTerms terms[32];
+    TileMax m;
+    for (int i = 0; i < n; ++i) {
+      z[i] = ts[t0 + i].z, c[i] = ts[t0 + i].c, moment[i] = ts[t0 + i].moment;
+      tile_max_add(m, z[i], c[i], moment[i] != 0);
     }
+    if (m.finite)
+      for (int i = 0; i < n; ++i) terms[i] = token_terms(m, z[i], c[i], moment[i] != 0);
+    run.merge(tile_stats(m, z, c, moment, terms, n));
+  }
+  return run;
+}
+
+// log A in the tile order stays within the margin of the scalar order's and above the exact log A
+// (long double, moment tokens at their exact e^{±c}, which the moment bounds dominate); log A⁻ below.
+TEST(CudaMeterStats, TileOrderIsWithinTheMarginAndSound) {
+  std::mt19937_64 rng(2);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<Token> ts = tokens(rng, 1 + static_cast<int>(rng() % 2000), false);
+    if (trial % 2 == 0)
+      for (Token& t : ts) t.moment = false;
+    MeterStats scalar;
+    for (const Token& t : ts) {
+      if (t.moment)
+        scalar.add_moment(t.z, t.c);
+      else
+        scalar.add(t.z, t.c);
+    }
+    const MeterStats tiled = tile_order(ts);
     long double m = -INFINITY, sz = 0, sa = 0, sb = 0;
     for (const Token& t : ts) m = std::max<long double>(m, t.z);
     for (const Token& t : ts) {
@@ -107,11 +127,39 @@ TEST(CudaMeterStats, TreeOrderIsWithinTheMarginAndSound) {
       sb += std::exp(static_cast<long double>(t.z) - m - t.c);
     }
     const double exact_a = static_cast<double>(std::log(sa / sz)), exact_b = static_cast<double>(std::log(sb / sz));
-    EXPECT_EQ(tree.n, scalar.n);
-    EXPECT_EQ(tree.c_max, scalar.c_max);
-    EXPECT_NEAR(tree.log_A(), scalar.log_A(), 1e-12 * (1.0 + std::fabs(scalar.log_A())));
-    EXPECT_GE(tree.log_A(), exact_a) << trial;
-    EXPECT_LE(tree.log_A_minus(), exact_b) << trial;
+    EXPECT_EQ(tiled.n, scalar.n);
+    EXPECT_EQ(tiled.c_max, scalar.c_max);
+    EXPECT_NEAR(tiled.log_A(), scalar.log_A(), 1e-12 * (1.0 + std::fabs(scalar.log_A()))) << trial;
+    EXPECT_NEAR(tiled.log_A_minus(), scalar.log_A_minus(), 1e-12 * (1.0 + std::fabs(scalar.log_A_minus()))) << trial;
+    EXPECT_GE(tiled.log_A(), exact_a) << trial;
+    EXPECT_LE(tiled.log_A_minus(), exact_b) << trial;
+  }
+}
+
+// A tile holding −inf, +inf or NaN takes the cert layer's rules: the same outcome as token by token.
+TEST(CudaMeterStats, TileOrderKeepsTheRulesOfSpecialValues) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<Token> ts = tokens(rng, 4 + static_cast<int>(rng() % 100), true);
+    if (trial % 3 == 0) ts[rng() % ts.size()].z = NAN;
+    if (trial % 3 == 1) ts[rng() % ts.size()].z = INFINITY;
+    cert::MeterStats scalar;
+    for (const Token& t : ts) {
+      if (t.moment)
+        scalar.add_moment(t.z, t.c);
+      else
+        scalar.add(t.z, t.c);
+    }
+    const MeterStats tiled = tile_order(ts);
+    EXPECT_EQ(tiled.n, scalar.n) << trial;
+    EXPECT_TRUE(same_bits(tiled.c_max, scalar.c_max)) << trial;
+    for (const auto& [got, want] : {std::pair{tiled.log_A(), scalar.log_A()}, {tiled.log_A_minus(), scalar.log_A_minus()}}) {
+      EXPECT_EQ(std::isnan(got), std::isnan(want)) << trial;
+      EXPECT_EQ(std::isinf(got), std::isinf(want)) << trial;
+      if (std::isfinite(want)) {
+        EXPECT_NEAR(got, want, 1e-12 * (1.0 + std::fabs(want))) << trial;
+      }
+    }
   }
 }
 

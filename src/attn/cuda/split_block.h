@@ -1,14 +1,15 @@
 // The split-KV decode attention of one (sequence, KV head, split) as one thread block computes it:
 // a sequence of phases, each a loop body over the block's threads, separated by barriers. The CUDA
 // kernel runs a phase on every thread and then __syncthreads(); the host tests run it for every
-// thread id in turn (split_block_test.cc), so the kernel's arithmetic and its order of merges are
+// thread id in turn (split_block_test.cc), so the kernel's arithmetic and its order of sums are
 // checked on any machine. All of a phase's state lives in the block's shared memory (Shared).
 //
 // Per tile of kTile positions: locate and decode the keys and values once for the GQA group; the
-// logits z̃_t of every query head (double, the scalar reference's order), c_t (Lemma 2's ς_t² from
-// the query's group sums, key_bound_grouped) and one MeterStats per token, merged in a tree; then
-// the weights e^{z̃_t − m}, the output accumulators (the tile's products in float, added to double
-// accumulators) and Σ e^{z̃_t − m}, Σ e^{z̃_t − m} ρ_t.
+// logits z̃_t of every query head (double, the scalar reference's order) and c_t (Lemma 2's ς_t²
+// from the query's group sums, key_bound_grouped); per head the tile's maxima; per token the
+// weight e^{z̃_t − m} and its terms of the meter's log-sum-exps; then the output accumulators (the
+// tile's products in float, added to double accumulators), Σ e^{z̃_t − m}, Σ e^{z̃_t − m} ρ_t and
+// the tile's meter statistics (tile_stats).
 #pragma once
 
 #include <cstddef>
@@ -46,9 +47,11 @@ struct Shared {
   double* v_norm;     // [kTile]
   double* scale;      // [group] the factor that moves the accumulators to this tile's max
   double* acc;        // [group][d]
-  MeterStats* stats;  // [group][kTile]
+  TileTerms* terms;   // [group][kTile]
+  TileMax* tile_max;  // [group]
   HeadState* head;    // [group]
   TokenAt* tok;       // [kTile]
+  unsigned char* moment;  // [kTile] 1: a moment token (a shared-ξ dither-int8 key)
   float* q;           // [group][d]
   float* k;           // [kTile][d + 1] (padded: the logit phase reads a row per lane)
   float* v;           // [kTile][d]
@@ -75,9 +78,11 @@ WITCERT_HD std::size_t carve(unsigned char* base, int group, int d, int bands, S
   v.v_norm = reinterpret_cast<double*>(take(T * sizeof(double)));
   v.scale = reinterpret_cast<double*>(take(G * sizeof(double)));
   v.acc = reinterpret_cast<double*>(take(G * D * sizeof(double)));
-  v.stats = reinterpret_cast<MeterStats*>(take(G * T * sizeof(MeterStats)));
+  v.terms = reinterpret_cast<TileTerms*>(take(G * T * sizeof(TileTerms)));
+  v.tile_max = reinterpret_cast<TileMax*>(take(G * sizeof(TileMax)));
   v.head = reinterpret_cast<HeadState*>(take(G * sizeof(HeadState)));
   v.tok = reinterpret_cast<TokenAt*>(take(T * sizeof(TokenAt)));
+  v.moment = take(T);
   v.q = reinterpret_cast<float*>(take(G * D * sizeof(float)));
   v.k = reinterpret_cast<float*>(take(T * (D + 1) * sizeof(float)));
   v.v = reinterpret_cast<float*>(take(T * D * sizeof(float)));
@@ -88,11 +93,9 @@ WITCERT_HD std::size_t carve(unsigned char* base, int group, int d, int bands, S
 WITCERT_HD std::size_t shared_bytes(int group, int d, int bands) { return carve(nullptr, group, d, bands, nullptr); }
 
 // One block's work and the phases it runs, in order: begin, norms (Meter), then per tile: locate,
-// decode, logits, kTreeLevels tree levels (Meter), softmax, weights, accumulate; finally end.
+// decode, logits, maxima, weights, accumulate; finally end.
 template <bool Meter>
 struct SplitBlock {
-  static constexpr int kTreeLevels = 5;  // log2(kTile)
-
   PoolView pool;
   BatchView batch;
   StepBuffers out;
@@ -146,12 +149,14 @@ struct SplitBlock {
   WITCERT_HD bool more_tiles() const { return t0 < end_pos; }
   WITCERT_HD void next_tile() { t0 += kTile; }
 
-  // Where each of the tile's positions lives, and its value's ρ_t.
+  // Where each of the tile's positions lives, its value's ρ_t, and whether it is a moment token.
   WITCERT_HD void locate(int tid) {
     tile_n = end_pos - t0 < kTile ? static_cast<int>(end_pos - t0) : kTile;
     if (tid < tile_n) {
-      s.tok[tid] = cuda::locate(pool, batch, seq, stream, t0 + tid);
-      s.rho[tid] = Meter ? value_rho(pool, stream, s.tok[tid]) : 0.0;
+      const TokenAt t = cuda::locate(pool, batch, seq, stream, t0 + tid);
+      s.tok[tid] = t;
+      s.rho[tid] = Meter ? value_rho(pool, stream, t) : 0.0;
+      s.moment[tid] = t.shared && t.k_packed && pool.k.format == Format::dither_int8;
     }
   }
 
@@ -167,14 +172,13 @@ struct SplitBlock {
     for (int i = tid; i < tile_n * d; i += threads) s.v[i] = value_at(pool, stream, s.tok[i / d], i % d);
   }
 
-  // z̃_t (and with the meter c_t and the token's MeterStats) of head tid / kTile, token tid % kTile;
-  // ‖v̂_t‖ on the first warp. The sums run in the scalar reference's order.
+  // z̃_t (and with the meter c_t) of head tid / kTile, token tid % kTile; ‖v̂_t‖ on the first warp.
+  // The sums run in the scalar reference's order.
   WITCERT_HD void logits(int tid) {
     const int h = tid / kTile, t = tid % kTile;
     const int at = h * kTile + t;
     if (t >= tile_n) {
       s.z[at] = -kInf;
-      if constexpr (Meter) s.stats[at] = MeterStats{};
       return;
     }
     const float* q = s.q + h * d;
@@ -184,22 +188,13 @@ struct SplitBlock {
       double dot = 0.0;
       for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
       z = batch.sm[seq] * dot;
+      s.c[at] = key_bound_grouped(pool, batch, seq, stream, s.tok[t], s.q2 + h * (d / kGroup), s.q_norm + h * pool.bands);
     } else {  // without the meter: the float logits of an uncertified kernel
       float dot = 0.0f;
       for (int i = 0; i < d; ++i) dot = fmaf(q[i], k[i], dot);
       z = batch.sm[seq] * static_cast<double>(dot);
     }
     s.z[at] = z;
-    if constexpr (Meter) {
-      const double c = key_bound_grouped(pool, batch, seq, stream, s.tok[t], s.q2 + h * (d / kGroup), s.q_norm + h * pool.bands);
-      s.c[at] = c;
-      MeterStats m;
-      if (s.tok[t].shared && s.tok[t].k_packed && pool.k.format == Format::dither_int8)
-        m.add_moment(z, c);
-      else
-        m.add(z, c);
-      s.stats[at] = m;
-    }
     if (Meter && h == 0) {
       double n2 = 0.0;
       for (int i = 0; i < d; ++i) n2 += static_cast<double>(s.v[t * d + i]) * s.v[t * d + i];
@@ -207,38 +202,37 @@ struct SplitBlock {
     }
   }
 
-  // Level `level` of the tree that merges a head's per-token MeterStats into lane 0.
-  WITCERT_HD void tree(int tid, int level) {
-    const int h = tid / kTile, t = tid % kTile, offset = kTile >> (level + 1);
-    if (t < offset) s.stats[h * kTile + t].merge(s.stats[h * kTile + t + offset]);
-  }
-
-  // Per head: the tile's meter into the head's, and the running max m moved to the tile's.
-  WITCERT_HD void softmax(int tid) {
+  // Per head: the running max m moved to the tile's, and with the meter the tile's maxima.
+  WITCERT_HD void maxima(int tid) {
     if (tid >= group) return;
     const int h = tid;
     HeadState& p = s.head[h];
-    if constexpr (Meter) p.meter.merge(s.stats[h * kTile]);
     double m = p.m;
+    TileMax tm;
     for (int t = 0; t < tile_n; ++t) {
       const double z = s.z[h * kTile + t];
       if (is_nan(z) || is_nan(m))
         m = NAN;
       else if (z > m)
         m = z;
+      if constexpr (Meter) tile_max_add(tm, z, s.c[h * kTile + t], s.moment[t] != 0);
     }
     s.scale[h] = m == p.m ? 1.0 : exp(p.m - m);
     p.m = m;
+    if constexpr (Meter) s.tile_max[h] = tm;
   }
 
-  // w_t = e^{z̃_t − m} of every head and token; 0 where z̃_t is not finite (the scalar reference skips it).
+  // w_t = e^{z̃_t − m} of every head and token, 0 where z̃_t is not finite (the scalar reference
+  // skips it); with the meter, the token's terms of the tile's log-sum-exps.
   WITCERT_HD void weights(int tid) {
-    const int h = tid / kTile, t = tid % kTile;
-    const double z = s.z[h * kTile + t];
-    s.w[h * kTile + t] = t < tile_n && is_finite(z) ? exp(z - s.head[h].m) : 0.0;
+    const int h = tid / kTile, t = tid % kTile, at = h * kTile + t;
+    const double z = s.z[at];
+    s.w[at] = t < tile_n && is_finite(z) ? exp(z - s.head[h].m) : 0.0;
+    if constexpr (Meter)
+      if (t < tile_n && s.tile_max[h].finite) s.terms[at] = token_terms(s.tile_max[h], z, s.c[at], s.moment[t] != 0);
   }
 
-  // The output accumulators, l, Σ w ρ and max ‖v̂‖ + ρ.
+  // The output accumulators; per head l, Σ w ρ, max ‖v̂‖ + ρ and the tile's meter statistics.
   WITCERT_HD void accumulate(int tid) {
     for (int i = tid; i < group * d; i += threads) {
       const int h = i / d, c = i % d;
@@ -247,16 +241,19 @@ struct SplitBlock {
       s.acc[i] = s.acc[i] * s.scale[h] + static_cast<double>(sum);
     }
     if (tid < group) {
-      HeadState& p = s.head[tid];
+      const int h = tid;
+      HeadState& p = s.head[h];
       double l = 0.0, rho = 0.0;
       for (int t = 0; t < tile_n; ++t) {
-        const double w = s.w[tid * kTile + t];
+        const double w = s.w[h * kTile + t];
         l += w;
         rho += w * s.rho[t];
-        if (Meter && is_finite(s.z[tid * kTile + t])) p.v_max = max_of(p.v_max, s.v_norm[t] + s.rho[t]);
+        if (Meter && is_finite(s.z[h * kTile + t])) p.v_max = max_of(p.v_max, s.v_norm[t] + s.rho[t]);
       }
-      p.l = p.l * s.scale[tid] + l;
-      p.rho = p.rho * s.scale[tid] + rho;
+      p.l = p.l * s.scale[h] + l;
+      p.rho = p.rho * s.scale[h] + rho;
+      if constexpr (Meter)
+        p.meter.merge(tile_stats(s.tile_max[h], s.z + h * kTile, s.c + h * kTile, s.moment, s.terms + h * kTile, tile_n));
     }
   }
 

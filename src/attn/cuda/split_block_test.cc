@@ -1,6 +1,6 @@
 // The CUDA kernel's block program (split_block.h) run on the host, thread by thread and phase by
 // phase, over a mirror of real CPU pools: first the per-token reads in the scalar reference's
-// order, bit for bit; then the kernel's own order of tiles, trees and splits, against the scalar
+// order, bit for bit; then the kernel's own order of tiles and splits, against the scalar
 // reference within the rounding the order changes, and its meters against the true TV.
 #include "attn/cuda/split_block.h"
 
@@ -116,9 +116,7 @@ void run_step(const PoolView& pool, const BatchView& b, int splits, HostStep& st
           phase([&](int t) { blk.locate(t); });
           phase([&](int t) { blk.decode(t); });
           phase([&](int t) { blk.logits(t); });
-          if (Meter)
-            for (int level = 0; level < SplitBlock<Meter>::kTreeLevels; ++level) phase([&](int t) { blk.tree(t, level); });
-          phase([&](int t) { blk.softmax(t); });
+          phase([&](int t) { blk.maxima(t); });
           phase([&](int t) { blk.weights(t); });
           phase([&](int t) { blk.accumulate(t); });
           blk.next_tile();
