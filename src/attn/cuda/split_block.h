@@ -43,6 +43,7 @@ struct Shared {
   double* z;          // [group][kTile]
   double* c;          // [group][kTile]
   double* w;          // [group][kTile] e^{z̃_t − m}, 0 for a token that adds no weight
+  float* wf;          // [group][kTile] the same rounded to float, for the output's products
   double* rho;        // [kTile]
   double* v_norm;     // [kTile]
   double* scale;      // [group] the factor that moves the accumulators to this tile's max
@@ -74,6 +75,7 @@ WITCERT_HD std::size_t carve(unsigned char* base, int group, int d, int bands, S
   v.z = reinterpret_cast<double*>(take(G * T * sizeof(double)));
   v.c = reinterpret_cast<double*>(take(G * T * sizeof(double)));
   v.w = reinterpret_cast<double*>(take(G * T * sizeof(double)));
+  v.wf = reinterpret_cast<float*>(take(G * T * sizeof(float)));
   v.rho = reinterpret_cast<double*>(take(T * sizeof(double)));
   v.v_norm = reinterpret_cast<double*>(take(T * sizeof(double)));
   v.scale = reinterpret_cast<double*>(take(G * sizeof(double)));
@@ -227,7 +229,9 @@ struct SplitBlock {
   WITCERT_HD void weights(int tid) {
     const int h = tid / kTile, t = tid % kTile, at = h * kTile + t;
     const double z = s.z[at];
-    s.w[at] = t < tile_n && is_finite(z) ? exp(z - s.head[h].m) : 0.0;
+    const double w = t < tile_n && is_finite(z) ? exp(z - s.head[h].m) : 0.0;
+    s.w[at] = w;
+    s.wf[at] = static_cast<float>(w);
     if constexpr (Meter)
       if (t < tile_n && s.tile_max[h].finite) s.terms[at] = token_terms(s.tile_max[h], z, s.c[at], s.moment[t] != 0);
   }
@@ -237,7 +241,7 @@ struct SplitBlock {
     for (int i = tid; i < group * d; i += threads) {
       const int h = i / d, c = i % d;
       float sum = 0.0f;
-      for (int t = 0; t < tile_n; ++t) sum = fmaf(static_cast<float>(s.w[h * kTile + t]), s.v[t * d + c], sum);
+      for (int t = 0; t < tile_n; ++t) sum = fmaf(s.wf[h * kTile + t], s.v[t * d + c], sum);
       s.acc[i] = s.acc[i] * s.scale[h] + static_cast<double>(sum);
     }
     if (tid < group) {
