@@ -32,7 +32,12 @@ BatchView HostBatch::view() const {
 Format cuda_format(const cache::KvStore& store, quant::KvSide side) {
   switch (store.kind(side)) {
     case quant::FormatKind::exact: return Format::fp16;
-    case quant::FormatKind::dither_int8: return Format::dither_int8;
+    case quant::FormatKind::dither_int8:
+      // Keys rounded without dither have no fast path on the CPU either: the δ = 0 reference of the
+      // evaluation, not a serving format.
+      if (side == quant::KvSide::key && store.config().dither == cache::DitherMode::none)
+        throw std::invalid_argument("the CUDA kernel has no path for dither-int8 keys without dither (--dither none)");
+      return Format::dither_int8;
     case quant::FormatKind::scheme: break;
   }
   const quant::KvFormat& format = side == quant::KvSide::key ? store.config().k_format : store.config().v_format;

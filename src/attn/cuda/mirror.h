@@ -33,7 +33,7 @@ struct HostBatch {
 };
 
 // The format a CUDA kernel runs for one side of a store; throws std::invalid_argument for one it
-// does not have (the registry's other schemes).
+// does not have (the registry's other schemes, dither-int8 keys without dither).
 Format cuda_format(const cache::KvStore& store, quant::KvSide side);
 
 // tail + bias of cert::subgaussian_radius for S tokens, δ_loc and D non-outlier channels, in the same

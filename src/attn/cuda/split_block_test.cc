@@ -257,6 +257,17 @@ TEST(CudaSplitBlock, WithoutTheMeterTheOutputStillMatches) {
   }
 }
 
+TEST(CudaSplitBlock, FormatsWithoutADevicePathAreRefused) {
+  for (const Formats& f : {Formats{"q4_1", "fp16"}, Formats{"fp16", "iq4_nl"}, Formats{"dither-int8", "fp16", cache::DitherMode::none}}) {
+    const cache::CacheConfig cfg = testing::config(f, 1, 1, 64, 32, 16, 3);
+    const auto store = testing::filled_store(cfg, 32, 3);
+    HostPool pool;
+    HostBatch batch;
+    EXPECT_THROW(mirror({store.get()}, {32}, 0, 1, {testing::queries(1, 64, 1)}, 1e-3, 0, pool, batch), std::invalid_argument)
+        << f.name();
+  }
+}
+
 // A test that cannot fail is a defect: one flipped byte of a page's keys must show.
 TEST(CudaSplitBlock, ACorruptedPageIsSeen) {
   for (const char* format : {"dither-int8", "q8_0", "fp16"}) {
