@@ -68,7 +68,7 @@ cpu_sources=(
   src/attn/certified_attention.cc
   src/attn/cuda/mirror.cc
 )
-cuda_sources=(src/attn/cuda/attention.cu src/attn/cuda/cuda_check.cu)
+cuda_sources=(src/attn/cuda/attention.cu src/attn/cuda/cuda_check.cu src/attn/cuda/cuda_bench.cu)
 
 echo "gpu-check: building with $nvcc (${arch[*]}) and $cxx, $jobs jobs"
 {
