@@ -131,8 +131,9 @@ WITCERT_HD double value_rho(const PoolView& pool, int stream, const TokenAt& t) 
   return dither_value_rho(v.meta + slot_index(pool, stream, t.slot, pool.d / kGroup), pool.d / kGroup);
 }
 
-// c_t of a token for query head q (attn's BoundEvaluator): Theorem 2 from the witness and the head's
-// band norms q_norm, Lemma 2's u_t from the dither scales, 0 for a token served exact.
+// c_t of a token for query head q in attn's BoundEvaluator's order, bit for bit: Theorem 2 from the
+// witness and the head's band norms q_norm, Lemma 2's u_t from the dither scales, 0 for a token
+// served exact. The tests' scalar order; the kernel sums Lemma 2's ς_t² by groups (key_bound_grouped).
 WITCERT_HD double key_bound(const PoolView& pool, const BatchView& b, int seq, int stream, const TokenAt& t, const float* q,
                             const double* q_norm) {
   const SideView& k = pool.k;
