@@ -8,18 +8,26 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["base", "cert", "quant", "cache", "attn", "kernel", "model", "gate", "engine", "capi", "python", "apps"]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+LAYERS = ["base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate", "engine", "capi", "python",
+          "apps"]
+# src/attn/cuda/ (the CUDA kernel) is a layer of its own, above the CPU kernel.
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+(?:/cuda(?=/))?)/', re.M)
+
+
+def layer_of(rel: pathlib.Path) -> str:
+    if rel.parts[0] != "src":
+        return "engine"
+    return "attn/cuda" if rel.parts[1:3] == ("attn", "cuda") else rel.parts[1]
 
 
 def main() -> int:
     root = pathlib.Path(__file__).resolve().parent.parent
     bad = []
-    files = [p for p in (root / "src").rglob("*") if p.suffix in (".h", ".cc", ".inc")]
+    files = [p for p in (root / "src").rglob("*") if p.suffix in (".h", ".cc", ".inc", ".cu", ".cuh")]
     files += [p for p in (root / "bench").rglob("*") if p.suffix in (".h", ".cc")]
     for path in sorted(files):
         rel = path.relative_to(root)
-        own = rel.parts[1] if rel.parts[0] == "src" else "engine"
+        own = layer_of(rel)
         if own not in LAYERS:
             bad.append(f"{rel}: folder '{own}' is not a layer")
             continue
