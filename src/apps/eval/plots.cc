@@ -154,7 +154,8 @@ if experiment == "risk-coverage":
         for dom in dict.fromkeys(x["domain"] for x in r):
             pts = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) > 0]
             pts.sort(key=lambda x: float(x["delta"]))
-            line, = ax.plot([float(x["delta"]) for x in pts], [float(x["coverage"]) for x in pts], marker="o", label=f"{dom}, default shape")
+            colour = {"prose": "tab:blue", "code": "tab:green", "needle": "tab:orange"}.get(dom, "black")
+            line, = ax.plot([float(x["delta"]) for x in pts], [float(x["coverage"]) for x in pts], marker="o", color=colour, label=f"{dom}, default shape")
             ax.plot([float(x["delta"]) for x in pts], [float(x["coverage_eform"]) for x in pts], marker="s", linestyle="--",
                     color=line.get_color(), label=f"{dom}, e-form")
             t = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) == 0]

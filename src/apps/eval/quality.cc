@@ -299,6 +299,10 @@ std::vector<json> outlier_control(const EvalOptions& o, std::int64_t& violations
   std::vector<std::vector<float>> k(S, std::vector<float>(d));
   for (auto& row : k)
     for (int c = 0; c < d; ++c) row[c] = static_cast<float>(gain[c] * g(rng));
+  // The same queries for every treatment.
+  std::vector<std::vector<float>> qs(queries, std::vector<float>(d));
+  for (auto& q : qs)
+    for (int c = 0; c < d; ++c) q[c] = static_cast<float>(g(rng) * (mask[c] ? 0.02 : 1.0));
   const double sm = 1.0 / std::sqrt(double(d)), dloc = cert::delta_loc(1e-2, 30, 9, 256);
   struct Treatment {
     std::string label;
@@ -332,9 +336,7 @@ std::vector<json> outlier_control(const EvalOptions& o, std::int64_t& violations
     const int non_outlier = t.bypass ? d - 2 * static_cast<int>(massive.size()) : d;
     std::vector<double> meters;
     std::int64_t covered = 0;
-    for (int qi = 0; qi < queries; ++qi) {
-      std::vector<float> q(d);
-      for (int c = 0; c < d; ++c) q[c] = static_cast<float>(g(rng) * (mask[c] ? 0.02 : 1.0));
+    for (const std::vector<float>& q : qs) {
       std::vector<double> z(S), z_hat(S), c_t(S), p(S), eps(S);
       for (int s = 0; s < S; ++s) {
         double a = 0, b = 0;
