@@ -60,7 +60,9 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
   if (opts.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
                        s.checked, s.violations, worst_ratio);
-  if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
+  if (st.config().k_format.kind() == quant::FormatKind::dither_int8 && st.config().dither == cache::DitherMode::none)
+    err << "  (keys rounded without dither: their bound is deterministic, for any query)\n";
+  else if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
 }
 
