@@ -35,8 +35,8 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
   const std::vector<std::string> schemes = metered_schemes();
   // Every scheme on prose and on code at least once, even in the quick run.
   const int requests = o.quick ? 2 * static_cast<int>(schemes.size()) : 1000, n = o.quick ? 6 : 16;
-  const std::vector<std::string> prose = domain_prompts(m, o, "prose", requests, o.quick ? 48 : 128, 11);
-  const std::vector<std::string> code = domain_prompts(m, o, "code", requests, o.quick ? 48 : 128, 12);
+  const std::vector<std::string> prose = domain_prompts(m, o, "prose", requests, o.quick ? 48 : 96, 11);
+  const std::vector<std::string> code = domain_prompts(m, o, "code", requests, o.quick ? 48 : 96, 12);
   ThreadPool pool(o.threads);
   EtaBar bar(err, "soundness", requests);
   for (int i = 0; i < requests; ++i) {
@@ -97,7 +97,7 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
 std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "schemes");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
-  const int prompts = o.quick ? 2 : 8, tokens = o.quick ? 64 : 256, n = o.quick ? 8 : 32;
+  const int prompts = o.quick ? 2 : 6, tokens = o.quick ? 64 : 256, n = o.quick ? 8 : 32;
   const std::vector<std::string> names = metered_schemes();
   const std::vector<std::string> prose = domain_prompts(m, o, "prose", prompts, tokens, 21);
   ThreadPool pool(o.threads);

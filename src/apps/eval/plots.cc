@@ -174,8 +174,8 @@ if experiment == "needle":
     labels = [x["configuration"] for x in r]
     acc = [float(x["accuracy"]) for x in r]
     base = acc[0]
-    lo = [base + float(x["95% CI low"]) for x in r]
-    hi = [base + float(x["95% CI high"]) for x in r]
+    lo = [float(x["fp16 on them"]) + float(x["95% CI low"]) for x in r]
+    hi = [float(x["fp16 on them"]) + float(x["95% CI high"]) for x in r]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     ys = list(range(len(r)))
     axes[0].barh(ys, acc, color=["gray" if "raw" in l or l == "fp16" else "tab:green" for l in labels])
