@@ -8,16 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <ostream>
 #include <stdexcept>
 
 #include "apps/eval/internal.h"
 #include "apps/report/run.h"
 #include "base/thread_pool.h"
-#include "engine/cache_factory.h"
-#include "engine/session.h"
-#include "gate/meter_cell.h"
 #include "gate/telemetry.h"
 #include "quant/kv_format.h"
 
