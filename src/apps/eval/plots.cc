@@ -171,7 +171,7 @@ if experiment == "risk-coverage":
 
 if experiment == "needle":
     r = [x for x in rows("needle")]
-    labels = [x["configuration"] for x in r]
+    labels = [x["configuration"] + ("" if x["prompts"] == r[0]["prompts"] else f' ({x["prompts"]} prompts)') for x in r]
     acc = [float(x["accuracy"]) for x in r]
     base = acc[0]
     lo = [float(x["fp16 on them"]) + float(x["95% CI low"]) for x in r]
