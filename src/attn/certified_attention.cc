@@ -24,6 +24,25 @@ void HeadPartial::merge(const HeadPartial& o) {
   meter.merge(o.meter);
 }
 
+void HeadPartial::add(double z, const float* v, int head_dim, double rho_t, double v_norm) {
+  if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
+    m = std::isnan(z) ? NAN : std::max(m, z);
+    return;
+  }
+  if (z > m) {
+    const double scale = std::exp(m - z);
+    for (double& a : acc) a *= scale;
+    l *= scale;
+    rho *= scale;
+    m = z;
+  }
+  const double w = std::exp(z - m);
+  for (int i = 0; i < head_dim; ++i) acc[i] += w * v[i];
+  l += w;
+  rho += w * rho_t;
+  v_max = std::max(v_max, v_norm + rho_t);
+}
+
 namespace {
 
 // c_t for each query head of the group from a token's stored bound: Tier A from the witness
@@ -99,22 +118,7 @@ void attend_range_reference(cache::KvStore::Reader& reader, const float* q, int 
         p.meter.add_moment(z, bounds.c(h, bound));
       else
         p.meter.add(z, bounds.c(h, bound));
-      if (!std::isfinite(z)) {  // NaN or Inf in q or k̂: the meter already reads "no guarantee"
-        p.m = std::isnan(z) ? NAN : std::max(p.m, z);
-        continue;
-      }
-      if (z > p.m) {
-        const double scale = std::exp(p.m - z);
-        for (double& a : p.acc) a *= scale;
-        p.l *= scale;
-        p.rho *= scale;
-        p.m = z;
-      }
-      const double w = std::exp(z - p.m);
-      for (int i = 0; i < d; ++i) p.acc[i] += w * v[i];
-      p.l += w;
-      p.rho += w * rho;
-      p.v_max = std::max(p.v_max, v_norm + rho);
+      p.add(z, v.data(), d, rho, v_norm);
     }
   }
 }

@@ -35,6 +35,9 @@ struct HeadPartial {
   cert::MeterStats meter;        // LSE(z̃), LSE(z̃ ± c), c_max
 
   void merge(const HeadPartial& o);
+  // One token of the range in order: logit z, its value v̂ (head_dim floats), ρ^v and ‖v̂‖. A
+  // non-finite z poisons the output (NaN) or only moves the max (±inf), as the meter reads it.
+  void add(double z, const float* v, int head_dim, double rho, double v_norm);
 };
 
 // Accumulates tokens [begin, end) of one (layer, KV head) into one partial per query head of

@@ -50,23 +50,7 @@ std::vector<attn::HeadPartial> scalar_order(const PoolView& pool, const BatchVie
         meters[h].add_moment(z, c_t);
       else
         meters[h].add(z, c_t);
-      attn::HeadPartial& p = partials[h];
-      if (!std::isfinite(z)) {
-        p.m = std::isnan(z) ? NAN : std::max(p.m, z);
-        continue;
-      }
-      if (z > p.m) {
-        const double scale = std::exp(p.m - z);
-        for (double& a : p.acc) a *= scale;
-        p.l *= scale;
-        p.rho *= scale;
-        p.m = z;
-      }
-      const double w = std::exp(z - p.m);
-      for (int c = 0; c < d; ++c) p.acc[c] += w * v[c];
-      p.l += w;
-      p.rho += w * rho;
-      p.v_max = std::max(p.v_max, v_norm + rho);
+      partials[h].add(z, v.data(), d, rho, v_norm);
     }
   }
   for (int h = 0; h < group; ++h) {
