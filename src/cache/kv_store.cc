@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "cert/round_up.h"
@@ -73,7 +75,8 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
   outliers_fixed_.assign(streams, 0);
   written_.assign(streams, 0);
   logical_pages_ = (cfg.capacity + cfg.page_size - 1) / cfg.page_size;
-  promoted_ = std::make_unique<std::atomic<std::uint8_t>[]>(streams * logical_pages_);
+  promoted_ = std::make_unique<std::atomic<std::int32_t>[]>(streams * logical_pages_);
+  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(kNotPromoted);
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
       side->groups.assign(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes, 0);
@@ -92,15 +95,16 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
 std::size_t SequenceState::bytes() const {
   const std::size_t streams = written_.size();
   return k_.bytes() + v_.bytes() + outlier_mask_.size() + outliers_fixed_.size() +
-         written_.size() * sizeof(std::int64_t) + streams * static_cast<std::size_t>(logical_pages_) +
+         written_.size() * sizeof(std::int64_t) + streams * static_cast<std::size_t>(logical_pages_) * sizeof(std::int32_t) +
          static_cast<std::size_t>(table_.page_count()) * sizeof(std::int64_t);
 }
 
 void SequenceState::clear() {
   const std::size_t streams = written_.size();
-  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(0);
+  for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(kNotPromoted);
   page_ins_ = 0;
   page_in_bytes_ = 0;
+  shared_page_ins_ = 0;
   prompt_length_ = 0;
   table_.clear();
   std::fill(written_.begin(), written_.end(), 0);
@@ -214,6 +218,14 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   if (seq_.prompt_length_ < n || donor.seq_.prompt_length_ < n) return false;
   seq_.table_.share_prefix(donor.seq_.table_, n / P);
   std::fill(seq_.written_.begin(), seq_.written_.end(), n);
+  for (std::size_t st = 0; st < seq_.written_.size(); ++st)
+    for (std::int64_t j = 0; j < n / P; ++j) {
+      const std::size_t at = st * static_cast<std::size_t>(seq_.logical_pages_) + static_cast<std::size_t>(j);
+      const std::int32_t by = donor.seq_.promoted_[at].load(std::memory_order_acquire);
+      if (by == SequenceState::kNotPromoted || by >= n) continue;
+      seq_.promoted_[at].store(by, std::memory_order_release);
+      seq_.shared_page_ins_ += 1;
+    }
   seq_.outlier_mask_ = donor.seq_.outlier_mask_;
   seq_.outliers_fixed_ = donor.seq_.outliers_fixed_;
   for (const quant::KvSide which : {quant::KvSide::key, quant::KvSide::value}) {
@@ -227,10 +239,14 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   return true;
 }
 
-bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page) {
+bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page, std::int64_t at) {
   if (!pool_->exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
-  std::uint8_t expected = 0;
-  if (!seq_.promoted_[stream(layer, kv_head) * seq_.logical_pages_ + logical_page].compare_exchange_strong(expected, 1))
+  if (at < 0 || at >= cfg().capacity || at > std::numeric_limits<std::int32_t>::max())
+    throw std::out_of_range("KV cache: a repair asked for at position " + std::to_string(at) +
+                            ", outside the capacity of " + std::to_string(cfg().capacity));
+  std::int32_t expected = SequenceState::kNotPromoted;
+  if (!seq_.promoted_[stream(layer, kv_head) * seq_.logical_pages_ + logical_page].compare_exchange_strong(
+          expected, static_cast<std::int32_t>(at)))
     return false;
   const std::int64_t first = logical_page * cfg().page_size;
   const std::int64_t tokens = std::clamp<std::int64_t>(seq_.written_[stream(layer, kv_head)] - first, 0, cfg().page_size);

@@ -182,8 +182,11 @@ class SequenceState {
   std::vector<std::int64_t> written_;               // [stream]
   std::int64_t prompt_length_ = 0;                  // DitherMode::shared_prompt
   std::int64_t logical_pages_ = 0;                  // per stream
-  std::unique_ptr<std::atomic<std::uint8_t>[]> promoted_;  // [stream][logical page]
+  // [stream][logical page]: the position whose attention repaired the page, or kNotPromoted.
+  std::unique_ptr<std::atomic<std::int32_t>[]> promoted_;
+  static constexpr std::int32_t kNotPromoted = -1;
   std::atomic<std::int64_t> page_ins_{0}, page_in_bytes_{0};
+  std::int64_t shared_page_ins_ = 0;  // repairs taken over with a shared prefix
 };
 
 // One sequence's store, the one the certified cache reads and writes: over a pool of its own, or
@@ -230,6 +233,10 @@ class KvStore {
   // written it, it covers the dither-int8 calibration tokens, and it lies inside both prompts
   // (set_prompt_length first). Throws std::logic_error for a donor over another pool or a
   // sequence that has written.
+  // The donor's repairs of those pages made at positions below n are taken over too: this
+  // sequence then holds the repairs it would have made itself while computing [0, n) with the
+  // donor's policy, and their page-in stays charged to the donor (PageInStats::shared_page_ins
+  // counts them). Repairs the donor made later, at positions ≥ n, are its own.
   bool share_prefix(const KvStore& donor, std::int64_t n);
   std::int64_t length(int layer, int kv_head) const { return seq_.written_[stream(layer, kv_head)]; }
 
@@ -301,16 +308,21 @@ class KvStore {
   };
 
   // Repair (§6.3.5): serve one logical page of (layer, kv_head) from the exact tier from now on,
-  // for the rest of the request (the request-level repair cache, §6.3.9 (c)). Returns false,
-  // and moves nothing, when the page was already promoted. Thread-safe.
-  bool promote(int layer, int kv_head, std::int64_t logical_page);
+  // for the rest of the request (the request-level repair cache, §6.3.9 (c)), asked for by the
+  // attention of position `at` (which share_prefix reads). Returns false, and moves nothing, when
+  // the page was already promoted. Thread-safe.
+  bool promote(int layer, int kv_head, std::int64_t logical_page, std::int64_t at);
   bool promoted(int layer, int kv_head, std::int64_t logical_page) const;
 
   struct PageInStats {
     std::int64_t page_ins = 0;       // promotions
     std::int64_t page_in_bytes = 0;  // exact K and V bytes read from the backing tier
+    // Promotions taken over with a shared prefix: paged in, and counted above, by the donor.
+    std::int64_t shared_page_ins = 0;
   };
-  PageInStats page_in_stats() const { return {seq_.page_ins_.load(), seq_.page_in_bytes_.load()}; }
+  PageInStats page_in_stats() const {
+    return {seq_.page_ins_.load(), seq_.page_in_bytes_.load(), seq_.shared_page_ins_};
+  }
 
   // Measured bytes of the allocations: the compressed cache (payload + meter metadata + the rows
   // not yet encoded) and the exact backing tier (0 without one).
@@ -354,7 +366,8 @@ class KvStore {
   // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
   std::int64_t packed_prefix(const Side& side, quant::KvSide which, std::size_t st) const;
   bool page_promoted(std::size_t st, std::int64_t pos) const {
-    return seq_.promoted_[st * seq_.logical_pages_ + pos / cfg().page_size].load(std::memory_order_acquire) != 0;
+    return seq_.promoted_[st * seq_.logical_pages_ + pos / cfg().page_size].load(std::memory_order_acquire) !=
+           SequenceState::kNotPromoted;
   }
   // Served from the packed form: encoded, and its page not repaired.
   bool encoded(const Side& side, quant::KvSide which, std::size_t st, std::int64_t pos) const {

@@ -184,6 +184,60 @@ TEST(KvStore, ASharedPrefixReadsAsIfWrittenAndItsPagesLiveWhileHeld) {
     }
 }
 
+TEST(KvStore, ASharedPrefixTakesTheDonorsRepairsMadeBeforeItsEndAndChargesThemOnce) {
+  for (const std::string& fmt : {std::string("q8_0"), std::string(quant::kDitherInt8), std::string("kivi-2bit")})
+    for (int page : {1, 16}) {
+      SCOPED_TRACE(fmt + " page " + std::to_string(page));
+      const std::int64_t n = 160, shared = 128;
+      CacheConfig cfg = test_config(1, 2, kDim, n, page, fmt, fmt, 0);
+      cfg.exact_tier = true;
+      cfg.pool_pages = 3 * ((n + page - 1) / page);
+      auto pool = std::make_shared<KvPool>(cfg);
+      KvStore donor(pool);
+      donor.set_prompt_length(n);
+      write_all(donor, n, 9);
+      // Repairs asked for by positions before the shared end, at it and after it, on pages
+      // inside the prefix, on both streams.
+      const std::int64_t p0 = 0, p1 = 32 / page, p2 = 64 / page, p3 = 96 / page;
+      ASSERT_TRUE(donor.promote(0, 0, p0, 5));
+      ASSERT_TRUE(donor.promote(0, 1, p1, shared - 1));
+      ASSERT_TRUE(donor.promote(0, 0, p2, shared));
+      ASSERT_TRUE(donor.promote(0, 1, p3, n - 1));
+      EXPECT_FALSE(donor.promote(0, 0, p0, 140)) << "a page is promoted once";
+      EXPECT_EQ(donor.page_in_stats().page_ins, 4);
+
+      KvStore taker(pool);
+      taker.set_prompt_length(n);
+      ASSERT_TRUE(taker.share_prefix(donor, shared));
+      EXPECT_TRUE(taker.promoted(0, 0, p0));
+      EXPECT_TRUE(taker.promoted(0, 1, p1));
+      EXPECT_FALSE(taker.promoted(0, 0, p2)) << "asked for at the shared end: the donor's own";
+      EXPECT_FALSE(taker.promoted(0, 1, p3)) << "asked for after the shared end: the donor's own";
+      EXPECT_FALSE(taker.promoted(0, 1, p0));
+      const KvStore::PageInStats got = taker.page_in_stats();
+      EXPECT_EQ(got.page_ins, 0) << "paged in by the donor, not again";
+      EXPECT_EQ(got.page_in_bytes, 0);
+      EXPECT_EQ(got.shared_page_ins, 2);
+      // What the taker reads is what a sequence that wrote the same tokens and made the same
+      // repairs before the shared end reads, and its repairs from then on are its own.
+      write_range(taker, shared, n, 9);
+      KvStore solo(pool);
+      solo.set_prompt_length(n);
+      write_all(solo, n, 9);
+      ASSERT_TRUE(solo.promote(0, 0, p0, 5));
+      ASSERT_TRUE(solo.promote(0, 1, p1, shared - 1));
+      EXPECT_EQ(read_all(taker, n), read_all(solo, n));
+      EXPECT_FALSE(taker.promote(0, 1, p1, n - 1)) << "a taken repair holds";
+      EXPECT_TRUE(taker.promote(0, 0, p2, n - 1));
+      EXPECT_EQ(taker.page_in_stats().page_ins, 1);
+      EXPECT_EQ(donor.page_in_stats().page_ins, 4) << "the donor's count is unchanged";
+      taker.clear();
+      EXPECT_EQ(taker.page_in_stats().shared_page_ins, 0);
+      EXPECT_FALSE(taker.promoted(0, 0, p0));
+      EXPECT_THROW(solo.promote(0, 0, p3, n), std::out_of_range) << "a position beyond the capacity";
+    }
+}
+
 TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
   CacheConfig cfg = test_config(2, 2, kDim, 256, 16, quant::kDitherInt8, "q4_0", 0);
   cfg.pool_pages = 40;

@@ -7,6 +7,8 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace witcert::engine {
 namespace {
@@ -109,6 +111,7 @@ void BatchEngine::record_page_ins(Seq& s) {
   const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
   s.result.page_ins = pi.page_ins;
   s.result.page_in_bytes = pi.page_in_bytes;
+  s.result.shared_page_ins = pi.shared_page_ins;
 }
 
 void BatchEngine::release(Seq& s) {
@@ -186,23 +189,26 @@ void BatchEngine::share_prefix(Seq& s) {
       const quant::KvFormat& f = side == quant::KvSide::key ? cache_.k_format : cache_.v_format;
       if (f.kind() == quant::FormatKind::scheme) unit = std::lcm<std::int64_t>(unit, f.scheme(side)->tokens_per_block());
     }
-  const attn::KvCache* best = nullptr;
-  std::int64_t best_n = 0;
+  // Longest first; a donor whose repairs differ from this sequence's refuses, and the next is tried.
+  std::vector<std::pair<std::int64_t, const attn::KvCache*>> donors;
   const auto consider = [&](const std::vector<std::int32_t>& tokens, std::int64_t prompt_len, std::int64_t fed,
                             const attn::KvCache* cache) {
     const std::int64_t limit = std::min({s.prompt_len - 1, prompt_len, fed});
     std::int64_t common = 0;
     while (common < limit && s.all[common] == tokens[common]) ++common;
     const std::int64_t n = common / unit * unit;
-    if (n > best_n) best = cache, best_n = n;
+    if (n > 0) donors.emplace_back(n, cache);
   };
   for (const Seq* d : running_) consider(d->all, d->prompt_len, d->fed, d->cache.kv.get());
   for (const Retired& d : retired_)
     consider(d.prompt, static_cast<std::int64_t>(d.prompt.size()), d.fed, d.cache.kv.get());
-  if (best != nullptr && s.cache.kv->share_prefix(*best, best_n)) {
-    s.fed = best_n;
-    stats_.shared_tokens += best_n;
-  }
+  std::stable_sort(donors.begin(), donors.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [n, donor] : donors)
+    if (s.cache.kv->share_prefix(*donor, n)) {
+      s.fed = n;
+      stats_.shared_tokens += n;
+      return;
+    }
 }
 
 std::string BatchEngine::check(const BatchRequest& q) const {

@@ -47,6 +47,8 @@ struct BatchResult {
   std::vector<double> heatmap;       // mean served meter per (layer, query head), row-major
   gate::Telemetry::RawHistogram raw_histogram;  // raw scores before repair, per gate::kRawScoreBounds
   std::int64_t page_ins = 0, page_in_bytes = 0;
+  // Repairs taken over with a shared prefix: the donor paged them in, and its page_ins count them.
+  std::int64_t shared_page_ins = 0;
   int preemptions = 0;               // times the sequence was preempted and recomputed
 };
 
@@ -57,8 +59,10 @@ struct BatchOptions {
   std::int64_t step_tokens = 512;  // tokens per step, over every row (at least one row always runs)
   // A new sequence whose prompt begins with a running or recently finished sequence's takes
   // those positions' pages instead of computing them (whole prefill chunks, pages and group
-  // blocks; never with a gate). A finished sequence's pages stay as a donor until a step or an
-  // admission needs them, oldest first.
+  // blocks). With a gate on either side, only between requests whose repairs are the same
+  // (gate::CertifiedKvCache::share_prefix); the donor's repairs of the shared prompt come with
+  // its pages and are paged in once. A finished sequence's pages stay as a donor until a step or
+  // an admission needs them, oldest first.
   bool share_prefixes = true;
 
   // Throws std::invalid_argument: max_seqs ∉ [1, 4096], kv_memory < 0, chunk ∉ [1, 4096], step_tokens < 1.
@@ -132,7 +136,7 @@ class BatchEngine {
   std::string check(const BatchRequest& q) const;
   void admit();
   // Shares the longest whole-chunk prefix of s's prompt that a running or retired sequence has
-  // written.
+  // written and may give it (the cache's share_prefix refuses a donor that repairs otherwise).
   void share_prefix(Seq& s);
   // Frees retired donors, oldest first, until `pages` pages are free or none is left.
   void make_room(std::int64_t pages);

@@ -255,7 +255,7 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
             exact.write(l, 0, p, kk.data(), vv.data());
           }
         const std::int64_t pages = (n + page - 1) / page;
-        for (std::int64_t j = 0; j < pages; j += 2) store.promote(1, 0, j);  // every other page of layer 1
+        for (std::int64_t j = 0; j < pages; j += 2) store.promote(1, 0, j, n - 1);  // every other page of layer 1
         cache::KvStore::Reader r(store, 1, 0);
         std::vector<float> got(kDim), want(kDim);
         for (std::int64_t p = 0; p < n; ++p) {

@@ -79,8 +79,19 @@ void CertifiedKvCache::clear() { store_.clear(); }
 bool CertifiedKvCache::share_prefix(const attn::KvCache& donor, std::int64_t n) {
   const auto* d = dynamic_cast<const CertifiedKvCache*>(&donor);
   if (d == nullptr || d->store_.shared_pool() != store_.shared_pool()) return false;
-  if (opts_.gate.on() || opts_.check_soundness) return false;
+  if (opts_.check_soundness) return false;
+  if ((opts_.gate.on() || d->opts_.gate.on()) && !same_repairs(*d)) return false;
   return store_.share_prefix(d->store_, n);
+}
+
+bool CertifiedKvCache::same_repairs(const CertifiedKvCache& other) const {
+  const CertifiedOptions& o = other.opts_;
+  const Policy& a = opts_.gate;
+  const Policy& b = o.gate;
+  if (a.tau_k != b.tau_k || a.tau_v != b.tau_v || a.granularity != b.granularity) return false;
+  if (opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
+  // Tier B's radius u_t reads δ_loc = δ_req/(L·H·T); Tier A's bounds do not.
+  return store_.kind(quant::KvSide::key) != cache::FormatKind::dither_int8 || delta_loc_ == other.delta_loc_;
 }
 
 attn::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
@@ -153,15 +164,16 @@ bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_
   for (std::int64_t j = 0; j < pages; ++j)
     if (!store_.promoted(layer, kv_head, j)) order.push_back(j);
   if (order.empty()) return false;
+  const std::int64_t at = n_ctx - 1;  // the position whose attention asks for the repair
   if (opts_.gate.granularity == Granularity::request) {
     for (int l = 0; l < g_.layers; ++l)
       for (int h = 0; h < g_.kv_heads; ++h)
-        for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) store_.promote(l, h, j);
+        for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) store_.promote(l, h, j, at);
     return true;
   }
   if (opts_.gate.granularity == Granularity::block)
     plan_blocks(reader, q, g_.head_dim, context(n_ctx), opts_.gate, g.partials, g.results, order);
-  for (std::int64_t j : order) store_.promote(layer, kv_head, j);
+  for (std::int64_t j : order) store_.promote(layer, kv_head, j, at);
   return true;
 }
 

@@ -48,9 +48,11 @@ class CertifiedKvCache final : public attn::KvCache {
                      std::int64_t n, float* out, std::int64_t out_stride) override;
   void clear() override;
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
-  // Shares [0, n) of a certified cache over the same pool (cache::KvStore::share_prefix); never
-  // for a cache with a gate or the soundness check, whose own repairs of [0, n) sharing would
-  // skip (the donor's repairs are its own and change nothing it shares).
+  // Shares [0, n) of a certified cache over the same pool (cache::KvStore::share_prefix), with
+  // the donor's repairs made while it computed [0, n). A repair changes the outputs and so the
+  // keys and values of the layers above it: with a gate on either side, only a donor that repairs
+  // as this cache would (same_repairs) gives the pages this sequence would have written. Never
+  // for a cache with the soundness check, which checks every cell of its own prefill.
   bool share_prefix(const attn::KvCache& donor, std::int64_t n) override;
   // Repairs promote pages that later calls read: per_head when gated by head or block, serial
   // when a repair promotes every head (request granularity).
@@ -75,6 +77,9 @@ class CertifiedKvCache final : public attn::KvCache {
   void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
              Group& g, float* out, std::vector<MeterCell>& cells);
   void log(const std::vector<MeterCell>& cells);
+  // Whether `other` makes exactly this cache's repairs from the same queries: the same policy,
+  // bound shape, split count, heads and, for Tier-B keys, δ_loc.
+  bool same_repairs(const CertifiedKvCache& other) const;
   // The output and meters of every head from the group's merged partials (retention: with its
   // second pass).
   void finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g);

@@ -440,7 +440,7 @@ TEST(CertifiedFast, TilesAcrossPagesMatchReference) {
       cache::CacheConfig c = Store::config({cache::kDitherInt8, cache::kDitherInt8, mode}, d, n, page, 77 + page);
       c.outlier_pairs = m;
       Store s(c, d, n, 77 + page);
-      s.store.promote(0, 1, 64 / page + 1);
+      s.store.promote(0, 1, 64 / page + 1, n - 1);
       cache::KvStore::Reader r(s.store, 0, 1);
       std::mt19937_64 rng(page);
       std::normal_distribution<float> g(0.0f, 1.5f);

@@ -156,6 +156,7 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
         nlohmann::json meter = r.meter.to_json();
         meter["page_ins"] = r.page_ins;
         meter["page_in_bytes"] = r.page_in_bytes;
+        meter["shared_page_ins"] = r.shared_page_ins;
         o["meter"] = meter;
       }
       out << json_text(o) << "\n";

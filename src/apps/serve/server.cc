@@ -198,6 +198,7 @@ json witcert_object(const Server::Job& job, const engine::Model& m) {
   w["overflow_fraction"] = r.meter.cells > 0 ? static_cast<double>(r.meter.overflow) / r.meter.cells : 0.0;
   w["page_ins"] = r.page_ins;
   w["page_in_bytes"] = r.page_in_bytes;
+  w["shared_page_ins"] = r.shared_page_ins;
   // Every served cell met τ_K and τ_V (coverage is a ratio of integer counts: 1 exactly).
   w["certified"] = r.meter.cells > 0 && r.meter.coverage.joint == 1.0;
   if (job.detail) {
