@@ -106,6 +106,34 @@ BatchLoad BatchEngine::load() const {
   return l;
 }
 
+std::optional<RequestSnapshot> BatchEngine::snapshot(std::uint64_t id) const {
+  const auto it = std::find_if(seqs_.begin(), seqs_.end(), [id](const auto& s) { return s->id == id; });
+  if (it == seqs_.end()) return std::nullopt;
+  const Seq& s = **it;
+  RequestSnapshot snap;
+  snap.running = std::find(running_.begin(), running_.end(), &s) != running_.end();
+  BatchResult& r = snap.so_far;
+  r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
+  r.prompt_tokens = s.prompt_len;
+  r.preemptions = s.preemptions;
+  r.page_ins = s.result.page_ins;  // as recorded at a preemption, or 0
+  r.page_in_bytes = s.result.page_in_bytes;
+  r.shared_page_ins = s.result.shared_page_ins;
+  if (s.cache.certified) {
+    const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
+    r.page_ins = pi.page_ins;
+    r.page_in_bytes = pi.page_in_bytes;
+    r.shared_page_ins = pi.shared_page_ins;
+  }
+  if (s.telemetry) {
+    r.has_meter = true;
+    r.meter = s.telemetry->summary();
+    r.heatmap = s.telemetry->heatmap();
+    r.raw_histogram = s.telemetry->raw_histogram();
+  }
+  return snap;
+}
+
 void BatchEngine::record_page_ins(Seq& s) {
   if (!s.cache.certified) return;
   const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -94,6 +95,14 @@ struct RequestEvents {
   std::function<void(const BatchResult& result)> on_done;
 };
 
+// A submitted request while it is in the engine (BatchEngine::snapshot).
+struct RequestSnapshot {
+  bool running = false;  // admitted: holding pages (false: waiting, or preempted and waiting)
+  // So far: the tokens generated, the meter of the decode steps served (has_meter, meter,
+  // heatmap, raw_histogram) and the page-ins; finish and error are not set.
+  BatchResult so_far;
+};
+
 // The pool's occupancy between steps.
 struct BatchLoad {
   std::int64_t running = 0, waiting = 0;
@@ -128,6 +137,10 @@ class BatchEngine {
   bool idle() const { return running_.empty() && waiting_.empty(); }
   void step();
   BatchLoad load() const;
+  // A request's counters as they stand, on the thread that runs step(), between steps: it reads
+  // the request's telemetry without holding up anything a step uses. nullopt: no such request in
+  // the engine (finished already, or never submitted).
+  std::optional<RequestSnapshot> snapshot(std::uint64_t id) const;
 
  private:
   struct Seq;

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -298,6 +300,53 @@ TEST_P(BatchSharedPrefix, SharingFollowsTheRepairPolicy) {
   // Requests 3 to 6 each find a donor of their own policy.
   EXPECT_GE(engine.stats().shared_tokens, 4 * 64);
   EXPECT_GT(got[4].shared_page_ins + got[6].shared_page_ins, 0) << "gated requests take the first one's repairs";
+}
+
+TEST_F(RealModel, ASnapshotShowsARequestAsItRuns) {
+  ThreadPool pool(2);
+  const CacheOptions cache = format("q8_0", "rtn-int4", 0.2, gate::Granularity::head);
+  BatchOptions bo;
+  bo.max_seqs = 1;  // the second request waits for the first
+  BatchEngine engine(*model_, pool, cache, bo);
+  engine.open(256, true);
+  std::vector<BatchRequest> two = requests(*tok_, cache, 2);
+  for (BatchRequest& q : two) q.max_tokens = 6;
+  std::vector<BatchResult> done(2);
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < 2; ++i)
+    ids.push_back(engine.submit(two[i], {nullptr, [&done, i](const BatchResult& r) { done[i] = r; }}, {}));
+  EXPECT_FALSE(engine.snapshot(ids[1] + 1).has_value()) << "no such request";
+  std::vector<RequestSnapshot> last(2);
+  std::vector<bool> seen_waiting(2, false), seen_running(2, false);
+  while (!engine.idle()) {
+    engine.step();
+    for (int i = 0; i < 2; ++i) {
+      const std::optional<RequestSnapshot> s = engine.snapshot(ids[i]);
+      if (!s) {
+        EXPECT_FALSE(done[i].tokens.empty()) << "gone from the engine only when finished";
+        continue;
+      }
+      (s->running ? seen_running : seen_waiting)[i] = true;
+      // Counters only grow, and the tokens so far begin every later list.
+      EXPECT_GE(s->so_far.meter.cells, last[i].so_far.meter.cells);
+      EXPECT_GE(s->so_far.page_ins, last[i].so_far.page_ins);
+      ASSERT_GE(s->so_far.tokens.size(), last[i].so_far.tokens.size());
+      EXPECT_TRUE(std::equal(last[i].so_far.tokens.begin(), last[i].so_far.tokens.end(), s->so_far.tokens.begin()));
+      last[i] = *s;
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(seen_running[i]);
+    EXPECT_TRUE(last[i].so_far.has_meter);
+    EXPECT_GT(last[i].so_far.meter.cells, 0) << "decode cells counted while it runs";
+    EXPECT_LT(last[i].so_far.meter.cells, done[i].meter.cells) << "the final step's cells come after";
+    EXPECT_EQ(last[i].so_far.tokens.size() + 1, done[i].tokens.size());
+    EXPECT_LE(last[i].so_far.page_ins, done[i].page_ins);
+    EXPECT_EQ(last[i].so_far.prompt_tokens, done[i].prompt_tokens);
+  }
+  EXPECT_TRUE(seen_waiting[1]) << "the second request waited behind the first";
+  EXPECT_FALSE(engine.snapshot(ids[0]).has_value());
 }
 
 TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 
 #include "apps/serve/dashboard.h"
@@ -66,6 +68,7 @@ struct Server::Job : RequestSpec {
     std::vector<std::pair<std::int32_t, float>> top;  // the top_logprobs alternatives
   };
   std::uint64_t id = 0;
+  std::string response_id;  // the id its response carries ("cmpl-N", "chatcmpl-N")
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Piece> pieces;
@@ -174,9 +177,9 @@ bool take_pieces(Server::Job& job, Reply& reply) {
   return stopped;
 }
 
-// The request's meter, as every response carries it beside usage.
-json witcert_object(const Server::Job& job, const engine::Model& m) {
-  const engine::BatchResult& r = job.result;
+// The request's meter, as every response carries it beside usage (r: its result, or its
+// counters so far while it runs).
+json witcert_object(const Server::Job& job, const engine::BatchResult& r, const engine::Model& m) {
   const engine::CacheOptions& c = job.req.cache;
   json w;
   w["kv"] = c.format_name(quant::KvSide::key);
@@ -373,7 +376,7 @@ void Server::engine_loop() {
     std::vector<std::shared_ptr<Job>> fresh;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !eng->idle(); });
+      cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !queries_.empty() || !eng->idle(); });
       if (stopping_ && inbox_.empty() && eng->idle()) break;
       fresh.swap(inbox_);
     }
@@ -446,7 +449,51 @@ void Server::engine_loop() {
                               }),
                live.end());
     publish_load(eng->load());
+    answer_queries(*eng, live);
   }
+  {
+    std::lock_guard lock(mu_);
+    engine_done_ = true;  // no query waits on this thread from now on
+  }
+  answer_queries(*eng, live);
+}
+
+void Server::answer_queries(const engine::BatchEngine& eng,
+                            const std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>>& live) {
+  std::vector<std::shared_ptr<std::promise<json>>> asked;
+  {
+    std::lock_guard lock(mu_);
+    asked.swap(queries_);
+  }
+  if (asked.empty()) return;
+  json list = json::array();
+  for (const auto& [id, job] : live) {
+    const std::optional<engine::RequestSnapshot> snap = eng.snapshot(id);
+    if (!snap) continue;
+    const engine::BatchResult& r = snap->so_far;
+    list.push_back({{"id", job->response_id},
+                    {"state", snap->running ? "running" : "waiting"},
+                    {"prompt_tokens", r.prompt_tokens},
+                    {"completion_tokens", r.tokens.size()},
+                    {"preemptions", r.preemptions},
+                    {"witcert", witcert_object(*job, r, model_)}});
+  }
+  for (const auto& p : asked) p->set_value({{"object", "list"}, {"data", list}});
+}
+
+json Server::live_requests() {
+  auto answer = std::make_shared<std::promise<json>>();
+  std::future<json> got = answer->get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (!loaded_ || engine_done_) throw ApiError(503, "the engine is not running", "", "not_ready");
+    queries_.push_back(answer);
+  }
+  cv_.notify_all();
+  // The engine answers between two steps.
+  if (got.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    throw ApiError(503, "the engine did not answer in 30 s", "", "busy");
+  return got.get();
 }
 
 nlohmann::json Server::state() {
@@ -593,6 +640,14 @@ void Server::route() {
     json data = json::array({{{"id", opts_.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "witcert"}}});
     res.set_content(json_text({{"object", "list"}, {"data", data}}), "application/json");
   });
+  // The requests in the engine now, each with its meter so far (answered between two steps).
+  s.Get("/v1/witcert/requests", [this](const httplib::Request&, httplib::Response& res) {
+    try {
+      res.set_content(json_text(live_requests()), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
   const auto completion = [this](bool chat) {
     return [this, chat](const httplib::Request& req, httplib::Response& res) {
       try {
@@ -610,6 +665,7 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   auto job = std::make_shared<Job>();
   static_cast<RequestSpec&>(*job) = parse_request(text, chat, defaults_);
   job->id = ++next_id_;
+  job->response_id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
   engine::BatchRequest& r = job->req;
   r.prompt = chat ? model_.tokenizer->encode(model_.tokenizer->apply_chat_template(job->messages, true), true)
                   : model_.prompt_tokens(job->prompt, false);
@@ -632,7 +688,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
                    draining_ ? "shutting_down" : "queue_full");
   }
   const auto created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const std::string id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
+  const std::string& id = job->response_id;
   const char* object = chat ? "chat.completion" : "text_completion";
   const auto finish_reason = [](const Reply& reply, const engine::BatchResult& r) -> std::string {
     if (reply.stopped()) return "stop";
@@ -666,7 +722,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
     choice["logprobs"] = job->logprobs ? reply.logprobs(chat) : json(nullptr);
     json out = {{"id", id},           {"object", object},        {"created", created},
                 {"model", opts_.model_name}, {"choices", json::array({choice})}, {"usage", usage(*job, reply)},
-                {"witcert", witcert_object(*job, model_)}};
+                {"witcert", witcert_object(*job, job->result, model_)}};
     res.set_content(json_text(out), "application/json");
     record(*job, finish, reply.tokens());
     return;
@@ -730,7 +786,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
           else last["text"] = "";
           send(chunk(last));
           json tail = {{"id", id}, {"object", object}, {"created", created}, {"model", opts_.model_name},
-                       {"choices", json::array()}, {"witcert", witcert_object(*job, model_)}};
+                       {"choices", json::array()}, {"witcert", witcert_object(*job, job->result, model_)}};
           if (job->include_usage) tail["usage"] = usage(*job, *reply);
           send(tail);
           record(*job, finish, reply->tokens());

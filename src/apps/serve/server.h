@@ -10,10 +10,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -87,6 +89,11 @@ class Server {
   // Adds a finished request to the metrics, with the completion tokens its response reports.
   void record(const Job& job, const std::string& finish, std::int64_t completion_tokens);
   void publish_load(const engine::BatchLoad& load);
+  // GET /v1/witcert/requests: every request in the engine with its counters so far. The handler
+  // queues a query and the engine thread answers it between two steps (answer_queries).
+  nlohmann::json live_requests();
+  void answer_queries(const engine::BatchEngine& eng,
+                      const std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>>& live);
   // The dashboard's state: a new sample of the load and meter counters appended to the last 600,
   // and the recent requests' mean K meter per (layer, query head).
   nlohmann::json state();
@@ -105,6 +112,8 @@ class Server {
   bool loaded_ = false, load_failed_ = false, stopping_ = false;
   std::string load_error_;
   std::vector<std::shared_ptr<Job>> inbox_;   // submitted, not yet handed to the engine
+  std::vector<std::shared_ptr<std::promise<nlohmann::json>>> queries_;  // live_requests, not yet answered
+  bool engine_done_ = false;                  // the engine thread has ended: no query is answered
   // Jobs queued and not finished: counted down when the engine finishes one, before its handler
   // hears of it, so that the queue limit and the drain never count a finished request.
   std::int64_t pending_ = 0;

@@ -14,7 +14,9 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -402,6 +404,69 @@ TEST_F(Serve, ConcurrentStreamsGetTheirSoloAnswersAndMetricsAddUp) {
   EXPECT_EQ(m.value("witcert_requests_total", {{"finish_reason", "length"}}) +
                 m.value("witcert_requests_total", {{"finish_reason", "stop"}}),
             clients);
+}
+
+TEST_F(Serve, LiveRequestsShowTheirMeterSoFar) {
+  ServeOptions o = options(dither());
+  o.max_tokens = 400;
+  Running r(o);
+  const auto live = [&] {
+    httplib::Client c = r.client();
+    const auto res = c.Get("/v1/witcert/requests");
+    EXPECT_TRUE(res);
+    if (!res) return json();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return json::parse(res->body);
+  };
+  EXPECT_EQ(live().at("data").size(), 0u);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string raw, id;
+  int chunks = 0;
+  bool release = false;
+  // A long stream that stops reading after ten chunks until the test has looked at it.
+  auto streaming = std::async(std::launch::async, [&] {
+    return post_raw(r.port, "/v1/completions",
+                    json{{"prompt", "Once upon a time, a lighthouse keeper"}, {"stream", true}, {"max_tokens", 400}}.dump(),
+                    [&](const char* data, std::size_t n) {
+                      std::unique_lock lock(mu);
+                      raw.append(data, n);
+                      if (++chunks == 10) {
+                        cv.notify_all();
+                        cv.wait(lock, [&] { return release; });
+                      }
+                      return true;
+                    });
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return chunks >= 10; }));
+    id = json::parse(raw.substr(6, raw.find("\n\n") - 6)).at("id");
+  }
+  const json first = live();
+  ASSERT_EQ(first.at("data").size(), 1u) << first.dump();
+  const json& seen = first.at("data").at(0);
+  EXPECT_EQ(seen.at("id"), id);
+  EXPECT_EQ(seen.at("state"), "running");
+  EXPECT_GE(seen.at("completion_tokens").get<int>(), 10);
+  EXPECT_LT(seen.at("completion_tokens").get<int>(), 400);
+  EXPECT_GT(seen.at("witcert").at("cells").get<std::int64_t>(), 0);
+  EXPECT_EQ(seen.at("witcert").at("kv"), "dither-int8");
+  // Later, more of it, unless it has finished: the counters only grow.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const json second = live();
+  if (!second.at("data").empty()) {
+    EXPECT_GE(second.at("data").at(0).at("witcert").at("cells").get<std::int64_t>(),
+              seen.at("witcert").at("cells").get<std::int64_t>());
+  }
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(streaming.get(), 200);
+  for (int t = 0; t < 200 && !live().at("data").empty(); ++t) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(live().at("data").size(), 0u) << "a finished request leaves the list";
 }
 
 TEST_F(Serve, ADisconnectedStreamFreesItsPagesAndOthersFinish) {
