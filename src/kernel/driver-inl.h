@@ -310,9 +310,9 @@ class Attention {
   void SharedDither(std::uint32_t counter, float* qg);
   void Logits(int h, int n);
   template <int NH>
-  void CodeDots(int h0, int n);
-  void AllCodeDots(int n);
-  void LogitsFloat(int h, int n);
+  HWY_INLINE void CodeDots(int h0, int n);
+  HWY_INLINE void AllCodeDots(int n);
+  HWY_INLINE void LogitsFloat(int h, int n);
   double RadiusSquaredMax(int h) const;
   HWY_INLINE VF RadiusSquared(int h, const float* s2, std::size_t step) const;
   void Radii(int h, int n);
