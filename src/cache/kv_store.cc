@@ -68,7 +68,8 @@ std::size_t KvPool::bytes() const {
   return b;
 }
 
-SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_) {
+SequenceState::SequenceState(KvPool& pool)
+    : table_(pool.pages_, (pool.cfg_.capacity + pool.cfg_.page_size - 1) / pool.cfg_.page_size) {
   const CacheConfig& cfg = pool.cfg_;
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   outlier_mask_.assign(streams * cfg.head_dim, 0);
@@ -96,7 +97,7 @@ std::size_t SequenceState::bytes() const {
   const std::size_t streams = written_.size();
   return k_.bytes() + v_.bytes() + outlier_mask_.size() + outliers_fixed_.size() +
          written_.size() * sizeof(std::int64_t) + streams * static_cast<std::size_t>(logical_pages_) * sizeof(std::int32_t) +
-         static_cast<std::size_t>(table_.page_count()) * sizeof(std::int64_t);
+         table_.bytes();
 }
 
 void SequenceState::clear() {

@@ -50,9 +50,14 @@ class PagePool {
 // One sequence's logical pages, mapped to physical pages on demand.
 class PageTable {
  public:
-  explicit PageTable(PagePool& pool) : pool_(&pool) {}
-  // The same mapping over `pool`, a copy of other's pool (a copied cache).
-  PageTable(const PageTable& other, PagePool& pool) : pool_(&pool), pages_(other.pages_) {}
+  // Room for max_pages logical pages is reserved at once, so that writing a sequence allocates
+  // nothing and its measured bytes hold from the start.
+  PageTable(PagePool& pool, std::int64_t max_pages) : pool_(&pool) { pages_.reserve(static_cast<std::size_t>(max_pages)); }
+  // The same mapping over `pool`, a copy of other's pool (a copied cache), with other's room.
+  PageTable(const PageTable& other, PagePool& pool) : pool_(&pool) {
+    pages_.reserve(other.pages_.capacity());
+    pages_ = other.pages_;
+  }
   ~PageTable();
   PageTable(const PageTable&) = delete;
   PageTable& operator=(const PageTable&) = delete;
@@ -68,6 +73,7 @@ class PageTable {
   }
   std::int64_t page_of(std::int64_t pos) const { return pages_[pos / pool_->page_size()]; }
   std::int64_t page_count() const { return static_cast<std::int64_t>(pages_.size()); }
+  std::size_t bytes() const { return pages_.capacity() * sizeof(std::int64_t); }  // measured
   std::int64_t positions_mapped() const { return static_cast<std::int64_t>(pages_.size()) * pool_->page_size(); }
   void clear();
 
