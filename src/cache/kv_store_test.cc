@@ -250,6 +250,13 @@ TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
   EXPECT_EQ(a.sequence().pages(), 7);
   EXPECT_EQ(b.sequence().pages(), 0);
   EXPECT_EQ(pool->free_pages(), 33);
+  // A sequence's own state is allocated when it is made: admission's count of a new sequence is
+  // what it holds when full.
+  const std::size_t fresh = b.sequence().bytes();
+  write_all(b, 256, 2);
+  EXPECT_EQ(b.sequence().pages(), 16);
+  EXPECT_EQ(b.sequence().bytes(), fresh);
+  EXPECT_EQ(a.sequence().bytes(), fresh);
 }
 
 }  // namespace

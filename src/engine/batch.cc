@@ -89,8 +89,8 @@ BatchEngine::~BatchEngine() = default;
 
 std::size_t BatchEngine::live_bytes() const {
   std::size_t b = pool_.bytes();
-  for (const Seq* s : running_)
-    if (s->cache.kv) b += sequence_bytes_;
+  for (const Seq* s : running_)  // each certified sequence's own state measured as it stands
+    if (s->cache.kv) b += s->cache.certified ? s->cache.certified->store().sequence().bytes() : sequence_bytes_;
   return b;
 }
 
