@@ -112,13 +112,18 @@ std::optional<RequestSnapshot> BatchEngine::snapshot(std::uint64_t id) const {
   const Seq& s = **it;
   RequestSnapshot snap;
   snap.running = std::find(running_.begin(), running_.end(), &s) != running_.end();
-  BatchResult& r = snap.so_far;
+  // Page-ins as recorded at a preemption, unless a live cache has them.
+  snap.so_far.page_ins = s.result.page_ins;
+  snap.so_far.page_in_bytes = s.result.page_in_bytes;
+  snap.so_far.shared_page_ins = s.result.shared_page_ins;
+  so_far(s, snap.so_far);
+  return snap;
+}
+
+void BatchEngine::so_far(const Seq& s, BatchResult& r) {
   r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
   r.prompt_tokens = s.prompt_len;
   r.preemptions = s.preemptions;
-  r.page_ins = s.result.page_ins;  // as recorded at a preemption, or 0
-  r.page_in_bytes = s.result.page_in_bytes;
-  r.shared_page_ins = s.result.shared_page_ins;
   if (s.cache.certified) {
     const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
     r.page_ins = pi.page_ins;
@@ -131,20 +136,11 @@ std::optional<RequestSnapshot> BatchEngine::snapshot(std::uint64_t id) const {
     r.heatmap = s.telemetry->heatmap();
     r.raw_histogram = s.telemetry->raw_histogram();
   }
-  return snap;
-}
-
-void BatchEngine::record_page_ins(Seq& s) {
-  if (!s.cache.certified) return;
-  const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
-  s.result.page_ins = pi.page_ins;
-  s.result.page_in_bytes = pi.page_in_bytes;
-  s.result.shared_page_ins = pi.shared_page_ins;
 }
 
 void BatchEngine::release(Seq& s) {
-  record_page_ins(s);
-  s.cache = Cache{};  // returns every page to the pool
+  so_far(s, s.result);  // its page-ins so far, kept across a preemption
+  s.cache = Cache{};    // returns every page to the pool
 }
 
 void BatchEngine::make_room(std::int64_t pages) {
@@ -153,28 +149,19 @@ void BatchEngine::make_room(std::int64_t pages) {
 
 void BatchEngine::finish(Seq& s, Finish f, const std::string& error) {
   BatchResult& r = s.result;
-  r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
-  r.prompt_tokens = s.prompt_len;
+  so_far(s, r);
   r.finish = f;
   r.error = error;
-  r.preemptions = s.preemptions;
-  if (s.telemetry) {
-    r.has_meter = true;
-    r.meter = s.telemetry->summary();
-    r.heatmap = s.telemetry->heatmap();
-    r.raw_histogram = s.telemetry->raw_histogram();
-  }
   if (opts_.share_prefixes && f != Finish::error && f != Finish::cancelled && s.cache.kv) {
     // Kept as a donor of its prompt's pages until they are needed (a cancelled sequence's pages
     // go back at once).
-    record_page_ins(s);
     Cache kept = std::move(s.cache);
     s.cache = Cache{};
     retired_.push_back({std::vector<std::int32_t>(s.all.begin(), s.all.begin() + s.prompt_len),
                         std::min(s.fed, s.prompt_len), std::move(kept)});
     if (static_cast<int>(retired_.size()) > opts_.max_seqs) retired_.erase(retired_.begin());
   } else {
-    release(s);
+    s.cache = Cache{};  // every page back to the pool; its page-ins are in r
   }
   s.done = true;
   if (s.events.on_done) s.events.on_done(r);

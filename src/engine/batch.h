@@ -153,7 +153,8 @@ class BatchEngine {
   void share_prefix(Seq& s);
   // Frees retired donors, oldest first, until `pages` pages are free or none is left.
   void make_room(std::int64_t pages);
-  void record_page_ins(Seq& s);  // the sequence's page-ins into its result
+  // The request's result as it stands: tokens so far, its meter, and the page-ins of its live cache.
+  static void so_far(const Seq& s, BatchResult& r);
   void build_pool(std::int64_t capacity, std::int64_t pages, bool exact_tier);
   void release(Seq& s);
   void finish(Seq& s, Finish f, const std::string& error = "");

@@ -139,6 +139,7 @@ class BatchKind : public model::RealModelFixture, public ::testing::WithParamInt
 using BatchInvariance = BatchKind;
 using BatchPreemption = BatchKind;
 using BatchSharedPrefix = BatchKind;
+using BatchRepairPolicy = BatchKind;
 
 TEST_P(BatchInvariance, EverySequenceEqualsItsSoloRun) {
   ThreadPool pool(2);
@@ -261,7 +262,7 @@ INSTANTIATE_TEST_SUITE_P(RealModel, BatchSharedPrefix,
 // Requests of one prompt with different repair policies in one pool: a repair changes the keys
 // and values of the layers above it, so each request equals its solo run only if it shares with
 // requests that repair as it does, and it still shares with those.
-TEST_P(BatchSharedPrefix, SharingFollowsTheRepairPolicy) {
+TEST_P(BatchRepairPolicy, SharingFollowsTheRepairPolicy) {
   const std::string text =
       "The river town kept its records in a long stone hall by the water, and every spring the clerks counted the "
       "boats, the nets, the bales of wool and the barrels of salted fish that came down from the hills. They wrote "
@@ -269,7 +270,6 @@ TEST_P(BatchSharedPrefix, SharingFollowsTheRepairPolicy) {
       "in a locked chest under the stairs of the hall, where the keeper sat by the window with a lamp. ";
   const char* tails[] = {"Question: what did the clerks count?", "Question: where were the oldest ledgers?"};
   CacheOptions gated = cache(), plain = cache(), other = cache();
-  if (!plain.certified) GTEST_SKIP() << "the plain cache has no repairs";
   gated.gate.tau_k = GetParam().tau > 0 ? GetParam().tau : 0.05;
   plain.gate.tau_k = 0.0;
   other.gate = gated.gate;
@@ -301,6 +301,14 @@ TEST_P(BatchSharedPrefix, SharingFollowsTheRepairPolicy) {
   EXPECT_GE(engine.stats().shared_tokens, 4 * 64);
   EXPECT_GT(got[4].shared_page_ins + got[6].shared_page_ins, 0) << "gated requests take the first one's repairs";
 }
+
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchRepairPolicy,
+                         ::testing::Values(Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
+                                           Kind{"kivi-2bit", "kivi-2bit", 0.0, gate::Granularity::block, false},
+                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true},
+                                           Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, false},
+                                           Kind{"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::request, false}),
+                         kind_name);
 
 TEST_F(RealModel, ASnapshotShowsARequestAsItRuns) {
   ThreadPool pool(2);
