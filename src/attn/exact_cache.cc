@@ -30,12 +30,11 @@ ExactPool::ExactPool(const KvGeometry& g, int page_size, std::int64_t pages)
 }
 
 ExactKvCache::ExactKvCache(const KvGeometry& g, int page_size)
-    : pool_(std::make_shared<ExactPool>(g, page_size)),
-      table_(pool_->pool_, (g.capacity + page_size - 1) / page_size) {}
+    : pool_(std::make_shared<ExactPool>(g, page_size)), table_(pool_->pool_, g.capacity) {}
 
 ExactKvCache::ExactKvCache(std::shared_ptr<ExactPool> pool)
     : pool_(pool ? std::move(pool) : throw std::invalid_argument("exact KV cache: no pool")),
-      table_(pool_->pool_, (pool_->g_.capacity + pool_->page_size() - 1) / pool_->page_size()) {}
+      table_(pool_->pool_, pool_->g_.capacity) {}
 
 ExactKvCache::ExactKvCache(const ExactKvCache& other)
     : KvCache(other), pool_(std::make_shared<ExactPool>(*other.pool_)), table_(other.table_, pool_->pool_) {}

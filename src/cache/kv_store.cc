@@ -68,8 +68,7 @@ std::size_t KvPool::bytes() const {
   return b;
 }
 
-SequenceState::SequenceState(KvPool& pool)
-    : table_(pool.pages_, (pool.cfg_.capacity + pool.cfg_.page_size - 1) / pool.cfg_.page_size) {
+SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_, pool.cfg_.capacity) {
   const CacheConfig& cfg = pool.cfg_;
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   outlier_mask_.assign(streams * cfg.head_dim, 0);

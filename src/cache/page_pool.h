@@ -50,9 +50,11 @@ class PagePool {
 // One sequence's logical pages, mapped to physical pages on demand.
 class PageTable {
  public:
-  // Room for max_pages logical pages is reserved at once, so that writing a sequence allocates
-  // nothing and its measured bytes hold from the start.
-  PageTable(PagePool& pool, std::int64_t max_pages) : pool_(&pool) { pages_.reserve(static_cast<std::size_t>(max_pages)); }
+  // Room for the pages of `capacity` positions is reserved at once, so that writing a sequence
+  // allocates nothing and its measured bytes hold from the start.
+  PageTable(PagePool& pool, std::int64_t capacity) : pool_(&pool) {
+    pages_.reserve(static_cast<std::size_t>((capacity + pool.page_size() - 1) / pool.page_size()));
+  }
   // The same mapping over `pool`, a copy of other's pool (a copied cache), with other's room.
   PageTable(const PageTable& other, PagePool& pool) : pool_(&pool) {
     pages_.reserve(other.pages_.capacity());
