@@ -112,24 +112,24 @@ std::optional<RequestSnapshot> BatchEngine::snapshot(std::uint64_t id) const {
   const Seq& s = **it;
   RequestSnapshot snap;
   snap.running = std::find(running_.begin(), running_.end(), &s) != running_.end();
-  // Page-ins as recorded at a preemption, unless a live cache has them.
-  snap.so_far.page_ins = s.result.page_ins;
-  snap.so_far.page_in_bytes = s.result.page_in_bytes;
-  snap.so_far.shared_page_ins = s.result.shared_page_ins;
+  snap.so_far = s.result;  // before it finishes: the page-ins recorded at a preemption
   so_far(s, snap.so_far);
   return snap;
+}
+
+void BatchEngine::page_ins(const Seq& s, BatchResult& r) {
+  if (!s.cache.certified) return;
+  const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
+  r.page_ins = pi.page_ins;
+  r.page_in_bytes = pi.page_in_bytes;
+  r.shared_page_ins = pi.shared_page_ins;
 }
 
 void BatchEngine::so_far(const Seq& s, BatchResult& r) {
   r.tokens.assign(s.all.begin() + s.prompt_len, s.all.end());
   r.prompt_tokens = s.prompt_len;
   r.preemptions = s.preemptions;
-  if (s.cache.certified) {
-    const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
-    r.page_ins = pi.page_ins;
-    r.page_in_bytes = pi.page_in_bytes;
-    r.shared_page_ins = pi.shared_page_ins;
-  }
+  page_ins(s, r);
   if (s.telemetry) {
     r.has_meter = true;
     r.meter = s.telemetry->summary();
@@ -139,8 +139,8 @@ void BatchEngine::so_far(const Seq& s, BatchResult& r) {
 }
 
 void BatchEngine::release(Seq& s) {
-  so_far(s, s.result);  // its page-ins so far, kept across a preemption
-  s.cache = Cache{};    // returns every page to the pool
+  page_ins(s, s.result);  // kept for snapshots while it waits
+  s.cache = Cache{};      // returns every page to the pool
 }
 
 void BatchEngine::make_room(std::int64_t pages) {

@@ -155,6 +155,7 @@ class BatchEngine {
   void make_room(std::int64_t pages);
   // The request's result as it stands: tokens so far, its meter, and the page-ins of its live cache.
   static void so_far(const Seq& s, BatchResult& r);
+  static void page_ins(const Seq& s, BatchResult& r);  // those of its live cache, if it has one
   void build_pool(std::int64_t capacity, std::int64_t pages, bool exact_tier);
   void release(Seq& s);
   void finish(Seq& s, Finish f, const std::string& error = "");

@@ -86,10 +86,7 @@ bool CertifiedKvCache::share_prefix(const attn::KvCache& donor, std::int64_t n) 
 
 bool CertifiedKvCache::same_repairs(const CertifiedKvCache& other) const {
   const CertifiedOptions& o = other.opts_;
-  const Policy& a = opts_.gate;
-  const Policy& b = o.gate;
-  if (a.tau_k != b.tau_k || a.tau_v != b.tau_v || a.granularity != b.granularity) return false;
-  if (opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
+  if (opts_.gate != o.gate || opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
   // Tier B's radius u_t reads δ_loc = δ_req/(L·H·T); Tier A's bounds do not.
   return store_.kind(quant::KvSide::key) != cache::FormatKind::dither_int8 || delta_loc_ == other.delta_loc_;
 }

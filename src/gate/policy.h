@@ -26,6 +26,7 @@ struct Policy {
   Granularity granularity = Granularity::block;
   double tau_v = 0.05;
 
+  bool operator==(const Policy&) const = default;
   bool on() const { return tau_k != 0.0; }
   bool certified() const { return tau_k < 1.0; }
   // Throws std::invalid_argument unless τ_K is 0 or finite and positive, and τ_V (when on) too.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "apps/serve/dashboard.h"
 #include "base/thread_pool.h"
@@ -460,7 +461,7 @@ void Server::engine_loop() {
 
 void Server::answer_queries(const engine::BatchEngine& eng,
                             const std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>>& live) {
-  std::vector<std::shared_ptr<std::promise<json>>> asked;
+  std::vector<std::promise<json>> asked;
   {
     std::lock_guard lock(mu_);
     asked.swap(queries_);
@@ -478,16 +479,16 @@ void Server::answer_queries(const engine::BatchEngine& eng,
                     {"preemptions", r.preemptions},
                     {"witcert", witcert_object(*job, r, model_)}});
   }
-  for (const auto& p : asked) p->set_value({{"object", "list"}, {"data", list}});
+  for (std::promise<json>& p : asked) p.set_value({{"object", "list"}, {"data", list}});
 }
 
 json Server::live_requests() {
-  auto answer = std::make_shared<std::promise<json>>();
-  std::future<json> got = answer->get_future();
+  std::promise<json> answer;
+  std::future<json> got = answer.get_future();
   {
     std::lock_guard lock(mu_);
     if (!loaded_ || engine_done_) throw ApiError(503, "the engine is not running", "", "not_ready");
-    queries_.push_back(answer);
+    queries_.push_back(std::move(answer));
   }
   cv_.notify_all();
   // The engine answers between two steps.

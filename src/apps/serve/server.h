@@ -112,7 +112,7 @@ class Server {
   bool loaded_ = false, load_failed_ = false, stopping_ = false;
   std::string load_error_;
   std::vector<std::shared_ptr<Job>> inbox_;   // submitted, not yet handed to the engine
-  std::vector<std::shared_ptr<std::promise<nlohmann::json>>> queries_;  // live_requests, not yet answered
+  std::vector<std::promise<nlohmann::json>> queries_;  // live_requests, not yet answered
   bool engine_done_ = false;                  // the engine thread has ended: no query is answered
   // Jobs queued and not finished: counted down when the engine finishes one, before its handler
   // hears of it, so that the queue limit and the drain never count a finished request.
