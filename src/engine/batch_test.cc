@@ -250,14 +250,22 @@ TEST_P(BatchSharedPrefix, SharedPrefixesGiveTheSoloResults) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RealModel, BatchSharedPrefix,
-                         ::testing::Values(Kind{"", "", 0.0, gate::Granularity::block, false},
-                                           Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
-                                           Kind{"kivi-2bit", "kivi-2bit", 0.0, gate::Granularity::block, false},
-                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true},
-                                           Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, false},
-                                           Kind{"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::request, false}),
-                         kind_name);
+// The certified kinds of the prefix-sharing tests: Tier B, Tier A and a group scheme, ungated
+// and gated by block, head and request.
+const std::vector<Kind> kSharingKinds = {
+    Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
+    Kind{"kivi-2bit", "kivi-2bit", 0.0, gate::Granularity::block, false},
+    Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true},
+    Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, false},
+    Kind{"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::request, false},
+};
+
+std::vector<Kind> plain_and(std::vector<Kind> kinds) {
+  kinds.insert(kinds.begin(), Kind{"", "", 0.0, gate::Granularity::block, false});
+  return kinds;
+}
+
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchSharedPrefix, ::testing::ValuesIn(plain_and(kSharingKinds)), kind_name);
 
 // Requests of one prompt with different repair policies in one pool: a repair changes the keys
 // and values of the layers above it, so each request equals its solo run only if it shares with
@@ -302,13 +310,7 @@ TEST_P(BatchRepairPolicy, SharingFollowsTheRepairPolicy) {
   EXPECT_GT(got[4].shared_page_ins + got[6].shared_page_ins, 0) << "gated requests take the first one's repairs";
 }
 
-INSTANTIATE_TEST_SUITE_P(RealModel, BatchRepairPolicy,
-                         ::testing::Values(Kind{"dither-int8", "dither-int8", 0.0, gate::Granularity::block, true},
-                                           Kind{"kivi-2bit", "kivi-2bit", 0.0, gate::Granularity::block, false},
-                                           Kind{"q8_0", "rtn-int4", 0.2, gate::Granularity::head, true},
-                                           Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, false},
-                                           Kind{"kivi-2bit", "kivi-2bit", 0.2, gate::Granularity::request, false}),
-                         kind_name);
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchRepairPolicy, ::testing::ValuesIn(kSharingKinds), kind_name);
 
 TEST_F(RealModel, ASnapshotShowsARequestAsItRuns) {
   ThreadPool pool(2);
