@@ -2,10 +2,12 @@
 // then a graceful stop: no new requests, running ones finish within the drain deadline.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <ostream>
+#include <string>
 #include <thread>
 
 #include "apps/cli/commands.h"
@@ -18,6 +20,11 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal.store(sig); }
 
+// True for an address only this machine reaches (127.0.0.0/8, ::1, localhost).
+bool loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 int run_serve(const ServeArgs& args, std::ostream& err) {
@@ -27,7 +34,7 @@ int run_serve(const ServeArgs& args, std::ostream& err) {
   o.batch.max_seqs = args.max_seqs;
   o.batch.kv_memory = parse_bytes(args.kv_memory);
   o.batch.validate();
-  o.coverage_tau = args.cache.gate > 0 && args.cache.gate < 1 ? args.cache.gate : args.cache.coverage_tau;
+  o.coverage_tau = args.cache.coverage_tau;  // resolved by main (engine::coverage_tau)
   o.coverage_tau_v = args.cache.tau_v;
   o.threads = args.threads;
   o.host = args.host;
@@ -36,6 +43,16 @@ int run_serve(const ServeArgs& args, std::ostream& err) {
   o.max_tokens = args.max_tokens;
   o.max_waiting = args.max_waiting;
   o.max_body = static_cast<std::size_t>(parse_bytes(args.max_body));
+  o.connections.max_connections =
+      args.max_connections > 0 ? args.max_connections : std::max(256, args.max_seqs + args.max_waiting + 64);
+  o.connections.header_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(args.header_timeout * 1000));
+  o.connections.body_timeout = 3 * o.connections.header_timeout;
+  if (o.api_key.empty() && !loopback(o.host))
+    err << fmt::format(
+               "witcert serve: WARNING: listening on {} without --api-key: anyone who can reach this address can "
+               "run requests on this machine\n",
+               o.host)
+        << std::flush;
 
   Server server(o);
   const int port = server.start();

@@ -49,6 +49,7 @@ struct RequestSpec {
   engine::BatchRequest req;                  // sampler, max_tokens, cache policy; req.prompt empty
   std::vector<std::string> stop;             // at most 4, none empty
   bool stream = false, detail = false, include_usage = true;
+  bool max_tokens_given = false;  // the body set max_tokens (else the server's default, cut to the context)
   bool logprobs = false;
   int top_logprobs = -1;  // < 0: no logprobs
 };

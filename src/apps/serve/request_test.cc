@@ -4,6 +4,7 @@
 
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace witcert::apps {
 namespace {
@@ -205,6 +206,43 @@ TEST(Request, ErrorBodiesFollowOpenAi) {
   EXPECT_EQ(json::parse(error_text(ApiError(503, "busy"))).at("error").at("type"), "server_error");
   EXPECT_TRUE(json::parse(error_text(ApiError(503, "busy"))).at("error").at("code").is_null());
   EXPECT_EQ(json::parse(error_text(ApiError(400, "bad", "top_p"))).at("error").at("param"), "top_p");
+}
+
+// A body nested past the limit is refused at parse time wherever the nesting sits (the top level,
+// every field that takes a value, inside a message), as arrays or objects, and just past the limit
+// as well as far past it; one level less is parsed (and refused or taken by the field's own rules).
+TEST(Request, NestingBeyondTheLimitIsRefusedWhereverItIs) {
+  const auto nest = [](int depth, bool arrays) {
+    std::string s;
+    for (int i = 0; i < depth; ++i) s += arrays ? "[" : "{\"a\":";
+    s += arrays ? "" : "1";
+    for (int i = 0; i < depth; ++i) s += arrays ? "]" : "}";
+    return s;
+  };
+  const std::vector<std::string> completion_fields = {"prompt", "max_tokens", "stop", "user", "witcert", "seed",
+                                                       "stream_options", "logprobs"};
+  int refused_deep = 0;
+  for (const int depth : {65, 66, 1000, 60000})
+    for (const bool arrays : {true, false})
+      for (const bool chat : {false, true}) {
+        std::vector<std::string> bodies = {nest(depth, arrays)};
+        for (const std::string& f : completion_fields)
+          bodies.push_back((chat ? R"({"messages": [{"role": "user", "content": "Hi"}], ")" : R"({"prompt": "Hi", ")") +
+                           f + "\": " + nest(depth - 1, arrays) + "}");
+        if (chat)
+          bodies.push_back(R"({"messages": [{"role": "user", "content": )" + nest(depth - 3, arrays) + "}]}");
+        for (const std::string& body : bodies) {
+          const ApiError e = refused(body, chat);
+          EXPECT_EQ(e.status, 400);
+          EXPECT_EQ(e.code, "invalid_json") << body.substr(0, 80);
+          EXPECT_NE(std::string(e.what()).find("nests deeper than 64"), std::string::npos) << e.what();
+          ++refused_deep;
+        }
+      }
+  EXPECT_EQ(refused_deep, 4 * 2 * (1 + 8) + 4 * 2 * (1 + 8 + 1));
+  // 64 levels in all parse: the field's own rules answer (a nested `user` is a wrong type).
+  const ApiError shallow = refused(R"({"prompt": "Hi", "user": )" + nest(63, true) + "}", false);
+  EXPECT_EQ(shallow.code, "invalid_type") << shallow.what();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "apps/serve/dashboard.h"
@@ -30,7 +31,7 @@ void send_error(httplib::Response& res, const ApiError& e) {
 }
 
 // The number of leading bytes of s that form whole UTF-8 characters (a token may end inside one).
-std::size_t whole_utf8(const std::string& s) {
+std::size_t whole_utf8(std::string_view s) {
   std::size_t end = s.size(), i = s.size();
   for (int back = 0; back < 4 && i > 0; ++back) {
     const auto c = static_cast<unsigned char>(s[--i]);
@@ -56,6 +57,59 @@ json layer_head_grid(const std::vector<double>& v, int layers, int heads) {
     grid.push_back(row);
   }
   return grid;
+}
+
+// An ambiguous or unsupported framing of the request's body, which a proxy in front of the server
+// might read otherwise than the server does: two lengths, a length beside Transfer-Encoding, a
+// transfer coding other than chunked, a length that is not a number, an unknown content coding.
+std::optional<ApiError> framing_error(const httplib::Request& req) {
+  const auto bad = [](const std::string& why) { return ApiError(400, why, "", "bad_framing"); };
+  const std::size_t lengths = req.get_header_value_count("Content-Length");
+  if (lengths > 1) return bad("more than one Content-Length header");
+  const std::size_t codings = req.get_header_value_count("Transfer-Encoding");
+  if (codings > 0 && lengths > 0) return bad("Content-Length beside Transfer-Encoding");
+  if (codings > 1 || (codings == 1 && req.get_header_value("Transfer-Encoding") != "chunked"))
+    return bad("the only transfer coding taken is a single 'chunked'");
+  if (lengths == 1) {
+    const std::string n = req.get_header_value("Content-Length");
+    if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos)
+      return bad("Content-Length is not a number");
+  }
+  if (req.get_header_value_count("Content-Encoding") > 1) return bad("more than one Content-Encoding header");
+  const std::string coding = req.get_header_value("Content-Encoding");
+  if (!coding.empty() && coding != "identity" && coding != "gzip" && coding != "deflate" && coding != "br")
+    return ApiError(415, "Content-Encoding '" + coding + "' is not taken (gzip, deflate, br)", "",
+                    "unsupported_media_type");
+  return std::nullopt;
+}
+
+// The Authorization header against the expected one in time that does not depend on where they differ.
+bool same_key(const std::string& given, const std::string& expected) {
+  unsigned diff = given.size() == expected.size() ? 0u : 1u;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>(expected[i]) ^ static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+  return diff == 0;
+}
+
+// The request's body, decompressed as it arrives and refused past `limit` bytes (a small gzip body
+// may inflate a thousandfold); a body that cannot be read (a deadline, a broken encoding) is a 400.
+std::string read_body(const httplib::ContentReader& reader, httplib::Response& res, std::size_t limit) {
+  std::string body;
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, std::size_t n) {
+    if (n > limit - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large || res.status == 413)
+    throw ApiError(413, fmt::format("the request body is larger than {} bytes (decompressed)", limit), "",
+                   "body_too_large");
+  if (!ok) throw ApiError(400, "the request body could not be read (cut short, too slow or badly encoded)", "",
+                          "bad_body");
+  return body;
 }
 
 }  // namespace
@@ -119,7 +173,7 @@ class Reply {
             break;
           }
     }
-    if (!final) end = whole_utf8(text_.substr(0, end));
+    if (!final) end = whole_utf8(std::string_view(text_).substr(0, end));
     std::string out = text_.substr(sent_, end - std::min(end, sent_));
     sent_ = std::max(sent_, end);
     return out;
@@ -214,7 +268,8 @@ json witcert_object(const Server::Job& job, const engine::BatchResult& r, const 
 
 }  // namespace
 
-Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_unique<httplib::Server>()) {
+Server::Server(ServeOptions opts)
+    : opts_(std::move(opts)), http_(std::make_unique<GuardedServer>(opts_.connections)) {
   if (opts_.model_name.empty()) opts_.model_name = std::filesystem::path(opts_.model_path).stem().string();
   defaults_ = {opts_.model_name, opts_.max_tokens, opts_.cache, opts_.coverage_tau, opts_.coverage_tau_v};
   metrics_.counter("witcert_prompt_tokens_total", "Prompt tokens of finished requests.");
@@ -247,13 +302,10 @@ Server::Server(ServeOptions opts) : opts_(std::move(opts)), http_(std::make_uniq
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
 
 int Server::start() {
+  // The body as sent; the routes also bound it decompressed (read_body).
   http_->set_payload_max_length(opts_.max_body);
-  // A stream holds its handler thread until its last token: one thread for every sequence that
-  // may run or wait, and a few for the short routes, so that no accepted connection starves.
-  const int handlers = opts_.batch.max_seqs + opts_.max_waiting + 8;
-  http_->new_task_queue = [handlers] { return new httplib::ThreadPool(static_cast<std::size_t>(handlers)); };
   route();
-  port_ = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
+  port_ = http_->bind(opts_.host, opts_.port);
   if (port_ < 0) throw std::runtime_error(fmt::format("cannot listen on {}:{}", opts_.host, opts_.port));
   started_ = std::chrono::system_clock::now();
   listener_ = std::thread([this] {
@@ -577,18 +629,28 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
     stopping_ = true;
   }
   cv_.notify_all();
-  http_->stop();  // open streams see their jobs cancelled below and end
+  // Past the deadline the engine cancels what still runs and ends; each open stream then sends its
+  // last chunk and [DONE] before the listener stops (httplib cuts streams short once it stops).
   if (engine_.joinable()) engine_.join();
+  const auto flushed = Clock::now() + std::chrono::seconds(5);
+  while (open_streams_ > 0 && Clock::now() < flushed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
   if (listener_.joinable()) listener_.join();
   http_.reset();
 }
 
 void Server::route() {
   httplib::Server& s = *http_;
-  // Authentication and readiness before any /v1 route; /health, /metrics and the dashboard stay open.
+  // Framing before anything else (a request whose length is ambiguous is refused, not guessed),
+  // then authentication and readiness before any /v1 route; /health, /metrics and the dashboard
+  // stay open.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (const std::optional<ApiError> bad = framing_error(req)) {
+      send_error(res, *bad);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (!opts_.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + opts_.api_key) {
+    if (!opts_.api_key.empty() && !same_key(req.get_header_value("Authorization"), "Bearer " + opts_.api_key)) {
       send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -650,9 +712,9 @@ void Server::route() {
     }
   });
   const auto completion = [this](bool chat) {
-    return [this, chat](const httplib::Request& req, httplib::Response& res) {
+    return [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
       try {
-        serve_completion(req, res, chat);
+        serve_completion(read_body(reader, res, opts_.max_body), res, chat);
       } catch (const ApiError& e) {
         send_error(res, e);
       }
@@ -668,7 +730,7 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   job->id = ++next_id_;
   job->response_id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
   engine::BatchRequest& r = job->req;
-  r.prompt = chat ? model_.tokenizer->encode(model_.tokenizer->apply_chat_template(job->messages, true), true)
+  r.prompt = chat ? model_.tokenizer->encode_chat(job->messages, true)
                   : model_.prompt_tokens(job->prompt, false);
   if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt", "invalid_value");
   const std::int64_t context = model_.model->config().context;
@@ -678,11 +740,20 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
                                "token must fit)",
                                r.prompt.size(), context),
                    chat ? "messages" : "prompt", "context_length_exceeded");
+  // The prompt and its new tokens fit the context: a budget beyond it is refused when the body
+  // asked for it, and the server's default is cut to what fits.
+  const auto room = static_cast<int>(context - static_cast<std::int64_t>(r.prompt.size()));
+  if (job->max_tokens_given && r.max_tokens > room)
+    throw ApiError(400,
+                   fmt::format("the prompt has {} tokens and max_tokens is {}; the model's context is {}",
+                               r.prompt.size(), r.max_tokens, context),
+                   "max_tokens", "context_length_exceeded");
+  r.max_tokens = std::min(r.max_tokens, room);
   return job;
 }
 
-void Server::serve_completion(const httplib::Request& http_req, httplib::Response& res, bool chat) {
-  std::shared_ptr<Job> job = parse(http_req.body, chat);
+void Server::serve_completion(const std::string& body, httplib::Response& res, bool chat) {
+  std::shared_ptr<Job> job = parse(body, chat);
   if (!enqueue(job)) {
     res.set_header("Retry-After", "1");
     throw ApiError(503, draining_ ? "the server is shutting down" : "the queue is full; retry later", "",
@@ -704,10 +775,13 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
     Reply reply(model_, *job);
     {
       std::unique_lock lock(job->mu);
+      // A client that goes away cancels its request: it is looked for between the tokens, and at
+      // least every 100 ms while none come (a long prefill, a wait for admission).
       for (;;) {
-        job->cv.wait(lock, [&] { return job->done || !job->pieces.empty(); });
+        job->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return job->done || !job->pieces.empty(); });
         if (take_pieces(*job, reply)) cancel(job);
         if (job->done) break;
+        if (!job->cancel && GuardedServer::client_gone()) cancel(job);
       }
     }
     const engine::BatchResult& r = job->result;
@@ -734,6 +808,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
   auto reply = std::make_shared<Reply>(model_, *job);
   auto state = std::make_shared<int>(0);  // 0: nothing sent, 1: role sent (chat), 2: finished
   res.set_header("Cache-Control", "no-cache");
+  open_streams_ += 1;
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, job, reply, state, id, object = std::string(chat ? "chat.completion.chunk" : "text_completion"), created,
@@ -799,6 +874,7 @@ void Server::serve_completion(const httplib::Request& http_req, httplib::Respons
         return true;
       },
       [this, job, state](bool) {
+        open_streams_ -= 1;
         if (*state != 2) {
           // The client went away before the end: its sequence is cancelled and counted once.
           cancel(job);

@@ -20,13 +20,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/serve/connection.h"
 #include "apps/serve/metrics.h"
 #include "apps/serve/request.h"
 #include "engine/batch.h"
 #include "engine/model.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }  // namespace httplib
@@ -42,10 +42,11 @@ struct ServeOptions {
   int threads = 2;
   std::string host = "127.0.0.1";
   int port = 8080;               // 0: any free port
-  std::string api_key;           // "": no authentication
+  std::string api_key;           // "": no authentication (the CLI refuses an empty --api-key)
   int max_tokens = 256;          // a request's max_tokens when it gives none
   int max_waiting = 64;          // requests queued beyond the running batch; more get 503
-  std::size_t max_body = 1 << 20;  // bytes of a request body; more get 413
+  std::size_t max_body = 1 << 20;  // bytes of a request body, decompressed; more get 413
+  ConnectionLimits connections;    // open connections and the deadlines of a request's reading
   std::string model_name;        // the id /v1/models lists ("" → the GGUF file's stem)
 };
 
@@ -81,7 +82,8 @@ class Server {
   void route();
   // The request's job from its JSON body; throws the OpenAI-style error (400) naming the field.
   std::shared_ptr<Job> parse(const std::string& body, bool chat);
-  void serve_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  // `body` is the request's body as read (decompressed) by the route.
+  void serve_completion(const std::string& body, httplib::Response& res, bool chat);
   bool enqueue(const std::shared_ptr<Job>& job);  // false: the queue is full or the server is draining
   void cancel(const std::shared_ptr<Job>& job);
   // Sets the job's result (engine thread) and wakes its handler.
@@ -101,7 +103,7 @@ class Server {
   ServeOptions opts_;
   RequestDefaults defaults_;  // what a request body leaves out, from opts_
   Metrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<GuardedServer> http_;
   std::thread listener_, engine_;
   int port_ = 0;
 
@@ -119,6 +121,7 @@ class Server {
   std::int64_t pending_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> listener_done_{false};
+  std::atomic<int> open_streams_{0};  // event streams not yet ended: shutdown lets them send [DONE]
   std::atomic<std::uint64_t> next_id_{0};
   std::chrono::system_clock::time_point started_;
 
