@@ -72,17 +72,17 @@ class Connection final : public httplib::Stream {
       const int r = poll_one(sock_, POLLIN, std::min(left, std::chrono::milliseconds(100)));
       if (r < 0) return false;
       if (r == 0) continue;
-      deadline_ = Clock::now() + limits_.header_timeout;
+      begin(limits_.header_timeout, limits_.max_header_bytes);
       if (fill() <= 0) return false;
       close_after_ = false;
       return true;
     }
     // The next request is already buffered (pipelined).
-    deadline_ = Clock::now() + limits_.header_timeout;
+    begin(limits_.header_timeout, limits_.max_header_bytes);
     close_after_ = false;
     return true;
   }
-  void headers_read() { deadline_ = Clock::now() + limits_.body_timeout; }
+  void headers_read() { begin(limits_.body_timeout, limits_.max_body_bytes); }
   void close_after() { close_after_ = true; }
   bool must_close() const { return close_after_; }
   bool gone() const { return peer_closed(sock_); }
@@ -96,7 +96,9 @@ class Connection final : public httplib::Stream {
       const ssize_t n = fill();
       if (n <= 0) return n;
     }
-    const std::size_t n = std::min(size, len_ - off_);
+    const std::size_t n = std::min({size, len_ - off_, budget_});
+    if (n == 0) return -1;  // the phase's bytes are spent: httplib answers 400 or drops the connection
+    budget_ -= n;
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
     return static_cast<ssize_t>(n);
@@ -123,6 +125,11 @@ class Connection final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  // A read phase: its deadline from now and the bytes it may deliver.
+  void begin(std::chrono::milliseconds timeout, std::size_t bytes) {
+    deadline_ = Clock::now() + timeout;
+    budget_ = bytes;
+  }
   std::chrono::milliseconds left() const {
     return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()),
                     std::chrono::milliseconds(0));
@@ -146,6 +153,7 @@ class Connection final : public httplib::Stream {
   int sock_;
   const ConnectionLimits& limits_;
   Clock::time_point deadline_ = Clock::now();
+  std::size_t budget_ = 0;
   bool close_after_ = false;
   char buf_[4096];
   std::size_t off_ = 0, len_ = 0;

@@ -1,5 +1,6 @@
 // The server's connections, where cpp-httplib 0.11 lacks what a server on a network needs: a
-// deadline for a request's headers and for its body (a client sending a byte a second is cut off),
+// deadline and a size bound for a request's headers and for its body (a client sending a byte a
+// second is cut off, and so is one sending headers without end),
 // a limit on open connections apart from the work they do (one past it gets 503 at once), one
 // read buffer per connection (a pipelined request is answered, not dropped), a connection closed
 // after every error response (no unread body is taken for the next request), and a way for a
@@ -23,6 +24,8 @@ struct ConnectionLimits {
   std::chrono::milliseconds body_timeout{30000};    // from the last header to the body's last byte
   std::chrono::milliseconds idle_timeout{5000};     // between two requests of a kept-alive connection
   std::chrono::milliseconds write_timeout{30000};   // for a client to take one write
+  std::size_t max_header_bytes = 64 << 10;           // a request's line and headers
+  std::size_t max_body_bytes = (1 << 20) + (64 << 10);  // a body on the wire, with its chunked framing
 };
 
 // An httplib::Server whose connections run under ConnectionLimits, each on a thread of its own.

@@ -165,6 +165,36 @@ def check_framing(server: Server) -> int:
     return len(cases) + 1
 
 
+def check_endless(server: Server) -> int:
+    """Headers, a request line, chunk lines and chunked bodies without end: the server stops reading
+    after its bound (64 KiB of headers, --max-body of body) and closes, long before 16 MiB."""
+    def flood(first: bytes, piece: bytes) -> int:
+        s = server.connect()
+        sent = 0
+        try:
+            s.sendall(first)
+            while sent < (16 << 20):
+                s.sendall(piece)
+                sent += len(piece)
+        except OSError:
+            pass
+        finally:
+            s.close()
+        return sent
+
+    chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    cases = {
+        "headers": (b"GET /health HTTP/1.1\r\n", b"X-Filler: " + b"a" * 1000 + b"\r\n"),
+        "request line": (b"GET /", b"a" * 4096),
+        "chunk size line": (chunked, b"1" * 4096),
+        "chunks": (chunked, b"1000\r\n" + b" " * 4096 + b"\r\n"),
+    }
+    for name, (first, piece) in cases.items():
+        sent = flood(first, piece)
+        assert sent < (8 << 20), (name, sent)
+    return len(cases)
+
+
 def check_pipelining(server: Server) -> int:
     one = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode()
@@ -300,7 +330,7 @@ def main() -> int:
         assert status == 200, status
         rss0 = rss_kib(server.proc.pid)
         cases = 0
-        for check in (check_json_limits, check_gzip, check_framing, check_pipelining, check_slow_clients,
+        for check in (check_json_limits, check_gzip, check_framing, check_endless, check_pipelining, check_slow_clients,
                       check_connection_limit, check_disconnects):
             start = time.monotonic()
             n = check(server)

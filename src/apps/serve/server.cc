@@ -59,6 +59,14 @@ json layer_head_grid(const std::vector<double>& v, int layers, int heads) {
   return grid;
 }
 
+// The connections' limits, with the body's bound on the wire following --max-body (and room for
+// the chunked framing around it).
+ConnectionLimits connection_limits(const ServeOptions& o) {
+  ConnectionLimits l = o.connections;
+  l.max_body_bytes = o.max_body + (64 << 10);
+  return l;
+}
+
 // An ambiguous or unsupported framing of the request's body, which a proxy in front of the server
 // might read otherwise than the server does: two lengths, a length beside Transfer-Encoding, a
 // transfer coding other than chunked, a length that is not a number, an unknown content coding.
@@ -269,7 +277,7 @@ json witcert_object(const Server::Job& job, const engine::BatchResult& r, const 
 }  // namespace
 
 Server::Server(ServeOptions opts)
-    : opts_(std::move(opts)), http_(std::make_unique<GuardedServer>(opts_.connections)) {
+    : opts_(std::move(opts)), http_(std::make_unique<GuardedServer>(connection_limits(opts_))) {
   if (opts_.model_name.empty()) opts_.model_name = std::filesystem::path(opts_.model_path).stem().string();
   defaults_ = {opts_.model_name, opts_.max_tokens, opts_.cache, opts_.coverage_tau, opts_.coverage_tau_v};
   metrics_.counter("witcert_prompt_tokens_total", "Prompt tokens of finished requests.");
