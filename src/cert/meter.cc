@@ -14,6 +14,11 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Below this a result nears the subnormal range, where the relative margin kRoundUpMargin no longer
+// raises it past its roundings (it is less than one ulp there): the shapes take a first-order bound.
+// Above it the shapes are the formulas attn/cuda/meter_stats.h repeats bit for bit.
+constexpr double kTiny = 0x1p-1000;
+
 // A bound that came out NaN carries no information: report it as "no guarantee".
 double sound(double v) { return std::isnan(v) ? kInf : v; }
 
@@ -146,6 +151,9 @@ double MeterStats::log_A_minus() const {
 
 double eform_raw(double log_A) {
   if (std::isnan(log_A)) return kInf;
+  // Near the subnormal range a relative margin rounds away; there ½(e^{2y} − 1) = y + y² + ⅔y³ + …
+  // ≤ y + 2y² < y + ulp(y) (2y² < 2^-53·y), so the next double above y bounds it (y = 0 is exact).
+  if (log_A < kTiny) return log_A > 0.0 ? std::nextafter(log_A, kInf) : log_A;
   const double x = 2.0 * log_A;
   // expm1 keeps full precision for small A − 1; above, ½e^x − ½ avoids overflowing before the
   // halving. Both are within an ulp or two, covered by the round-up margin.
@@ -154,17 +162,30 @@ double eform_raw(double log_A) {
 }
 
 double two_sided_raw(double log_A, double log_A_minus) {
-  return sound(std::sinh(log_A - log_A_minus) * kRoundUpMargin);
+  // x = log A − log A⁻ sums two nonnegative terms, so it rounds by at most half an ulp. Near the
+  // subnormal range sinh(x) = x + x³/6 + … lies within that half ulp of x, so the next double above
+  // the rounded x bounds it where a relative margin would round away (x = 0 is exact).
+  const double x = log_A - log_A_minus;
+  if (x < kTiny) return x > 0.0 ? std::nextafter(x, kInf) : x;
+  return sound(std::sinh(x) * kRoundUpMargin);
 }
 
+// tanh(x) ≤ x for x ≥ 0: near the subnormal range, where tanh(c_max/2) would round to zero or
+// below its value under any relative margin, x itself is the bound (c_max/2 rounded up).
 double tanh_shape(double c_max) {
-  return std::isnan(c_max) ? kInf : std::tanh(c_max) * kRoundUpMargin;
+  if (std::isnan(c_max)) return kInf;
+  return c_max < kTiny ? c_max : std::tanh(c_max) * kRoundUpMargin;
 }
 double tanh_half_shape(double c_max) {
-  return std::isnan(c_max) ? kInf : std::tanh(0.5 * c_max) * kRoundUpMargin;
+  if (std::isnan(c_max)) return kInf;
+  if (c_max < kTiny) {
+    const double half = 0.5 * c_max;  // exact unless c_max is subnormal with its last bit set
+    return half + half < c_max ? std::nextafter(half, kInf) : half;
+  }
+  return std::tanh(0.5 * c_max) * kRoundUpMargin;
 }
 
-double clamp_meter(double raw) { return std::isnan(raw) ? 1.0 : std::min(1.0, raw); }
+double clamp_meter(double raw) { return raw >= 0.0 ? std::min(1.0, raw) : 1.0; }
 
 namespace {
 constexpr BoundShape kShapes[] = {BoundShape::eform, BoundShape::two_sided, BoundShape::retention,
@@ -204,11 +225,11 @@ BoundShape parse_bound_shape(std::string_view name) {
 
 double Bounds::meter(BoundShape shape) const {
   switch (shape) {
-    case BoundShape::eform: return std::isnan(eform) ? 1.0 : clamp_meter(eform);
-    case BoundShape::two_sided: return std::isnan(two_sided) ? 1.0 : clamp_meter(two_sided);
-    case BoundShape::retention: return std::isnan(retention) ? 1.0 : clamp_meter(retention);
-    case BoundShape::tanh: return std::isnan(tanh) ? 1.0 : clamp_meter(tanh);
-    case BoundShape::tanh_half: return std::isnan(tanh_half) ? 1.0 : clamp_meter(tanh_half);
+    case BoundShape::eform: return clamp_meter(eform);
+    case BoundShape::two_sided: return clamp_meter(two_sided);
+    case BoundShape::retention: return clamp_meter(retention);
+    case BoundShape::tanh: return clamp_meter(tanh);
+    case BoundShape::tanh_half: return clamp_meter(tanh_half);
     case BoundShape::min: return meter();
   }
   return 1.0;
@@ -216,7 +237,7 @@ double Bounds::meter(BoundShape shape) const {
 
 double Bounds::meter() const {
   for (double v : {eform, two_sided, retention, tanh, tanh_half})
-    if (std::isnan(v)) return 1.0;
+    if (!(v >= 0.0)) return 1.0;  // NaN or negative: not a bound, so the set is no guarantee
   return clamp_meter(std::min({eform, two_sided, retention, tanh, tanh_half}));
 }
 
@@ -231,18 +252,29 @@ double retention_pass(std::size_t n, Logit logit, std::span<const double> c, dou
   auto weighted_expm1 = [](double log_p, double p, double x) {
     return x < 1.0 ? p * std::expm1(x) : std::exp(log_p + x) - p;
   };
-  double sum = 0.0;
+  double sum = 0.0, arg_error = 0.0;
   for (std::size_t t = 0; t < n; ++t) {
-    const double log_p = logit(t) - lse_z;
+    const double z_t = logit(t);
+    const double log_p = z_t - lse_z;
     const double p_t = std::exp(log_p);
     if (p_t == 0.0) continue;  // then p_t = p̃_t e^{−ε_t}/Z is zero as well
-    const double one_sided = weighted_expm1(log_p, p_t, log_A + c[t]);    // p̃_t (A e^{c_t} − 1)
-    const double upper = weighted_expm1(log_p, p_t, c[t] - log_A_minus);  // p̃_t (e^{c_t}/A⁻ − 1)
-    const double lower = -p_t * std::expm1(-c[t] - log_A);                // p̃_t (1 − e^{−c_t}/A)
+    const double x_one = log_A + c[t], x_upper = c[t] - log_A_minus;
+    const double one_sided = weighted_expm1(log_p, p_t, x_one);  // p̃_t (A e^{c_t} − 1)
+    const double upper = weighted_expm1(log_p, p_t, x_upper);    // p̃_t (e^{c_t}/A⁻ − 1)
+    const double lower = -p_t * std::expm1(-c[t] - log_A);        // p̃_t (1 − e^{−c_t}/A)
     sum += 0.5 * std::min(one_sided, std::max(upper, lower));  // halved early: no early overflow
+    // exp turns an absolute error δ of its argument into a relative error of about δ, and δ grows
+    // with the argument: z̃_t's own rounding (a logarithm, for probabilities), the subtraction's
+    // in log p̃_t, x's and the sum log p̃_t + x's, each at most 2^-53 of its size.
+    arg_error = std::max(arg_error, 0x1p-52 * (std::fabs(z_t) + 2.0 * std::fabs(log_p) + 2.0 * std::max(x_one, x_upper)));
   }
-  // p_t and the sum carry relative rounding error of a few ulps per token.
-  return sound(sum * (1.0 + (2.0 * static_cast<double>(n) + 8.0) * 0x1p-52));
+  // The terms' relative error: the arguments' absolute errors above plus lse_z's (at most the
+  // margin of a difference of two log-sum-exps), amplified at most (e + 1)/(e − 1) < 2.2 by the
+  // difference e^{log p̃ + x} − p̃ (x ≥ 1); then exp's, expm1's, the products' and the sum's own
+  // roundings, a few ulps per token.
+  const double lse_error = lse_rounding_margin(static_cast<long>(n), lse_z, lse_z);
+  const double rel = 2.2 * (arg_error + lse_error) + (2.0 * static_cast<double>(n) + 8.0) * 0x1p-52;
+  return sound(sum * (1.0 + rel));
 }
 
 template <class Logit>

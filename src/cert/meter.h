@@ -81,7 +81,8 @@ double two_sided_raw(double log_A, double log_A_minus);
 double tanh_shape(double c_max);
 // The tighter sound variant: the log-likelihood ratio spans at most 2·c_max, so TV ≤ tanh(c_max/2).
 double tanh_half_shape(double c_max);
-// A sound bound reported as a meter: min(1, raw); NaN reads as no guarantee (1).
+// A sound bound reported as a meter: min(1, raw), always in [0, 1]; NaN or a negative value (not a
+// bound) reads as no guarantee (1).
 double clamp_meter(double raw);
 
 // The bound shape a meter reports (DESIGN §1). Every shape is sound; `min` is the minimum of the
@@ -108,7 +109,7 @@ struct Bounds {
 
   // The minimum of the sound forms, clamped to 1.
   double meter() const;
-  // The chosen shape, clamped to 1 (min: the minimum of all five); NaN reads as 1.
+  // The chosen shape, clamped to 1 (min: the minimum of all five); NaN or negative reads as 1.
   double meter(BoundShape shape) const;
 };
 

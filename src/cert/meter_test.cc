@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/multiprecision/cpp_bin_float.hpp>
 #include <boost/multiprecision/cpp_dec_float.hpp>
 #include <cmath>
 #include <limits>
@@ -433,5 +434,108 @@ TEST(Meter, TrueTvKnownAnswers) {
   EXPECT_NEAR(true_tv(std::vector<double>{tiny, 1.0}, std::vector<double>{-745.0, 0.0}), 0.636435898898410234, 1e-13);
 }
 
+// Fifty-digit references that stay accurate where their argument is far below 10^-50 of 1 (c_t
+// subnormal): e^x − 1 and the shapes through it, never through 1 + x.
+using Big = boost::multiprecision::cpp_bin_float_50;
+
+Big expm1_big(const Big& x) { return abs(x) < Big(1e-20) ? x + x * x / 2 + x * x * x / 6 : Big(exp(x) - 1); }
+Big tanh_big(const Big& x) { return abs(x) < Big(1e-20) ? x - x * x * x / 3 : Big(tanh(x)); }
+Big sinh_big(const Big& x) { return abs(x) < Big(1e-20) ? x + x * x * x / 6 : Big(sinh(x)); }
+
+// The shapes against 50-digit arithmetic at the edges of double: every c_t subnormal (tanh(c/2)
+// once underflowed there to a meter of 0, below the true worst case), c_t large enough for exp to
+// amplify its argument's rounding (30 to 710: the retention form once came out 8e-14 below its
+// value), both in one cell, and logits far from 0. Each shape is at least its exact value and
+// within its margins above it; a cell with some c_t > 0 never meters 0.
+TEST(Meter, EdgesAgainstFiftyDigits) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  struct Case {
+    std::vector<double> w;  // probabilities, or logits when `logits`
+    std::vector<double> c;
+    bool logits = false;
+  };
+  const std::vector<Case> cases = {
+      {{0.25, 0.75}, {tiny, tiny}},
+      {{0.25, 0.75}, {tiny, 3 * tiny}},
+      {{0.5, 0.25, 0.25}, {tiny, 0.0, 5 * tiny}},
+      {{0.25, 0.75}, {1e-310, 1e-320}},
+      {{0.5, 0.5}, {30.0, 0.0}},
+      {{0.5, 0.5}, {300.0, 0.0}},
+      {{0.5, 0.5}, {700.0, 0.0}},
+      {{0.5, 0.5}, {710.0, 0.0}},
+      {{0.5, 0.5}, {700.0, 700.0}},
+      {{0.999, 0.001}, {0.0, 700.0}},
+      {{0.001, 0.999}, {700.0, 30.0}},
+      {{0.2, 0.3, 0.5}, {tiny, 700.0, 0.3}},
+      {{0.5, 0.25, 0.25}, {1e-320, 30.0, 0.0}},
+      {{0.25, 0.25, 0.5}, {300.0, tiny, 710.0}},
+      {{1000.0, 999.5, 998.0}, {700.0, tiny, 0.1}, true},
+      {{-700.0, 0.0, 3.0}, {30.0, 300.0, tiny}, true},
+  };
+  const char* names[] = {"eform", "two-sided", "retention", "tanh", "tanh-half"};
+  for (const Case& k : cases) {
+    const std::size_t n = k.w.size();
+    std::vector<Big> p(n), c(k.c.begin(), k.c.end());
+    Big total = 0;
+    for (std::size_t t = 0; t < n; ++t) total += p[t] = k.logits ? Big(exp(Big(k.w[t]) - Big(k.w[0]))) : Big(k.w[t]);
+    // a = A − 1 and am = 1 − A⁻ beside A⁻ itself, so that A² − 1, A/A⁻ − A⁻/A and the retention
+    // terms keep their digits both when every c_t is subnormal and when A⁻ is e^-700.
+    Big a = 0, am = 0, Am = 0, c_max = 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      p[t] /= total;
+      a += p[t] * expm1_big(c[t]);
+      am -= p[t] * expm1_big(-c[t]);
+      Am += p[t] * exp(-c[t]);
+      c_max = std::max(c_max, c[t]);
+    }
+    Big retention = 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      const Big e = expm1_big(c[t]), em = expm1_big(-c[t]);
+      retention += p[t] * std::min<Big>(a + e + a * e, std::max<Big>((e + am) / Am, (a - em) / (1 + a)));
+    }
+    const std::array<Big, 5> want = {a * (a + 2) / 2, (a + am) * (1 + a + Am) / (2 * (1 + a) * Am), retention / 2,
+                                     tanh_big(c_max), tanh_big(c_max / 2)};
+    const Bounds b = k.logits ? evaluate_logits(k.w, k.c) : evaluate(k.w, k.c);
+    const std::array<double, 5> got = {b.eform, b.two_sided, b.retention, b.tanh, b.tanh_half};
+    for (int s = 0; s < 5; ++s) {
+      SCOPED_TRACE(std::string(names[s]) + " at c = " + ::testing::PrintToString(k.c));
+      EXPECT_GE(Big(got[s]), want[s]) << got[s] << " below " << want[s];
+      // Where the value nears the double range a shape may overflow early to +inf (no guarantee);
+      // elsewhere it is within its margins: an absolute one in log A (about 1e-15 here) for the
+      // log-domain shapes, one subnormal ulp for the tanh shapes.
+      if (got[s] == kInf) {
+        EXPECT_GT(want[s], Big(1e300));
+      } else {
+        EXPECT_LE(Big(got[s]), want[s] * Big(1 + 1e-9) + Big(s < 3 ? 1e-12 : 2 * tiny)) << got[s] << " vs " << want[s];
+      }
+    }
+    EXPECT_GT(b.meter(), 0.0);
+    EXPECT_GE(Big(b.meter()), std::min(Big(1), *std::min_element(want.begin(), want.end())));
+  }
+}
+
+// The shapes' functions near the subnormal range, where a relative margin rounds away: never below
+// their exact values, and zero only at zero.
+TEST(Meter, ShapeFunctionsNeverUnderflowBelowTheirValue) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  for (double x : {tiny, 2 * tiny, 3 * tiny, 5 * tiny, 1e-320, 1e-310, 0x1p-1000, std::nextafter(0x1p-1000, 0.0), 0x1p-999,
+                   1e-300, 0x1p-60, 1e-9, 0.3, 30.0}) {
+    SCOPED_TRACE(x);
+    const Big bx = x;
+    const std::array<std::pair<double, Big>, 4> pairs = {{{eform_raw(x), expm1_big(2 * bx) / 2},
+                                                          {two_sided_raw(x, -x), sinh_big(2 * bx)},
+                                                          {tanh_shape(x), tanh_big(bx)},
+                                                          {tanh_half_shape(x), tanh_big(bx / 2)}}};
+    for (const auto& [got, want] : pairs) {
+      EXPECT_GT(got, 0.0);
+      EXPECT_GE(Big(got), want);
+      EXPECT_LE(Big(got), want * Big(1 + 1e-11) + Big(2 * tiny));
+    }
+  }
+  EXPECT_EQ(eform_raw(0.0), 0.0);
+  EXPECT_EQ(two_sided_raw(0.0, 0.0), 0.0);
+  EXPECT_EQ(tanh_shape(0.0), 0.0);
+  EXPECT_EQ(tanh_half_shape(0.0), 0.0);
+}
 }  // namespace
 }  // namespace witcert::cert
