@@ -7,7 +7,11 @@
  *  - Buffers are the caller's: the library never keeps a pointer it was given past the call,
  *    except a handle's, and never frees one it did not allocate.
  *  - Sizes are element counts. Null pointers, zero or negative sizes, mismatched lengths and NaN in
- *    inputs are refused with WITCERT_ERROR_INVALID_ARGUMENT; nothing crashes on them.
+ *    inputs are refused with WITCERT_ERROR_INVALID_ARGUMENT, the message naming the argument and
+ *    the index; nothing crashes on them. Keys, values, queries and the dither's inputs (float) must
+ *    be finite and within fp16's range, |x| <= 65504. An infinity in a double or fp16 input is
+ *    accepted only where its function says so, and then the result reads "no guarantee" (+inf
+ *    bound, meter 1); no call returns WITCERT_OK with a finite certificate for a non-finite input.
  *  - fp16 values travel as their IEEE binary16 bits in uint16_t.
  *  - Handles are freed by their *_free function, which accepts NULL. The library keeps the set of
  *    live handles: a freed or foreign pointer is refused with WITCERT_ERROR_INVALID_HANDLE without
@@ -46,7 +50,7 @@ typedef enum witcert_status {
   WITCERT_ERROR_OUT_OF_RANGE = 3,     /* a position beyond the cache or the context, a full pool */
   WITCERT_ERROR_BUFFER_TOO_SMALL = 4, /* the caller's buffer cannot hold the result; *needed says how much */
   WITCERT_ERROR_IO = 5,               /* a file that cannot be read (a missing or malformed GGUF) */
-  WITCERT_ERROR_NON_FINITE = 6,       /* the model produced NaN or infinite activations */
+  WITCERT_ERROR_NON_FINITE = 6,       /* the model or an attention produced NaN or infinite values */
   WITCERT_ERROR_INTERNAL = 7,         /* a bug: please report it with witcert_last_error() */
   /* Not statuses: they make each enum of this header as wide as int, so that any int a caller
    * passes is refused as a bad value rather than being undefined behaviour in C++. */
@@ -105,9 +109,11 @@ WITCERT_EXPORT witcert_status witcert_meter_tanh(double c_max, double* tanh_boun
  * may be +inf. */
 WITCERT_EXPORT witcert_status witcert_meter_log_domain(double log_a, double log_a_minus, double* eform,
                                                        double* two_sided);
-/* One shape of `b`, clamped to [0, 1] (MIN: the least of the five). */
+/* One shape of `b`, clamped to [0, 1] (MIN: the least of the five). Every field of `b` must be >= 0
+ * (+inf allowed: no guarantee); a NaN or negative field is refused. */
 WITCERT_EXPORT witcert_status witcert_bounds_meter(const witcert_bounds* b, witcert_bound_shape shape, double* meter);
-/* The exact TV(p, p̃) for p ∝ p̃·e^{-ε}: what every bound must dominate (for tests and studies). */
+/* The exact TV(p, p̃) for p ∝ p̃·e^{-ε}: what every bound must dominate (for tests and studies). p̃ as
+ * witcert_meter_probs takes it; ε finite. */
 WITCERT_EXPORT witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t n, double* tv);
 
 /* ---------------------------------------------------------------------------------------------
@@ -123,11 +129,13 @@ typedef enum witcert_rope_layout {
 } witcert_rope_layout;
 
 /* Tier A (black-box schemes). A key k of d floats and its compressed value k_hat: the witness is
- * one fp16 per band (d even, `bands` dividing d/2), each ≥ the band's error norm. */
+ * one fp16 per band (d even, `bands` dividing d/2), each ≥ the band's error norm. k_hat may hold
+ * ±inf or values beyond fp16 (a scheme that overflowed): the band's witness is then +inf. */
 WITCERT_EXPORT witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, const float* k_hat,
                                               const float* k, uint16_t* witness);
 /* The bounds c_t ≥ |ε_t| of n_tokens keys for one query q (d floats) at softmax scale sm > 0 (
- * 1/sqrt(d) for standard attention): witnesses holds n_tokens × bands fp16. */
+ * 1/sqrt(d) for standard attention): witnesses holds n_tokens × bands fp16, each ≥ 0; a witness of
+ * +inf gives c_t = +inf (where q's band is not zero). */
 WITCERT_EXPORT witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layout, const float* q,
                                                     const uint16_t* witnesses, size_t n_tokens, double sm,
                                                     double* c);
@@ -155,7 +163,7 @@ WITCERT_EXPORT witcert_status witcert_dither_radius(const float* q, const uint16
                                                     size_t d, int group, double sm, long n_tokens,
                                                     double delta_loc, double* u);
 /* The value side: ‖y − ŷ‖ ≤ 2·TV_K·max_t‖v_t‖ + Σ_t p̃_t ρ_t (bound), and the V meter, the second term
- * relative to max_t‖v_t‖. */
+ * relative to max_t‖v_t‖. tv_k and weighted_rho may be +inf (no guarantee); v_max_norm is finite. */
 WITCERT_EXPORT witcert_status witcert_value_bound(double tv_k, double v_max_norm, double weighted_rho,
                                                   double* bound, double* v_meter);
 
@@ -218,7 +226,8 @@ typedef struct witcert_cell {
 /* Attention of the `group` query heads sharing kv_head over positions [0, n_ctx), all written:
  * q holds group × head_dim queries, out receives group × head_dim outputs, and cells (may be NULL)
  * group cells, one per query head (all zero for the plain fp16 cache, which is exact). A gated
- * cache repairs here. */
+ * cache repairs here. A head whose output is not finite fails the call with
+ * WITCERT_ERROR_NON_FINITE, and its cell reads no guarantee (meter 1, raw and bounds +inf). */
 WITCERT_EXPORT witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head, const float* q,
                                                    int group, int64_t n_ctx, float* out, witcert_cell* cells);
 typedef struct witcert_cache_stats {

@@ -3,12 +3,15 @@
 // the certified cache's outputs within their meters' bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -141,7 +144,7 @@ TEST(CApi, EveryMeterAndCertificateFunctionRefusesBadArguments) {
   const double p[2] = {0.5, 0.5}, p_bad[2] = {0.5, 0.6}, p_neg[2] = {1.5, -0.5};
   expect_refused(witcert_meter_probs(nullptr, c, 2, &b), A, "p_tilde");
   expect_refused(witcert_meter_probs(p_bad, c, 2, &b), A, "sums");
-  expect_refused(witcert_meter_probs(p_neg, c, 2, &b), A, "p_tilde[1]");
+  expect_refused(witcert_meter_probs(p_neg, c, 2, &b), A, "p_tilde[0]");  // 1.5: above 1
   expect_refused(witcert_meter_probs(nanv, c, 2, &b), A, "p_tilde[1]");
   expect_refused(witcert_meter_probs(p, neg, 2, &b), A, "c[1]");
   expect_refused(witcert_meter_probs(p, c, 0, &b), A, "n");
@@ -241,6 +244,370 @@ TEST(CApi, EveryMeterAndCertificateFunctionRefusesBadArguments) {
   ASSERT_EQ(witcert_value_bound(0.1, 1, 0.01, &out, nullptr), WITCERT_OK);
   EXPECT_STREQ(witcert_last_error(), "");
   EXPECT_DOUBLE_EQ(out, cert::value_output_bound(0.1, 1, 0.01));
+}
+
+// ---- Poisoned inputs ------------------------------------------------------------------------
+
+// What one call answered with one input poisoned: an error status (with its message), an answer
+// that reads no guarantee (an infinite bound, a meter of 1), a finite certificate, or `legit`: a
+// finite answer for a value with a meaning in its argument (a masked logit, an offset, a loose
+// bound), which the call's runner has checked against the answer to an equivalent clean input.
+enum class Answer { refused, no_guarantee, certifies, legit };
+
+struct Outcome {
+  Answer answer;
+  witcert_status status = WITCERT_OK;
+  std::string message;
+};
+
+Outcome refusal(witcert_status s) { return {Answer::refused, s, witcert_last_error()}; }
+Outcome verdict(bool finite_certificate) {
+  return {finite_certificate ? Answer::certifies : Answer::no_guarantee, WITCERT_OK, ""};
+}
+Outcome legit() { return {Answer::legit, WITCERT_OK, ""}; }
+
+// One entry point: its float, double and fp16 inputs as its error messages name them (an array
+// by its poisoned entry), and a runner that calls it with input `arg` set to `v` (an fp16 input
+// takes v's fp16 rounding; 1e5 rounds to +inf) and every other input valid.
+struct Call {
+  std::string name;
+  std::vector<std::string> args;
+  std::function<Outcome(std::size_t arg, double v)> run;
+};
+
+constexpr double kPoisons[] = {kNaN, kInf, -kInf, 1e5};
+
+std::string label(double v) { return std::isnan(v) ? "NaN" : v == kInf ? "+inf" : v == -kInf ? "-inf" : "1e5"; }
+
+// A clean cache of geometry (1 layer, 2 query heads, 1 KV head, d = 64) under `options`, with
+// `written` positions of small keys and values; freed with the pool by the caller's `done`.
+struct SmallCache {
+  witcert_pool* pool = nullptr;
+  witcert_cache* cache = nullptr;
+  explicit SmallCache(const std::string& options, int written) {
+    const witcert_geometry g{1, 2, 1, 64, 16, WITCERT_ROPE_NEOX};
+    EXPECT_EQ(witcert_pool_create(&g, options.c_str(), 0, &pool), WITCERT_OK) << witcert_last_error();
+    EXPECT_EQ(witcert_cache_create(pool, nullptr, 16, &cache), WITCERT_OK) << witcert_last_error();
+    for (int p = 0; p < written; ++p) EXPECT_EQ(write(p, 1), WITCERT_OK) << witcert_last_error();
+  }
+  ~SmallCache() {
+    witcert_cache_free(cache);
+    witcert_pool_free(pool);
+  }
+  static std::vector<float> row(int p, float scale) {
+    std::vector<float> x(64);
+    for (int i = 0; i < 64; ++i) x[i] = scale * static_cast<float>(std::sin(0.37 * (i + 1) * (p + 1)));
+    return x;
+  }
+  witcert_status write(int p, float scale) {
+    const std::vector<float> k = row(p, scale), v = row(p + 100, scale);
+    return witcert_cache_write(cache, 0, 0, p, k.data(), v.data());
+  }
+  // Attends the two heads over n_ctx positions: refused, or the cells' verdict (a cell certifies
+  // unless it reads no guarantee, meter 1).
+  Outcome attend(const std::vector<float>& q, int n_ctx) {
+    std::vector<float> out(q.size());
+    witcert_cell cells[2];
+    const witcert_status s = witcert_cache_attend(cache, 0, 0, q.data(), 2, n_ctx, out.data(), cells);
+    if (s != WITCERT_OK) return refusal(s);
+    for (float y : out) EXPECT_TRUE(std::isfinite(y)) << "an OK attend with a non-finite output";
+    return verdict(cells[0].meter < 1.0 || cells[1].meter < 1.0);
+  }
+};
+
+std::vector<Call> poisonable_calls() {
+  std::vector<Call> calls;
+  // Level 1. The clean inputs: three logits and their bounds, a distribution, finite log A, A⁻.
+  const std::vector<double> z0{0.0, 1.0, -0.5}, c0{0.1, 0.2, 0.05}, p0{0.25, 0.5, 0.25}, eps0{0.1, -0.1, 0.05};
+  calls.push_back({"witcert_meter_logits", {"z[1]", "c[1]"}, [=](std::size_t arg, double v) {
+                     std::vector<double> z = z0, c = c0;
+                     (arg == 0 ? z : c)[1] = v;
+                     witcert_bounds b{};
+                     const witcert_status s = witcert_meter_logits(z.data(), c.data(), 3, &b);
+                     if (s != WITCERT_OK) return refusal(s);
+                     if (arg == 0 && (v == -kInf || v == 1e5)) {
+                       // -inf masks the token: the meter of the other two. 1e5 is an offset: the
+                       // meter of the same logits shifted down by 1e5.
+                       std::vector<double> zs{z0[0], z0[2]}, cs{c0[0], c0[2]};
+                       if (v == 1e5) zs = {z0[0] - 1e5, 0.0, z0[2] - 1e5}, cs = c0;
+                       witcert_bounds want{};
+                       EXPECT_EQ(witcert_meter_logits(zs.data(), cs.data(), zs.size(), &want), WITCERT_OK);
+                       EXPECT_NEAR(b.meter, want.meter, 1e-6 * want.meter) << label(v);
+                       return legit();
+                     }
+                     return verdict(b.meter < 1.0);
+                   }});
+  calls.push_back({"witcert_meter_probs", {"p_tilde[1]", "c[1]"}, [=](std::size_t arg, double v) {
+                     std::vector<double> p = p0, c = c0;
+                     (arg == 0 ? p : c)[1] = v;
+                     witcert_bounds b{};
+                     const witcert_status s = witcert_meter_probs(p.data(), c.data(), 3, &b);
+                     return s != WITCERT_OK ? refusal(s) : verdict(b.meter < 1.0);
+                   }});
+  calls.push_back({"witcert_meter_tanh", {"c_max"}, [](std::size_t, double v) {
+                     double t = 0, th = 0;
+                     const witcert_status s = witcert_meter_tanh(v, &t, &th);
+                     return s != WITCERT_OK ? refusal(s) : verdict(t < 1.0 || th < 1.0);
+                   }});
+  calls.push_back({"witcert_meter_log_domain", {"log_a", "log_a_minus"}, [](std::size_t arg, double v) {
+                     double e = 0, ts = 0;
+                     const witcert_status s = witcert_meter_log_domain(arg == 0 ? v : 0.1, arg == 1 ? v : -0.05, &e, &ts);
+                     return s != WITCERT_OK ? refusal(s) : verdict(e < 1.0 || ts < 1.0);
+                   }});
+  calls.push_back(
+      {"witcert_bounds_meter",
+       {"b->eform", "b->two_sided", "b->retention", "b->tanh", "b->tanh_half", "b->raw", "b->meter"},
+       [=](std::size_t arg, double v) {
+         witcert_bounds clean{};
+         EXPECT_EQ(witcert_meter_logits(z0.data(), c0.data(), 3, &clean), WITCERT_OK);
+         witcert_bounds b = clean;
+         double* fields[] = {&b.eform, &b.two_sided, &b.retention, &b.tanh, &b.tanh_half, &b.raw, &b.meter};
+         *fields[arg] = v;
+         double got[6], want[6];
+         for (int shape = WITCERT_BOUND_EFORM; shape <= WITCERT_BOUND_MIN; ++shape) {
+           const witcert_status s = witcert_bounds_meter(&b, static_cast<witcert_bound_shape>(shape), &got[shape]);
+           if (s != WITCERT_OK) return refusal(s);
+           EXPECT_EQ(witcert_bounds_meter(&clean, static_cast<witcert_bound_shape>(shape), &want[shape]), WITCERT_OK);
+           EXPECT_TRUE(got[shape] >= 0.0 && got[shape] <= 1.0) << shape << ": " << got[shape];
+         }
+         // Every shape but the poisoned one answers as before, and MIN is the least of the others.
+         for (int shape = WITCERT_BOUND_EFORM; shape < WITCERT_BOUND_MIN; ++shape)
+           if (static_cast<std::size_t>(shape) != arg) {
+             EXPECT_EQ(got[shape], want[shape]) << shape;
+           }
+         EXPECT_EQ(got[WITCERT_BOUND_MIN], *std::min_element(got, got + WITCERT_BOUND_MIN));
+         if (arg >= 5) return legit();  // raw and meter are reports, not read by any shape
+         return verdict(got[arg] < 1.0);
+       }});
+  calls.push_back({"witcert_true_tv", {"p_tilde[1]", "eps[1]"}, [=](std::size_t arg, double v) {
+                     std::vector<double> p = p0, eps = eps0;
+                     (arg == 0 ? p : eps)[1] = v;
+                     double tv = 0;
+                     const witcert_status s = witcert_true_tv(p.data(), eps.data(), 3, &tv);
+                     if (s != WITCERT_OK) return refusal(s);
+                     if (arg == 1 && v == 1e5) {  // e^{-1e5} = 0: the token's exact mass is 0
+                       const double w0 = p0[0] * std::exp(-eps0[0]), w2 = p0[2] * std::exp(-eps0[2]);
+                       const double want = 0.5 * (std::fabs(w0 / (w0 + w2) - p0[0]) + p0[1] + std::fabs(w2 / (w0 + w2) - p0[2]));
+                       EXPECT_NEAR(tv, want, 1e-15);
+                       return legit();
+                     }
+                     return verdict(true);  // a TV computed from a non-finite input is garbage
+                   }});
+  // Level 2. Keys of 64 channels in 16 bands; two tokens' witnesses; a dither-int8 token of two
+  // groups of 32 with one outlier channel.
+  calls.push_back({"witcert_witness", {"k_hat[1]", "k[1]"}, [](std::size_t arg, double v) {
+                     std::vector<float> k_hat(64, 0.25f), k(64, 0.5f);
+                     (arg == 0 ? k_hat : k)[1] = static_cast<float>(v);
+                     std::vector<uint16_t> w(16);
+                     const witcert_status s = witcert_witness(64, 16, WITCERT_ROPE_NEOX, k_hat.data(), k.data(), w.data());
+                     if (s != WITCERT_OK) return refusal(s);
+                     return verdict(std::all_of(w.begin(), w.end(), [](uint16_t x) { return std::isfinite(fp16_to_double(x)); }));
+                   }});
+  std::vector<uint16_t> w0(32);
+  {
+    const std::vector<float> k_hat(64, 0.25f), k(64, 0.5f);
+    EXPECT_EQ(witcert_witness(64, 16, WITCERT_ROPE_NEOX, k_hat.data(), k.data(), w0.data()), WITCERT_OK);
+    std::copy(w0.begin(), w0.begin() + 16, w0.begin() + 16);
+  }
+  calls.push_back({"witcert_tier_a_bounds", {"q[1]", "witnesses[1]", "sm"}, [=](std::size_t arg, double v) {
+                     std::vector<float> q(64, 1.0f);
+                     std::vector<uint16_t> w = w0;
+                     if (arg == 0) q[1] = static_cast<float>(v);
+                     if (arg == 1) w[1] = fp16_from_double(v);
+                     double c[2], clean[2];
+                     const witcert_status s = witcert_tier_a_bounds(64, 16, WITCERT_ROPE_NEOX, q.data(), w.data(), 2,
+                                                                    arg == 2 ? v : 0.125, c);
+                     if (s != WITCERT_OK) return refusal(s);
+                     if (arg == 2 && v == 1e5) {  // a larger softmax scale: c scales with it
+                       EXPECT_EQ(witcert_tier_a_bounds(64, 16, WITCERT_ROPE_NEOX, q.data(), w.data(), 2, 0.125, clean), WITCERT_OK);
+                       EXPECT_NEAR(c[0], clean[0] * 8e5, 1e-9 * c[0]);
+                       return legit();
+                     }
+                     return verdict(std::isfinite(c[0]) && std::isfinite(c[1]));
+                   }});
+  std::vector<float> xi0(64), x0(64);
+  for (int i = 0; i < 64; ++i) x0[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  EXPECT_EQ(witcert_dither_values(1, 0, 0, 0, xi0.data(), 64), WITCERT_OK);
+  std::vector<uint8_t> mask(64, 0);
+  mask[5] = 1;
+  std::vector<int8_t> codes0(64);
+  std::vector<uint16_t> scales0(2), ov0(1);
+  EXPECT_EQ(witcert_dither_encode(x0.data(), xi0.data(), mask.data(), 64, 32, codes0.data(), scales0.data(), ov0.data(), 1),
+            WITCERT_OK);
+  calls.push_back({"witcert_dither_encode", {"x[1]", "xi[1]"}, [=](std::size_t arg, double v) {
+                     std::vector<float> x = x0, xi = xi0;
+                     (arg == 0 ? x : xi)[1] = static_cast<float>(v);
+                     std::vector<int8_t> codes(64);
+                     std::vector<uint16_t> scales(2), ov(1);
+                     const witcert_status s = witcert_dither_encode(x.data(), xi.data(), mask.data(), 64, 32, codes.data(),
+                                                                    scales.data(), ov.data(), 1);
+                     return s != WITCERT_OK ? refusal(s) : verdict(true);
+                   }});
+  calls.push_back({"witcert_dither_decode", {"scales[1]", "xi[1]", "outlier_values[0]"}, [=](std::size_t arg, double v) {
+                     std::vector<uint16_t> scales = scales0, ov = ov0;
+                     std::vector<float> xi = xi0, out(64);
+                     if (arg == 0) scales[1] = fp16_from_double(v);
+                     if (arg == 1) xi[1] = static_cast<float>(v);
+                     if (arg == 2) ov[0] = fp16_from_double(v);
+                     const witcert_status s = witcert_dither_decode(codes0.data(), scales.data(), xi.data(), mask.data(),
+                                                                    ov.data(), 1, 64, 32, out.data());
+                     return s != WITCERT_OK ? refusal(s) : verdict(true);
+                   }});
+  calls.push_back({"witcert_delta_loc", {"delta"}, [](std::size_t, double v) {
+                     double dl = 0;
+                     const witcert_status s = witcert_delta_loc(v, 30, 9, 256, &dl);
+                     return s != WITCERT_OK ? refusal(s) : verdict(true);
+                   }});
+  calls.push_back({"witcert_dither_radius", {"q[1]", "scales[1]", "sm", "delta_loc"}, [=](std::size_t arg, double v) {
+                     std::vector<float> q(64, 1.0f);
+                     std::vector<uint16_t> scales = scales0;
+                     if (arg == 0) q[1] = static_cast<float>(v);
+                     if (arg == 1) scales[1] = fp16_from_double(v);
+                     double u = 0, clean = 0;
+                     const witcert_status s = witcert_dither_radius(q.data(), scales.data(), mask.data(), 64, 32,
+                                                                    arg == 2 ? v : 0.125, 10, arg == 3 ? v : 1e-6, &u);
+                     if (s != WITCERT_OK) return refusal(s);
+                     if (arg == 2 && v == 1e5) {  // the radius scales with sm
+                       EXPECT_EQ(witcert_dither_radius(q.data(), scales.data(), mask.data(), 64, 32, 0.125, 10, 1e-6, &clean),
+                                 WITCERT_OK);
+                       EXPECT_NEAR(u, clean * 8e5, 1e-9 * u);
+                       return legit();
+                     }
+                     return verdict(std::isfinite(u));
+                   }});
+  calls.push_back({"witcert_value_bound", {"tv_k", "v_max_norm", "weighted_rho"}, [](std::size_t arg, double v) {
+                     double in[3] = {0.1, 2.0, 0.01};
+                     in[arg] = v;
+                     double bound = 0, v_meter = 0;
+                     const witcert_status s = witcert_value_bound(in[0], in[1], in[2], &bound, &v_meter);
+                     if (s != WITCERT_OK) return refusal(s);
+                     if (v == 1e5) {  // a loose but true input: the formulas, evaluated
+                       EXPECT_DOUBLE_EQ(bound, 2 * in[0] * in[1] + in[2]);
+                       EXPECT_DOUBLE_EQ(v_meter, in[2] / in[1]);
+                       return legit();
+                     }
+                     return verdict(std::isfinite(bound) && std::isfinite(v_meter));
+                   }});
+  // Level 3, for the plain fp16 cache, two schemes and a gated one. A write that is accepted is
+  // followed by a clean write and an attend over both: its cells are the certificate.
+  for (const std::string& options :
+       {std::string("{}"), std::string(R"({"kv": "q4_0"})"), std::string(R"({"kv": "dither-int8"})"),
+        std::string(R"({"kv": "q8_0", "gate": 0.2})")}) {
+    calls.push_back({"witcert_cache_write " + options, {"k[1]", "v[1]"}, [=](std::size_t arg, double v) {
+                       SmallCache sc(options, 0);
+                       std::vector<float> k = SmallCache::row(0, 1), val = SmallCache::row(100, 1);
+                       (arg == 0 ? k : val)[1] = static_cast<float>(v);
+                       const witcert_status s = witcert_cache_write(sc.cache, 0, 0, 0, k.data(), val.data());
+                       if (s != WITCERT_OK) return refusal(s);
+                       EXPECT_EQ(sc.write(1, 1), WITCERT_OK);
+                       return sc.attend(std::vector<float>(128, 0.5f), 2);
+                     }});
+    calls.push_back({"witcert_cache_attend " + options, {"q[1]"}, [=](std::size_t, double v) {
+                       SmallCache sc(options, 3);
+                       std::vector<float> q(128, 0.5f);
+                       q[1] = static_cast<float>(v);
+                       return sc.attend(q, 3);
+                     }});
+  }
+  return calls;
+}
+
+// The values of an input that carry a meaning, and so may answer with a finite certificate (each
+// runner checks that answer against an equivalent clean input): a masked or offset logit, a loose
+// bound in a report field or in the value side's inputs, a larger softmax scale, an ε that removes
+// its token.
+const std::set<std::string> kLegit = {
+    "witcert_meter_logits z[1] -inf",   "witcert_meter_logits z[1] 1e5",     "witcert_bounds_meter b->raw +inf",
+    "witcert_bounds_meter b->raw 1e5",  "witcert_bounds_meter b->meter +inf", "witcert_bounds_meter b->meter 1e5",
+    "witcert_true_tv eps[1] 1e5",       "witcert_tier_a_bounds sm 1e5",      "witcert_dither_radius sm 1e5",
+    "witcert_value_bound tv_k 1e5",     "witcert_value_bound v_max_norm 1e5", "witcert_value_bound weighted_rho 1e5",
+};
+
+// NaN, +inf, -inf and 1e5 in every float, double and fp16 input of every call that takes one (the
+// others take handles, sizes, enums, strings and JSON): each is refused with a message naming the
+// input, or answered with no guarantee, never with a finite certificate; a finite answer only for
+// the listed meaningful values, matching an equivalent clean input.
+TEST(CApi, NoCallCertifiesANonFiniteOrOutOfRangeInput) {
+  std::set<std::string> legit_seen;
+  int cases = 0;
+  for (const Call& call : poisonable_calls())
+    for (std::size_t arg = 0; arg < call.args.size(); ++arg)
+      for (double v : kPoisons) {
+        const std::string where = call.name + " " + call.args[arg] + " " + label(v);
+        SCOPED_TRACE(where);
+        ++cases;
+        const Outcome o = call.run(arg, v);
+        switch (o.answer) {
+          case Answer::refused:
+            EXPECT_EQ(o.status, WITCERT_ERROR_INVALID_ARGUMENT) << o.message;
+            EXPECT_NE(o.message.find(call.args[arg]), std::string::npos) << "'" << o.message << "' does not name the input";
+            break;
+          case Answer::no_guarantee: break;
+          case Answer::certifies: ADD_FAILURE() << "a finite certificate for a poisoned input"; break;
+          case Answer::legit:
+            EXPECT_EQ(kLegit.count(call.name.substr(0, call.name.find(' ')) + " " + call.args[arg] + " " + label(v)), 1u)
+                << "a finite answer for a value not listed as meaningful";
+            legit_seen.insert(where);
+            break;
+        }
+      }
+  EXPECT_EQ(cases, 4 * (2 + 2 + 1 + 2 + 7 + 2 + 2 + 3 + 2 + 3 + 1 + 4 + 3 + 4 * (2 + 1)));
+  EXPECT_EQ(legit_seen.size(), kLegit.size());  // every listed value was met, each once
+}
+
+// witcert_bounds_meter stays in [0, 1] for any bounds it accepts and refuses a NaN or negative field
+// by name: a negative field once came back as a meter of -1.
+TEST(CApi, BoundsMeterIsAlwaysInTheUnitInterval) {
+  const witcert_bounds good{0.3, 0.2, 0.1, 0.5, 0.25, 0.3, 0.1};
+  double m = -7;
+  for (int shape = WITCERT_BOUND_EFORM; shape <= WITCERT_BOUND_MIN; ++shape) {
+    ASSERT_EQ(witcert_bounds_meter(&good, static_cast<witcert_bound_shape>(shape), &m), WITCERT_OK);
+    EXPECT_TRUE(m >= 0.0 && m <= 1.0) << m;
+  }
+  EXPECT_EQ(m, 0.1);
+  const char* names[] = {"b->eform", "b->two_sided", "b->retention", "b->tanh", "b->tanh_half", "b->raw", "b->meter"};
+  for (int field = 0; field < 7; ++field)
+    for (double bad : {-1.0, -1e-300, -kInf, kNaN}) {
+      witcert_bounds b = good;
+      double* f[] = {&b.eform, &b.two_sided, &b.retention, &b.tanh, &b.tanh_half, &b.raw, &b.meter};
+      *f[field] = bad;
+      for (int shape = WITCERT_BOUND_EFORM; shape <= WITCERT_BOUND_MIN; ++shape) {
+        m = -7;
+        expect_refused(witcert_bounds_meter(&b, static_cast<witcert_bound_shape>(shape), &m),
+                       WITCERT_ERROR_INVALID_ARGUMENT, names[field]);
+        EXPECT_EQ(m, -7);  // untouched
+      }
+    }
+  // Large and infinite fields are bounds that guarantee nothing: meter 1.
+  const witcert_bounds loose{kInf, 1e300, 2.0, kInf, 1.0, kInf, 1.0};
+  for (int shape = WITCERT_BOUND_EFORM; shape <= WITCERT_BOUND_MIN; ++shape) {
+    ASSERT_EQ(witcert_bounds_meter(&loose, static_cast<witcert_bound_shape>(shape), &m), WITCERT_OK);
+    EXPECT_EQ(m, 1.0);
+  }
+  // The library's own Bounds read a negative or NaN shape as no guarantee, never below 0.
+  EXPECT_EQ((cert::Bounds{-1.0, 0.1, 0.1, 0.1, 0.1}.meter()), 1.0);
+  EXPECT_EQ((cert::Bounds{0.1, 0.1, 0.1, 0.1, -0.5}.meter(cert::BoundShape::tanh_half)), 1.0);
+  EXPECT_EQ(cert::clamp_meter(-1.0), 1.0);
+}
+
+// Option strings nested 100,000 deep are refused by name: the parser stops at its depth limit.
+TEST(CApi, DeeplyNestedJsonIsRefusedNotACrash) {
+  const std::string arrays(100000, '['), objects = [] {
+    std::string s;
+    for (int i = 0; i < 100000; ++i) s += "{\"a\":";
+    return s;
+  }();
+  const witcert_geometry g{1, 2, 1, 64, 16, WITCERT_ROPE_NEOX};
+  witcert_pool* pool = nullptr;
+  for (const std::string& deep : {arrays, objects, "{\"kv\": " + arrays}) {
+    expect_refused(witcert_pool_create(&g, deep.c_str(), 0, &pool), WITCERT_ERROR_INVALID_ARGUMENT, "options_json");
+    EXPECT_EQ(pool, nullptr);
+  }
+  ASSERT_EQ(witcert_pool_create(&g, R"({"kv": "q4_0"})", 0, &pool), WITCERT_OK);
+  witcert_cache* cache = nullptr;
+  expect_refused(witcert_cache_create(pool, arrays.c_str(), 16, &cache), WITCERT_ERROR_INVALID_ARGUMENT, "policy_json");
+  EXPECT_EQ(cache, nullptr);
+  witcert_pool_free(pool);
 }
 
 // Tier A and Tier B through the C API against a brute-force check of what each promises.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -84,24 +85,63 @@ witcert_status guarded(const char* fn, F&& f) {
 
 void not_null(const void* p, const char* name) { require(p != nullptr, std::string(name) + " is NULL"); }
 
+// x as a message shows it: "NaN", "+inf", "-inf", "100000".
+std::string show(double x) {
+  if (std::isnan(x)) return "NaN";
+  if (std::isinf(x)) return x > 0 ? "+inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// Refuses entry i of array `name`: "name[i] is <what>". Callers build `what` only on failure.
+[[noreturn]] void refuse_entry(const char* name, std::size_t i, const std::string& what) {
+  throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + "[" + std::to_string(i) + "] is " + what};
+}
+
 // n values, none NaN; finite unless allowed otherwise.
 void check_values(const double* v, std::size_t n, const char* name, bool allow_pos_inf, bool allow_neg_inf) {
   for (std::size_t i = 0; i < n; ++i) {
     const double x = v[i];
-    require(!std::isnan(x), std::string(name) + "[" + std::to_string(i) + "] is NaN");
-    require(x != HUGE_VAL || allow_pos_inf, std::string(name) + "[" + std::to_string(i) + "] is +inf");
-    require(x != -HUGE_VAL || allow_neg_inf, std::string(name) + "[" + std::to_string(i) + "] is -inf");
+    if (std::isnan(x) || (x == HUGE_VAL && !allow_pos_inf) || (x == -HUGE_VAL && !allow_neg_inf))
+      refuse_entry(name, i, show(x));
   }
 }
 
-void check_floats(const float* v, std::size_t n, const char* name) {
+// Keys, values, queries and the dither's inputs: the library keeps them as fp16 (the cache, the exact
+// tier, outlier channels) or bounds errors in their fp16 units, so each must be finite and within
+// fp16's range; anything else would come back as NaN outputs or an infinite witness.
+void check_activations(const float* v, std::size_t n, const char* name) {
   for (std::size_t i = 0; i < n; ++i)
-    require(std::isfinite(v[i]), std::string(name) + "[" + std::to_string(i) + "] is not finite");
+    if (!(std::fabs(v[i]) <= 65504.0f))
+      refuse_entry(name, i, show(v[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+}
+
+// n fp16 values (IEEE binary16 bits): never NaN; non-negative when they are norms or scales; +inf
+// only where it means "no guarantee" (a witness of an overflowed key).
+void check_f16(const std::uint16_t* v, std::size_t n, const char* name, bool nonnegative, bool allow_pos_inf) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = fp16_to_double(v[i]);
+    if (std::isnan(x)) refuse_entry(name, i, "NaN");
+    if (nonnegative && x < 0.0) refuse_entry(name, i, "negative (" + show(x) + ")");
+    if (!std::isfinite(x) && !(allow_pos_inf && x > 0.0)) refuse_entry(name, i, show(x) + ", not finite");
+  }
 }
 
 void check_bounds_c(const double* c, std::size_t n) {
   check_values(c, n, "c", true, false);
-  for (std::size_t i = 0; i < n; ++i) require(c[i] >= 0.0, "c[" + std::to_string(i) + "] is negative");
+  for (std::size_t i = 0; i < n; ++i)
+    if (c[i] < 0.0) refuse_entry("c", i, "negative (" + show(c[i]) + ")");
+}
+
+// A distribution p̃: each entry in [0, 1], the sum 1 within 1e-9.
+void check_probabilities(const double* p, std::size_t n) {
+  double total = 0.0;
+  for (std::size_t t = 0; t < n; ++t) {
+    if (!(p[t] >= 0.0 && p[t] <= 1.0)) refuse_entry("p_tilde", t, show(p[t]) + ", outside [0, 1]");
+    total += p[t];
+  }
+  require(std::fabs(total - 1.0) <= 1e-9, "p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
 }
 
 witcert_bounds to_c(const cert::Bounds& b) {
@@ -176,13 +216,15 @@ H* live(H* h, const char* name) {
   return h;
 }
 
+// A JSON object from the caller, parsed under engine::parse_json's limits (nesting depth, size), so
+// that no text can exhaust the stack.
 nlohmann::json parse_object(const char* text, const char* name) {
   if (!text) return nlohmann::json::object();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + " is not valid JSON: " + e.what()};
+    j = engine::parse_json(text);
+  } catch (const std::invalid_argument& e) {
+    throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + ": " + e.what()};
   }
   require(j.is_object(), std::string(name) + " must be a JSON object");
   return j;
@@ -261,13 +303,7 @@ witcert_status witcert_meter_probs(const double* p_tilde, const double* c, size_
     not_null(c, "c");
     not_null(out, "out");
     require(n >= 1, "n must be at least 1");
-    check_values(p_tilde, n, "p_tilde", false, false);
-    double total = 0.0;
-    for (std::size_t t = 0; t < n; ++t) {
-      require(p_tilde[t] >= 0.0, "p_tilde[" + std::to_string(t) + "] is negative");
-      total += p_tilde[t];
-    }
-    require(std::fabs(total - 1.0) <= 1e-9, "p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
+    check_probabilities(p_tilde, n);
     check_bounds_c(c, n);
     *out = to_c(cert::evaluate({p_tilde, n}, {c, n}));
   });
@@ -298,6 +334,15 @@ witcert_status witcert_bounds_meter(const witcert_bounds* b, witcert_bound_shape
     not_null(b, "b");
     not_null(meter, "meter");
     require(shape >= WITCERT_BOUND_EFORM && shape <= WITCERT_BOUND_MIN, "shape is not a witcert_bound_shape");
+    // Every field is a bound (+inf: no guarantee) or a meter: NaN or a negative value is none.
+    const struct {
+      const char* name;
+      double value;
+    } fields[] = {{"b->eform", b->eform}, {"b->two_sided", b->two_sided}, {"b->retention", b->retention},
+                  {"b->tanh", b->tanh},   {"b->tanh_half", b->tanh_half}, {"b->raw", b->raw},
+                  {"b->meter", b->meter}};
+    for (const auto& f : fields)
+      require(f.value >= 0.0, std::string(f.name) + " is " + show(f.value) + ", not a bound (>= 0, not NaN)");
     const cert::Bounds x{b->eform, b->two_sided, b->retention, b->tanh, b->tanh_half};
     *meter = x.meter(static_cast<cert::BoundShape>(shape));
   });
@@ -309,9 +354,8 @@ witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t 
     not_null(eps, "eps");
     not_null(tv, "tv");
     require(n >= 1, "n must be at least 1");
-    check_values(p_tilde, n, "p_tilde", false, false);
+    check_probabilities(p_tilde, n);
     check_values(eps, n, "eps", false, false);
-    for (std::size_t t = 0; t < n; ++t) require(p_tilde[t] >= 0.0, "p_tilde[" + std::to_string(t) + "] is negative");
     *tv = cert::true_tv({p_tilde, n}, {eps, n});
   });
 }
@@ -327,9 +371,11 @@ witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, con
     not_null(k, "k");
     not_null(witness, "witness");
     const std::size_t n = static_cast<std::size_t>(d);
-    check_floats(k, n, "k");
-    // k_hat may hold an infinity (a scheme that overflowed): its witness is then +inf, sound.
-    for (std::size_t i = 0; i < n; ++i) require(!std::isnan(k_hat[i]), "k_hat[" + std::to_string(i) + "] is NaN");
+    check_activations(k, n, "k");
+    // k_hat may hold an infinity or a value beyond fp16 (a scheme that overflowed): its witness is
+    // then +inf, which reads as no guarantee.
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::isnan(k_hat[i])) refuse_entry("k_hat", i, "NaN");
     cert::tier_a_witness(bl, {k_hat, n}, {k, n}, {witness, static_cast<std::size_t>(bands)});
   });
 }
@@ -344,11 +390,9 @@ witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layou
     not_null(c, "c");
     require(n_tokens >= 1, "n_tokens must be at least 1");
     require(std::isfinite(sm) && sm > 0.0, "sm must be finite and > 0");
-    check_floats(q, static_cast<std::size_t>(d), "q");
+    check_activations(q, static_cast<std::size_t>(d), "q");
     const std::size_t nb = static_cast<std::size_t>(bands);
-    for (std::size_t i = 0; i < n_tokens * nb; ++i)
-      require(!std::isnan(fp16_to_double(witnesses[i])) && fp16_to_double(witnesses[i]) >= 0.0,
-              "witnesses[" + std::to_string(i) + "] is NaN or negative");
+    check_f16(witnesses, n_tokens * nb, "witnesses", true, true);
     std::vector<double> qn(nb);
     cert::band_norms(bl, {q, static_cast<std::size_t>(d)}, qn);
     for (std::size_t t = 0; t < n_tokens; ++t) c[t] = cert::tier_a_c(qn, {witnesses + t * nb, nb}, sm);
@@ -372,8 +416,7 @@ witcert_status witcert_dither_encode(const float* x, const float* xi, const uint
     not_null(codes, "codes");
     not_null(scales, "scales");
     const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
-    for (std::size_t i = 0; i < d; ++i)
-      require(!std::isnan(x[i]), "x[" + std::to_string(i) + "] is NaN");  // ±inf: scale +inf, no guarantee
+    check_activations(x, d, "x");
     check_dither(xi, d);
     quant::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
                               {outlier_values, n_outliers});
@@ -389,6 +432,8 @@ witcert_status witcert_dither_decode(const int8_t* codes, const uint16_t* scales
     not_null(xi, "xi");
     not_null(out, "out");
     const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
+    check_f16(scales, d / static_cast<std::size_t>(group), "scales", true, false);
+    check_f16(outlier_values, n_outliers, "outlier_values", false, false);
     check_dither(xi, d);
     quant::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
                               {outlier_values, n_outliers}, group, {out, d});
@@ -409,16 +454,14 @@ witcert_status witcert_dither_radius(const float* q, const uint16_t* scales, con
     not_null(scales, "scales");
     not_null(u, "u");
     check_group(d, group);
-    check_floats(q, d, "q");
+    check_activations(q, d, "q");
     require(std::isfinite(sm) && sm > 0.0, "sm must be finite and > 0");
     require(n_tokens >= 1, "n_tokens must be at least 1");
     require(delta_loc > 0.0 && delta_loc < 1.0, "delta_loc must be in (0, 1)");
     std::size_t ones = 0;
     const std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
     const std::size_t groups = d / static_cast<std::size_t>(group);
-    for (std::size_t g = 0; g < groups; ++g)
-      require(!std::isnan(fp16_to_double(scales[g])) && fp16_to_double(scales[g]) >= 0.0,
-              "scales[" + std::to_string(g) + "] is NaN or negative");
+    check_f16(scales, groups, "scales", true, false);
     const double varsigma2 = cert::dither_variance_proxy({q, d}, {scales, groups}, mask, group, sm);
     *u = cert::subgaussian_radius(varsigma2, n_tokens, delta_loc, static_cast<int>(d - ones));
   });
@@ -428,7 +471,8 @@ witcert_status witcert_value_bound(double tv_k, double v_max_norm, double weight
                                    double* v_meter) {
   return guarded(__func__, [&] {
     require(!std::isnan(tv_k) && tv_k >= 0.0, "tv_k must be >= 0 (not NaN)");
-    require(!std::isnan(v_max_norm) && v_max_norm >= 0.0, "v_max_norm must be >= 0 (not NaN)");
+    // An infinite norm would make the V meter 0, a certificate for values that are not numbers.
+    require(std::isfinite(v_max_norm) && v_max_norm >= 0.0, "v_max_norm must be finite and >= 0");
     require(!std::isnan(weighted_rho) && weighted_rho >= 0.0, "weighted_rho must be >= 0 (not NaN)");
     require(bound || v_meter, "bound and v_meter are both NULL");
     if (bound) *bound = cert::value_output_bound(tv_k, v_max_norm, weighted_rho);
@@ -533,8 +577,8 @@ witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head,
     not_null(k, "k");
     not_null(v, "v");
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
-    for (std::size_t i = 0; i < d; ++i) require(!std::isnan(k[i]), "k[" + std::to_string(i) + "] is NaN");
-    for (std::size_t i = 0; i < d; ++i) require(!std::isnan(v[i]), "v[" + std::to_string(i) + "] is NaN");
+    check_activations(k, d, "k");
+    check_activations(v, d, "v");
     std::int64_t& written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
     require(pos == written,
             "positions of a (layer, kv_head) are written in order: expected pos " + std::to_string(written) + ", got " +
@@ -560,7 +604,7 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
     not_null(q, "q");
     not_null(out, "out");
     const std::size_t n = static_cast<std::size_t>(group) * static_cast<std::size_t>(g.head_dim);
-    for (std::size_t i = 0; i < n; ++i) require(!std::isnan(q[i]), "q[" + std::to_string(i) + "] is NaN");
+    check_activations(q, n, "q");
     const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
     require(n_ctx <= written,
             "n_ctx is " + std::to_string(n_ctx) + " but only " + std::to_string(written) +
@@ -568,13 +612,31 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
             WITCERT_ERROR_OUT_OF_RANGE);
     c->cells.cells_.clear();
     c->cache.kv->attend(layer, kv_head, q, group, n_ctx, out);
-    if (!cells) return;
-    for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, 0.0, 0};
-    for (const gate::MeterCell& m : c->cells.cells_) {
-      const int h = m.q_head - kv_head * group;
-      if (h >= 0 && h < group)
-        cells[h] = {m.layer, m.q_head, m.pos, m.eform_raw, m.meter, m.v_meter, m.output_bound, m.repaired ? 1 : 0};
+    const std::size_t d = static_cast<std::size_t>(g.head_dim);
+    // A head whose output is not finite certifies nothing: its cell reads no guarantee whatever the
+    // meter said, and the call fails, so that neither the status nor a cell vouches for it.
+    std::vector<char> finite(static_cast<std::size_t>(group));
+    for (int h = 0; h < group; ++h)
+      finite[h] = std::all_of(out + h * d, out + (h + 1) * d, [](float y) { return std::isfinite(y); });
+    if (cells) {
+      for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, 0.0, 0};
+      for (const gate::MeterCell& m : c->cells.cells_) {
+        const int h = m.q_head - kv_head * group;
+        if (h >= 0 && h < group)
+          cells[h] = {m.layer, m.q_head, m.pos, m.eform_raw, m.meter, m.v_meter, m.output_bound, m.repaired ? 1 : 0};
+      }
+      for (int h = 0; h < group; ++h) {
+        witcert_cell& cell = cells[h];
+        if (!finite[h] || std::isnan(cell.raw)) cell.raw = HUGE_VAL;
+        if (!finite[h] || !(cell.meter <= 1.0)) cell.meter = 1.0;
+        if (!finite[h] || std::isnan(cell.v_meter)) cell.v_meter = HUGE_VAL;
+        if (!finite[h] || std::isnan(cell.output_bound)) cell.output_bound = HUGE_VAL;
+      }
     }
+    const auto bad = std::find(finite.begin(), finite.end(), 0);
+    require(bad == finite.end(),
+            "the output of q_head " + std::to_string(kv_head * group + (bad - finite.begin())) + " is not finite",
+            WITCERT_ERROR_NON_FINITE);
   });
 }
 
@@ -664,7 +726,7 @@ class StepMeter final : public gate::MeterSink {
       ok_v += c.v_meter <= tau_v_;
       repaired += c.repaired;
       raw = std::max(raw, std::isnan(c.eform_raw) ? HUGE_VAL : c.eform_raw);
-      meter = std::max(meter, c.meter);
+      meter = std::max(meter, std::isnan(c.meter) ? 1.0 : c.meter);
     }
     if (n == 0) return;
     cells_ += n;
