@@ -127,6 +127,24 @@ TEST(Cli, BoundReportsBadLinesAndContinues) {
   EXPECT_TRUE(v[9].contains("meter")) << "a sum within 1e-9 of 1 is a distribution";
 }
 
+// Lines nested 100,000 deep (arrays, objects, closed or not) are error lines naming the depth, not
+// a crash, and the line after them is still answered.
+TEST(Cli, BoundRefusesDeeplyNestedLinesAndContinues) {
+  std::string objects;
+  for (int i = 0; i < 100000; ++i) objects += "{\"z\":";
+  const std::string input = std::string(100000, '[') + std::string(100000, ']') + "\n" + std::string(100000, '[') +
+                            "\n" + objects + "\n" + R"({"p_tilde": [0.5, 0.5], "c": [0.1, 0.1]})" "\n";
+  const Result r = run("bound", input);
+  EXPECT_NE(r.exit_code, 0);
+  const auto v = lines(r.out);
+  ASSERT_EQ(v.size(), 4u) << r.out.substr(0, 400);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(v[i]["line"], i + 1) << v[i];
+    EXPECT_NE(v[i]["error"].get<std::string>().find("deeper"), std::string::npos) << v[i];
+  }
+  EXPECT_TRUE(v[3].contains("meter")) << v[3];
+}
+
 TEST(Cli, SelfcheckPasses) {
   const Result r = run("selfcheck");
   EXPECT_EQ(r.exit_code, 0) << r.out;

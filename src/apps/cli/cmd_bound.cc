@@ -9,6 +9,7 @@
 
 #include "apps/cli/commands.h"
 #include "cert/meter.h"
+#include "engine/options.h"
 
 namespace witcert::apps {
 namespace {
@@ -44,7 +45,7 @@ json bounds_json(const cert::Bounds& b) {
 }
 
 json bound_line(const std::string& line) {
-  const json in = json::parse(line);  // throws json::parse_error on malformed input
+  const json in = engine::parse_json(line);  // throws std::invalid_argument on malformed or too deep input
   if (!in.is_object()) throw std::invalid_argument("not a JSON object");
   if (in.contains("z") == in.contains("p_tilde")) throw std::invalid_argument("give either \"z\" or \"p_tilde\"");
   const std::vector<double> c = number_array(in, "c");

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "apps/eval/eval.h"
+#include "engine/options.h"
 
 namespace witcert::apps::eval {
 
@@ -56,12 +57,14 @@ ResultStore::ResultStore(std::string path) : path_(std::move(path)) {
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
+    // A line cut short by a killed run, or any other that is not a record (engine::parse_json
+    // refuses text nested too deep): its cell is computed again.
     try {
-      json j = json::parse(line);
+      json j = engine::parse_json(line);
       const std::string key = j.at("key").get<std::string>();
       rows_[key] = std::move(j);
+    } catch (const std::invalid_argument&) {
     } catch (const json::exception&) {
-      // A line cut short by a killed run: its cell is computed again.
     }
   }
 }
