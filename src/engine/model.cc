@@ -36,8 +36,7 @@ Model Model::load(const std::string& path) {
 std::vector<std::int32_t> Model::prompt_tokens(const std::string& text, bool chat) const {
   if (!chat) return tokenizer->encode(text, /*parse_special=*/false);
   const model::ChatMessage turn{"user", text};
-  return tokenizer->encode(tokenizer->apply_chat_template({&turn, 1}, /*add_generation_prompt=*/true),
-                           /*parse_special=*/true);
+  return tokenizer->encode_chat({&turn, 1}, /*add_generation_prompt=*/true);
 }
 
 std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool chat) const {

@@ -27,7 +27,8 @@ struct Model {
   // Throws std::runtime_error with a clear message when the file is missing or unusable.
   static Model load(const std::string& path);
 
-  // The prompt's token ids: the text as is, or wrapped as one user turn of the chat template.
+  // The prompt's token ids: the text as is, or wrapped as one user turn of the chat template; either
+  // way control-token text in it stays text (Tokenizer::encode_chat).
   std::vector<std::int32_t> prompt_tokens(const std::string& text, bool chat) const;
   // prompt_tokens, refusing an empty prompt (std::invalid_argument) and one beyond the model's
   // context (std::out_of_range).

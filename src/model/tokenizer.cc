@@ -162,8 +162,11 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
     const auto type = vocab.token_types.empty() ? TokenType::normal : static_cast<TokenType>(vocab.token_types[i]);
     const bool special = type == TokenType::control || type == TokenType::user_defined;
     t.pieces_.push_back(special ? text : byte_level_piece(text));
-    if (special && !text.empty()) t.specials_.push_back({text, id, type == TokenType::control});
-    if (std::ranges::find(kEndOfTurnTexts, text) != std::end(kEndOfTurnTexts)) t.end_of_generation_.push_back(id);
+    const bool end_of_turn = std::ranges::find(kEndOfTurnTexts, text) != std::end(kEndOfTurnTexts);
+    // A chat marker is a control token even where the file calls it user-defined: text never forges one.
+    if (special && !text.empty())
+      t.specials_.push_back({text, id, type == TokenType::control || end_of_turn || text == kImStart});
+    if (end_of_turn) t.end_of_generation_.push_back(id);
   }
   if (t.eos_ >= 0) t.end_of_generation_.push_back(t.eos_);
   // Longest first, so that at one position the longest special token wins.
@@ -384,18 +387,40 @@ bool Tokenizer::is_end_of_generation(std::int32_t id) const {
 // The ChatML family: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, preceded by the
 // template's default system message when the first message is not a system one, and followed
 // by "<|im_start|>assistant\n" when a reply is to be generated.
-std::string Tokenizer::apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+std::vector<Tokenizer::ChatPiece> Tokenizer::chat_pieces(std::span<const ChatMessage> messages,
+                                                         bool add_generation_prompt) const {
   if (chat_template_.empty()) throw TokenizerError("the model has no chat template (tokenizer.chat_template)");
   if (!chatml_)
     throw TokenizerError("unsupported chat template (only the ChatML family, with <|im_start|>, is supported): \"" +
                          template_excerpt(chat_template_) + "\"");
-  std::string out;
+  std::vector<ChatPiece> pieces;
   const auto turn = [&](std::string_view role, std::string_view content) {
-    out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
+    pieces.push_back({std::string(kImStart), true});
+    pieces.push_back({std::string(role).append("\n").append(content), false});
+    pieces.push_back({std::string(kImEnd), true});
+    pieces.push_back({"\n", false});
   };
   if (default_system_ && !messages.empty() && messages[0].role != "system") turn("system", *default_system_);
   for (const ChatMessage& m : messages) turn(m.role, m.content);
-  if (add_generation_prompt) out.append(kImStart).append("assistant\n");
+  if (add_generation_prompt) {
+    pieces.push_back({std::string(kImStart), true});
+    pieces.push_back({"assistant\n", false});
+  }
+  return pieces;
+}
+
+std::string Tokenizer::apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+  std::string out;
+  for (const ChatPiece& p : chat_pieces(messages, add_generation_prompt)) out += p.text;
+  return out;
+}
+
+std::vector<std::int32_t> Tokenizer::encode_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const {
+  std::vector<std::int32_t> out;
+  for (const ChatPiece& p : chat_pieces(messages, add_generation_prompt)) {
+    const std::vector<std::int32_t> ids = encode(p.text, /*parse_special=*/p.marker);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
   return out;
 }
 

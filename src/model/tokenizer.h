@@ -64,7 +64,10 @@ class Tokenizer {
   static Tokenizer from_gguf(const GgufFile& file);
 
   // Token ids of text. Control tokens written in the text (<|im_start|>) become their ids when
-  // parse_special, and ordinary text otherwise; user-defined tokens are always recognised.
+  // parse_special, and ordinary text otherwise; user-defined tokens are always recognised. The
+  // chat markers and end-of-turn texts (<|im_start|>, <|im_end|>, <|endoftext|>) count as control
+  // tokens whatever type the file gives them, so that text encoded without parse_special never
+  // forges one.
   // A byte without a token becomes unk. Never prepends bos: callers do when add_bos().
   std::vector<std::int32_t> encode(std::string_view text, bool parse_special = true) const;
   // Concatenated token_piece of every id.
@@ -85,6 +88,12 @@ class Tokenizer {
   // the default system message such templates insert when the first message is not one.
   // Throws TokenizerError naming the template otherwise.
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // The token ids of that prompt, which every chat caller feeds the model: the template's own
+  // markers become their tokens and each role and content is encoded with parse_special off, so
+  // that a message cannot open or close a turn. decode() of the result is apply_chat_template's
+  // text, and its ids are those of encode(that text) whenever no message writes a control token.
+  // Throws as apply_chat_template.
+  std::vector<std::int32_t> encode_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
  private:
   Tokenizer() = default;
@@ -97,6 +106,14 @@ class Tokenizer {
     bool control;  // recognised only when parse_special
   };
   struct Scratch;
+  // A piece of a rendered chat prompt: one of the template's markers, or the text between two.
+  struct ChatPiece {
+    std::string text;
+    bool marker;
+  };
+
+  // The chat prompt of apply_chat_template as its pieces, in order.
+  std::vector<ChatPiece> chat_pieces(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
   void encode_fragment(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
   void encode_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const;
