@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "quant/ggml_types.h"
 
@@ -75,6 +77,18 @@ void rms_norm(const float* x, const float* w, int d, float eps, float* out) {
   for (int i = 0; i < d; ++i) out[i] = x[i] * scale * w[i];
 }
 
+// The blocks whose tensors the file holds: the distinct N of its "blk.N.*" tensor names.
+std::size_t blocks_held(const GgufFile& f) {
+  std::set<std::string_view> blocks;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const std::string_view name = t.name;
+    if (!name.starts_with("blk.")) continue;
+    const std::size_t dot = name.find('.', 4);
+    if (dot != std::string_view::npos) blocks.insert(name.substr(4, dot - 4));
+  }
+  return blocks.size();
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(const GgufFile& f) {
@@ -84,6 +98,11 @@ LlamaModel::LlamaModel(const GgufFile& f) {
   const std::string a = cfg_.arch + ".";
   const auto size = [&](const std::string& key) { return config_size(key, f.get_u32(key)); };
   cfg_.layers = size(a + "block_count");
+  // A count below the blocks held would run a shallower model without any error; one above fails
+  // on a missing tensor that does not say why.
+  if (const std::size_t held = blocks_held(f); held != static_cast<std::size_t>(cfg_.layers))
+    throw model_error(a + "block_count is " + std::to_string(cfg_.layers) + " but the file holds the tensors of " +
+                      std::to_string(held) + " blocks (blk.N.*)");
   cfg_.d_model = size(a + "embedding_length");
   cfg_.heads = size(a + "attention.head_count");
   cfg_.kv_heads = f.find(a + "attention.head_count_kv") ? size(a + "attention.head_count_kv") : cfg_.heads;

@@ -350,5 +350,24 @@ TEST(TinyModelMetadata, RejectsValuesOutOfRangeNamingTheKey) {
   }
 }
 
+// block_count must be the number of blocks whose tensors the file holds: one below would run a
+// shallower model silently, one above fail on a tensor it cannot name the cause of.
+TEST(TinyModelMetadata, BlockCountMustMatchTheBlocksHeld) {
+  for (std::uint64_t declared : {1u, 3u}) {
+    Tiny c;  // two blocks of tensors
+    c.meta = {{"llama.block_count", {GgufType::UINT32, declared}}};
+    TinyWeights w;
+    const GgufFile file = GgufFile::open(write_tiny_model(c, w, testing_util::scratch_path("block_count.gguf")));
+    try {
+      LlamaModel model(file);
+      ADD_FAILURE() << "block_count " << declared << " accepted for a file of 2 blocks";
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("llama.block_count is " + std::to_string(declared)), std::string::npos) << what;
+      EXPECT_NE(what.find("tensors of 2 blocks"), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace witcert::model
