@@ -82,7 +82,8 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
   write_table(dir, "soundness",
                     {"scheme", "requests", "cells checked", "violations", "worst TV/meter", "largest TV",
                      "95% bound, violating requests", "95% bound, violating cells"},
-                    rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell checked", requests, n));
+                    rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell checked against its meter; {}",
+                                      requests, n, bound_caption(checked_cache(schemes.front()).bound)));
   write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
   finish(o, "soundness", dir, out, total_bad);
   return total_bad;
@@ -148,8 +149,9 @@ std::int64_t schemes(const engine::Model& m, const EvalOptions& o, std::ostream&
                      "meter/TV p90", "cells checked", "violations"},
                     rows,
                     fmt::format("Schemes: {} prose prompts of {} tokens, {} decode steps each; cells of the decode "
-                                "steps (AUROC: the raw score as a classifier of TV > 0.2; – where a class is empty)",
-                                prompts, tokens, n));
+                                "steps (AUROC: the raw score, the unclamped e-form, as a classifier of TV > 0.2; – where "
+                                "a class is empty); {}",
+                                prompts, tokens, n, bound_caption(checked_cache(names.front()).bound)));
   write_table(dir, "cells", {"scheme", "raw", "meter", "tv"}, points, "Every sampled cell");
   finish(o, "schemes", dir, out, total_bad);
   return total_bad;

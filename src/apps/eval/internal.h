@@ -77,6 +77,10 @@ class CoverageSink final : public gate::MeterSink {
 // The certified cache of one KV format (both sides) with the soundness check on.
 engine::CacheOptions checked_cache(const std::string& kv);
 
+// What a table's caption says of the bound shape its meters and coverage use: "bound shape of the
+// meter and coverage: min of sound forms".
+std::string bound_caption(cert::BoundShape shape);
+
 // Greedy generation of n tokens from prompt on a cache of `opts` (certified or plain) with the
 // sinks, or fewer at the model's stop token when `stop`: the tokens (stop token excluded) and the
 // pages its gate read from the exact tier. With opts.check_soundness, every cell is checked, or

@@ -135,8 +135,8 @@ std::int64_t needle(const engine::Model& m, const EvalOptions& o, std::ostream& 
               rows,
               fmt::format("Needle retrieval: {} seeded prompts ({} to {} haystack tokens, needle depth 0.1 to 0.9), "
                           "greedy, up to {} new tokens; accuracy paired against fp16 (bootstrap 10^4, McNemar exact); "
-                          "coverage of the decode steps as served, K and V",
-                          count, min_tokens, max_tokens, n));
+                          "coverage of the decode steps as served, K and V; {}",
+                          count, min_tokens, max_tokens, n, bound_caption(checked_cache(schemes.front()).bound)));
   write_table(dir, "traffic", {"scheme", "prompts", "block P50 KiB", "block P95 KiB", "head P50 KiB", "head P95 KiB", "head accuracy"},
               traffic, "Page-in per request of a certified gate (tau = 0.2): pages in block order against whole heads");
   finish(o, "needle", dir, out, total_bad);
@@ -172,8 +172,8 @@ std::int64_t danger(const engine::Model& m, const EvalOptions& o, std::ostream& 
   write_table(dir, "danger", {"scheme", "danger rate (TV > 0.2)", "needle accuracy", "coverage at 0.2", "cells checked", "violations"},
               rows,
               fmt::format("Danger rate (fraction of decode-step cells with true TV > 0.2) against needle accuracy, "
-                          "raw caches, {} seeded needle prompts",
-                          count));
+                          "raw caches, {} seeded needle prompts; {}",
+                          count, bound_caption(checked_cache(all.front()).bound)));
   finish(o, "danger", dir, out, total_bad);
   return total_bad;
 }

@@ -64,6 +64,10 @@ engine::CacheOptions checked_cache(const std::string& kv) {
   return o;
 }
 
+std::string bound_caption(cert::BoundShape shape) {
+  return fmt::format("bound shape of the meter and coverage: {}", cert::bound_shape_label(shape));
+}
+
 CheckedRun run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt, int n,
                        const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks, bool stop,
                        bool check_prompt) {
