@@ -9,10 +9,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <condition_variable>
 #include <future>
@@ -20,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/batch.h"
@@ -557,6 +560,38 @@ TEST_F(Serve, AFullQueueAnswers503AndADrainFinishesRunningRequests) {
   EXPECT_EQ(status, 200);
   EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body;
   drain.join();
+}
+
+// `witcert serve`'s output and exit code for `args` (its model is missing or a flag is refused, so
+// it ends by itself).
+std::pair<int, std::string> serve_cli(const std::string& args) {
+  const std::string cmd = std::string(WITCERT_BIN) + " serve --port 0 " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// An empty or blank key is refused rather than taken as no authentication; listening beyond
+// loopback without a key warns, and loopback does not.
+TEST(ServeCli, AnEmptyKeyIsRefusedAndAnOpenAddressWithoutAKeyWarns) {
+  for (const char* key : {"''", "' '", "'\t'"}) {
+    const auto [code, out] = serve_cli(std::string("--api-key ") + key);
+    EXPECT_EQ(code, 2) << key;
+    EXPECT_NE(out.find("--api-key is empty"), std::string::npos) << out;
+  }
+  const std::string missing = " --model /nonexistent/model.gguf";
+  for (const char* host : {"0.0.0.0", "127.0.0.1", "localhost"}) {
+    const auto [code, out] = serve_cli(std::string("--host ") + host + missing);
+    EXPECT_EQ(code, 2) << out;
+    const bool warned = out.find("WARNING") != std::string::npos;
+    EXPECT_EQ(warned, std::string(host) == "0.0.0.0") << host << ": " << out;
+  }
+  const auto [code, out] = serve_cli("--host 0.0.0.0 --api-key k" + missing);
+  EXPECT_EQ(code, 2);
+  EXPECT_EQ(out.find("WARNING"), std::string::npos) << out;
 }
 
 }  // namespace
