@@ -237,3 +237,210 @@ def test_the_foreign_engine_example_runs():
                          capture_output=True, text=True, check=True).stdout
     lines = [l for l in out.splitlines() if l.startswith("step")]
     assert len(lines) == 6 and "meter" in lines[-1] and "true TV" in lines[-1]
+
+
+# NaN, +inf, -inf and 1e5 (fp16's range ends at 65504; a float16 argument receives +inf) in every
+# float argument of every function and method that takes one. Each answer is an exception naming
+# the argument, or no guarantee (an infinite bound, a meter of 1), never a finite certificate; a
+# finite answer only for the values listed in LEGIT, checked against an equivalent clean input.
+POISONS = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf, "1e5": 1e5}
+Z0, C0, P0, EPS0 = [0.0, 1.0, -0.5], [0.1, 0.2, 0.05], [0.25, 0.5, 0.25], [0.1, -0.1, 0.05]
+
+
+def poisoned(values, v, dtype, where=1):
+    a = np.array(values, dtype=dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a.flat[where] = v
+    return a
+
+
+def no_guarantee_unless(finite):
+    return "certifies" if finite else "no guarantee"
+
+
+def run_meter_logits(arg, v):
+    z = poisoned(Z0, v, np.float64) if arg == "z" else np.array(Z0)
+    c = poisoned(C0, v, np.float64) if arg == "c" else np.array(C0)
+    b = witcert.meter(z, c)
+    if arg == "z" and v in (-math.inf, 1e5):
+        # -inf masks the token: the meter of the other two; 1e5 is an offset of the same logits.
+        if v < 0:
+            zs, cs = np.array([Z0[0], Z0[2]]), np.array([C0[0], C0[2]])
+        else:
+            zs, cs = np.array([Z0[0] - 1e5, 0.0, Z0[2] - 1e5]), np.array(C0)
+        assert b["meter"] == pytest.approx(witcert.meter(zs, cs)["meter"], rel=1e-6)
+        return "legit"
+    return no_guarantee_unless(b["meter"] < 1)
+
+
+def run_meter_probs(arg, v):
+    p = poisoned(P0, v, np.float64) if arg == "p_tilde" else np.array(P0)
+    c = poisoned(C0, v, np.float64) if arg == "c" else np.array(C0)
+    return no_guarantee_unless(witcert.meter(p_tilde=p, c=c)["meter"] < 1)
+
+
+def run_meter_tanh(arg, v):
+    return no_guarantee_unless(min(witcert.meter_tanh(v)) < 1)
+
+
+def run_meter_log_domain(arg, v):
+    e, ts = witcert.meter_log_domain(v if arg == "log_a" else 0.1, v if arg == "log_a_minus" else -0.05)
+    return no_guarantee_unless(min(e, ts) < 1)
+
+
+def run_true_tv(arg, v):
+    p = poisoned(P0, v, np.float64) if arg == "p_tilde" else np.array(P0)
+    eps = poisoned(EPS0, v, np.float64) if arg == "eps" else np.array(EPS0)
+    tv = witcert.true_tv(p, eps)
+    if arg == "eps" and v == 1e5:  # e^-1e5 = 0: the token's exact mass is 0
+        w = np.array(P0) * np.exp(-np.array(EPS0))
+        w[1] = 0
+        assert tv == pytest.approx(0.5 * np.abs(w / w.sum() - np.array(P0)).sum(), abs=1e-15)
+        return "legit"
+    return "certifies"  # a TV of a non-finite input is garbage
+
+
+def run_witness(arg, v):
+    k_hat = poisoned(np.full(64, 0.25), v, np.float32) if arg == "k_hat" else np.full(64, 0.25, np.float32)
+    k = poisoned(np.full(64, 0.5), v, np.float32) if arg == "k" else np.full(64, 0.5, np.float32)
+    return no_guarantee_unless(np.all(np.isfinite(witcert.witness(k_hat, k, layout="neox"))))
+
+
+W0 = np.repeat(witcert.witness(np.full(64, 0.25, np.float32), np.full(64, 0.5, np.float32), layout="neox")[None], 2, 0)
+
+
+def run_tier_a_bounds(arg, v):
+    q = poisoned(np.ones(64), v, np.float32) if arg == "q" else np.ones(64, np.float32)
+    w = poisoned(W0, v, np.float16) if arg == "witnesses" else W0.copy()
+    c = witcert.tier_a_bounds(q, w, sm=v if arg == "sm" else 0.125, layout="neox")
+    if arg == "sm" and v == 1e5:  # a larger softmax scale: c scales with it
+        assert c == pytest.approx(witcert.tier_a_bounds(q, w, sm=0.125, layout="neox") * 8e5, rel=1e-9)
+        return "legit"
+    return no_guarantee_unless(np.all(np.isfinite(c)))
+
+
+Q8 = witcert.DitherInt8(64, group=32, seed=1, outliers=[5])
+XI0 = Q8.dither(0, 0, 0)
+X0 = (0.1 * (np.arange(64) % 7) - 0.3).astype(np.float32)
+CODES0, SCALES0, OV0 = Q8.encode(X0, XI0)
+
+
+def run_encode(arg, v):
+    x = poisoned(X0, v, np.float32) if arg == "x" else X0.copy()
+    xi = poisoned(XI0, v, np.float32) if arg == "xi" else XI0.copy()
+    Q8.encode(x, xi)
+    return "certifies"
+
+
+def run_decode(arg, v):
+    scales = poisoned(SCALES0, v, np.float16) if arg == "scales" else SCALES0.copy()
+    xi = poisoned(XI0, v, np.float32) if arg == "xi" else XI0.copy()
+    ov = poisoned(OV0, v, np.float16, where=0) if arg == "outlier_values" else OV0.copy()
+    Q8.decode(CODES0, scales, xi, ov)
+    return "certifies"
+
+
+def run_delta_loc(arg, v):
+    witcert.delta_loc(v, 30, 9, 256)
+    return "certifies"
+
+
+def run_radius(arg, v):
+    q = poisoned(np.ones(64), v, np.float32) if arg == "q" else np.ones(64, np.float32)
+    scales = poisoned(SCALES0, v, np.float16) if arg == "scales" else SCALES0.copy()
+    u = Q8.radius(q, scales, n_tokens=10, delta_loc=v if arg == "delta_loc" else 1e-6, sm=v if arg == "sm" else 0.125)
+    if arg == "sm" and v == 1e5:  # the radius scales with sm
+        assert u == pytest.approx(Q8.radius(q, scales, n_tokens=10, delta_loc=1e-6, sm=0.125) * 8e5, rel=1e-9)
+        return "legit"
+    return no_guarantee_unless(math.isfinite(u))
+
+
+def run_value_bound(arg, v):
+    inputs = {"tv_k": 0.1, "v_max_norm": 2.0, "weighted_rho": 0.01}
+    inputs[arg] = v
+    bound, v_meter = witcert.value_bound(**inputs)
+    if v == 1e5:  # a loose but true input: the formulas, evaluated
+        assert bound == pytest.approx(2 * inputs["tv_k"] * inputs["v_max_norm"] + inputs["weighted_rho"], rel=1e-15)
+        assert v_meter == pytest.approx(inputs["weighted_rho"] / inputs["v_max_norm"], rel=1e-15)
+        return "legit"
+    return no_guarantee_unless(math.isfinite(bound) and math.isfinite(v_meter))
+
+
+CACHES = {"fp16": {}, "q4_0": {"kv": "q4_0"}, "dither-int8": {"kv": "dither-int8"}, "q8_0 gated": {"kv": "q8_0", "gate": 0.2}}
+
+
+def row(p):
+    return np.sin(0.37 * np.arange(1, 65) * (p + 1)).astype(np.float32)
+
+
+def attend_verdict(cache, q, n_ctx):
+    out, cells = cache.attend(0, 0, q, n_ctx)
+    assert np.all(np.isfinite(out))
+    return no_guarantee_unless(any(c["meter"] < 1 for c in cells))
+
+
+def run_cache_write(options):
+    def run(arg, v):
+        cache = witcert.Cache(1, 2, 1, 64, 16, layout="neox", **options)
+        cache.write(0, 0, 0, poisoned(row(0), v, np.float32) if arg == "k" else row(0),
+                    poisoned(row(100), v, np.float32) if arg == "v" else row(100))
+        cache.write(0, 0, 1, row(1), row(101))
+        return attend_verdict(cache, np.full((2, 64), 0.5, np.float32), 2)
+    return run
+
+
+def run_cache_attend(options):
+    def run(arg, v):
+        cache = witcert.Cache(1, 2, 1, 64, 16, layout="neox", **options)
+        for p in range(3):
+            cache.write(0, 0, p, row(p), row(p + 100))
+        return attend_verdict(cache, poisoned(np.full((2, 64), 0.5), v, np.float32), 3)
+    return run
+
+
+CALLS = {
+    "meter_logits": (["z", "c"], run_meter_logits),
+    "meter_probs": (["p_tilde", "c"], run_meter_probs),
+    "meter_tanh": (["c_max"], run_meter_tanh),
+    "meter_log_domain": (["log_a", "log_a_minus"], run_meter_log_domain),
+    "true_tv": (["p_tilde", "eps"], run_true_tv),
+    "witness": (["k_hat", "k"], run_witness),
+    "tier_a_bounds": (["q", "witnesses", "sm"], run_tier_a_bounds),
+    "DitherInt8.encode": (["x", "xi"], run_encode),
+    "DitherInt8.decode": (["scales", "xi", "outlier_values"], run_decode),
+    "delta_loc": (["delta"], run_delta_loc),
+    "DitherInt8.radius": (["q", "scales", "sm", "delta_loc"], run_radius),
+    "value_bound": (["tv_k", "v_max_norm", "weighted_rho"], run_value_bound),
+}
+for _name, _options in CACHES.items():
+    CALLS[f"Cache.write {_name}"] = (["k", "v"], run_cache_write(_options))
+    CALLS[f"Cache.attend {_name}"] = (["q"], run_cache_attend(_options))
+SCALARS = {"c_max", "log_a", "log_a_minus", "sm", "delta", "delta_loc", "tv_k", "v_max_norm", "weighted_rho"}
+LEGIT = {("meter_logits", "z", "-inf"), ("meter_logits", "z", "1e5"), ("true_tv", "eps", "1e5"),
+         ("tier_a_bounds", "sm", "1e5"), ("DitherInt8.radius", "sm", "1e5"), ("value_bound", "tv_k", "1e5"),
+         ("value_bound", "v_max_norm", "1e5"), ("value_bound", "weighted_rho", "1e5")}
+CASES = [(call, arg, label) for call, (args, _) in CALLS.items() for arg in args for label in POISONS]
+
+
+@pytest.mark.parametrize("call,arg,label", CASES, ids=[" ".join(c) for c in CASES])
+def test_no_call_certifies_a_poisoned_input(call, arg, label):
+    args, run = CALLS[call]
+    try:
+        answer = run(arg, POISONS[label])
+    except ValueError as e:
+        index = "" if arg in SCALARS else "[0]" if arg == "outlier_values" else "[1]"
+        assert arg + index in str(e), f"'{e}' does not name {arg}{index}"
+        return
+    assert answer != "certifies", "a finite certificate for a poisoned input"
+    assert (answer == "legit") == ((call, arg, label) in LEGIT)
+
+
+def test_every_legit_case_is_a_case():
+    assert len(CASES) == 4 * (2 + 2 + 1 + 2 + 2 + 2 + 3 + 2 + 3 + 1 + 4 + 3 + 4 * 3)
+    assert LEGIT <= set(CASES)
+
+
+def test_deeply_nested_options_are_refused():
+    deep = json.loads("[" * 100 + "]" * 100)  # beyond the C API's 64 levels
+    with pytest.raises(ValueError, match="deeper"):
+        witcert.Cache(1, 2, 1, 64, 16, kv="q4_0", deep=deep)
