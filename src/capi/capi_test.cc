@@ -310,7 +310,8 @@ struct SmallCache {
     witcert_cell cells[2];
     const witcert_status s = witcert_cache_attend(cache, 0, 0, q.data(), 2, n_ctx, out.data(), cells);
     if (s != WITCERT_OK) return refusal(s);
-    for (float y : out) EXPECT_TRUE(std::isfinite(y)) << "an OK attend with a non-finite output";
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float y) { return std::isfinite(y); }))
+        << "an OK attend with a non-finite output";
     return verdict(cells[0].meter < 1.0 || cells[1].meter < 1.0);
   }
 };
