@@ -1,21 +1,30 @@
 // `witcert batch`: JSON lines of requests in, JSON lines of results out in input order, all
 // requests run together over one shared KV pool (engine/batch.h).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "apps/cli/commands.h"
 #include "apps/serve/request.h"
 #include "engine/batch.h"
 #include "engine/model.h"
+#include "engine/options.h"
+#include "model/sampler.h"
 
 namespace witcert::apps {
 namespace {
@@ -43,7 +52,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
     engine::read_json(j, "prompt", text);
     r.prompt = m.prompt_tokens(text, false);
   } else {
-    r.prompt = m.tokenizer->encode(m.tokenizer->apply_chat_template(chat_messages(j.at("messages")), true), true);
+    r.prompt = m.tokenizer->encode_chat(chat_messages(j.at("messages")), true);
   }
   r.max_tokens = args.max_tokens;
   engine::read_json(j, "max_tokens", r.max_tokens);
@@ -51,6 +60,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   engine::read_json(j, "temperature", r.sampler.temperature);
   engine::read_json(j, "top_p", r.sampler.top_p);
   engine::read_json(j, "seed", r.sampler.seed);
+  model::Sampler{r.sampler};  // a bad temperature or top_p is this line's error, before the engine takes it
   apply_policy(j, base, args.cache.coverage_tau, args.cache.tau_v, r);
   return r;
 }
@@ -79,20 +89,131 @@ std::int64_t parse_bytes(const std::string& text) {
 
 namespace {
 
-int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& err) {
+// A file the run reads, which the results must never replace.
+struct RunInput {
+  const char* what;  // "the model file (--model)"
+  std::string path;
+};
+
+// An error of the system call that set `error` (errno, read before anything else may change it).
+std::runtime_error os_error(int error, const std::string& what) {
+  return std::runtime_error(what + ": " + std::strerror(error));
+}
+
+// Throws unless the results may be renamed onto `out`: it is absent, or a regular file (never a
+// symbolic link, device, directory or FIFO) that is none of `inputs`. An existing input is compared
+// by device and inode, which catches any other name or hard link of it; one the run has yet to
+// create (a backing file) by its resolved path.
+void check_destination(const std::string& out, const std::vector<RunInput>& inputs) {
+  require(!out.empty(), "--output is empty");
+  struct stat o {};
+  if (::lstat(out.c_str(), &o) != 0) {
+    const int error = errno;
+    if (error != ENOENT) throw os_error(error, "--output '" + out + "'");
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path where = fs::weakly_canonical(out, ec);
+    if (ec) return;  // an unreachable place: creating the results' file there says why
+    for (const RunInput& in : inputs) {
+      const fs::path path = fs::weakly_canonical(in.path, ec);
+      if (!ec && path == where)
+        throw std::invalid_argument("--output '" + out + "' is " + in.what + "; refusing to write the results there");
+    }
+    return;
+  }
+  if (S_ISLNK(o.st_mode))
+    throw std::invalid_argument("--output '" + out + "' is a symbolic link; refusing to replace it (name the file itself)");
+  if (!S_ISREG(o.st_mode))
+    throw std::invalid_argument("--output '" + out +
+                                "' is not a regular file (a directory, device or FIFO); refusing to replace it");
+  for (const RunInput& in : inputs) {
+    struct stat s {};
+    if (::stat(in.path.c_str(), &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino)
+      throw std::invalid_argument("--output '" + out + "' is " + in.what + "; refusing to overwrite it");
+  }
+}
+
+// The results' temporary file: created new under a unique name (.OUT.XXXXXX) beside the output,
+// so that the rename onto it stays within one file system and a file left by a killed run blocks
+// no later one; removed unless committed.
+class StagedFile {
+ public:
+  explicit StagedFile(const std::string& out) {
+    namespace fs = std::filesystem;
+    const fs::path target(out);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    std::string name = (dir / fmt::format(".{}.XXXXXX", target.filename().string())).string();
+    fd_ = ::mkstemp(name.data());
+    if (fd_ < 0) {
+      const int error = errno;
+      throw os_error(error, "cannot create the results' file in '" + dir.string() + "'");
+    }
+    path_ = std::move(name);
+    // mkstemp makes the file private; the results get a new file's usual mode. Setting the umask
+    // is the one way to read it, done before any thread starts.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    if (::fchmod(fd_, 0666 & ~mask) != 0) {
+      const int error = errno;
+      ::close(fd_);
+      ::unlink(path_.c_str());
+      throw os_error(error, "cannot set the mode of '" + path_ + "'");
+    }
+  }
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  ~StagedFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+
+  void write(std::string_view text) {
+    while (!text.empty()) {
+      const ssize_t n = ::write(fd_, text.data(), text.size());
+      const int error = n < 0 ? errno : EIO;
+      if (n < 0 && error == EINTR) continue;
+      if (n <= 0) throw os_error(error, "cannot write '" + path_ + "'");
+      text.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+
+  // Puts the results on disk and renames them onto `out`, once `out` passes check_destination again.
+  void commit(const std::string& out, const std::vector<RunInput>& inputs) {
+    int error = ::fsync(fd_) == 0 ? 0 : errno;
+    if (::close(fd_) != 0 && error == 0) error = errno;
+    fd_ = -1;
+    if (error != 0) throw os_error(error, "cannot write '" + path_ + "'");
+    check_destination(out, inputs);
+    if (::rename(path_.c_str(), out.c_str()) != 0) {
+      error = errno;
+      throw os_error(error, "cannot rename '" + path_ + "' to '" + out + "'");
+    }
+    path_.clear();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+int run_batch(const BatchArgs& args, std::ostream& err) {
   const std::string model_path = args.model.empty() ? engine::default_model_path() : args.model;
   const engine::CacheOptions base = cache_options(args.cache, args.cache.kv, model_path);
   engine::BatchOptions bo;
   bo.max_seqs = args.max_seqs;
   bo.kv_memory = args.kv_memory.empty() ? 0 : parse_bytes(args.kv_memory);
   bo.validate();
-  std::error_code ec;
-  if (std::filesystem::exists(args.output) && std::filesystem::equivalent(args.input, args.output, ec))
-    throw std::invalid_argument("--output is the --input file; refusing to overwrite it");
-
-  engine::Model m = engine::Model::load(model_path);
+  // The output is checked before anything is computed, and again just before the rename.
+  std::vector<RunInput> inputs = {{"the model file (--model)", model_path}, {"the input file (--input)", args.input}};
+  if (!base.backing.path.empty()) inputs.push_back({"the backing file (--backing-file)", base.backing.path});
+  check_destination(args.output, inputs);
   std::ifstream in(args.input);
   if (!in) throw std::runtime_error("cannot read '" + args.input + "'");
+  StagedFile staged(args.output);
+
+  engine::Model m = engine::Model::load(model_path);
   std::vector<engine::BatchRequest> requests;
   std::vector<std::string> errors;
   std::vector<nlohmann::json> ids;
@@ -102,7 +223,7 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are not requests
     nlohmann::json id;
     try {
-      const nlohmann::json j = nlohmann::json::parse(line);
+      const nlohmann::json j = engine::parse_json(line);
       if (j.is_object() && j.contains("id")) id = j.at("id");
       requests.push_back(parse_request(j, m, base, args));
       errors.emplace_back();
@@ -117,53 +238,46 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
 
   ThreadPool pool(args.threads);
   engine::BatchEngine engine(*m.model, pool, base, bo);
-  // Requests that failed to parse take their line's error instead of running.
-  std::vector<engine::BatchRequest> runnable = requests;
-  for (std::size_t i = 0; i < runnable.size(); ++i)
-    if (!errors[i].empty()) runnable[i].prompt.clear();
   std::size_t done = 0;
   std::int64_t generated = 0;
   const auto progress = [&](std::size_t, const engine::BatchResult& r) {
     ++done;
     generated += static_cast<std::int64_t>(r.tokens.size());
-    err << fmt::format("\r[{}/{}] {} tokens generated", done, runnable.size(), generated) << std::flush;
+    err << fmt::format("\r[{}/{}] {} tokens generated", done, requests.size(), generated) << std::flush;
   };
   const std::vector<engine::BatchResult> results =
-      engine.run(runnable, args.ignore_eos ? std::vector<std::int32_t>{} : m.stop_tokens(), progress);
+      engine.run(requests, args.ignore_eos ? std::vector<std::int32_t>{} : m.stop_tokens(), progress);
   err << "\n";
 
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write '" + tmp + "'");
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const engine::BatchResult& r = results[i];
-      nlohmann::json o;
-      o["index"] = i;
-      if (!ids[i].is_null()) o["id"] = ids[i];
-      if (!errors[i].empty() || r.finish == engine::Finish::error) {
-        o["error"] = errors[i].empty() ? fmt::format("line {}: {}", lines[i], r.error) : errors[i];
-        out << json_text(o) << "\n";
-        continue;
-      }
-      std::string text;
-      for (std::int32_t t : r.tokens) text += m.tokenizer->token_piece(t);
-      o["text"] = text;
-      o["prompt_tokens"] = r.prompt_tokens;
-      o["completion_tokens"] = r.tokens.size();
-      o["finish_reason"] = engine::finish_name(r.finish);
-      o["preemptions"] = r.preemptions;
-      if (r.has_meter) {
-        nlohmann::json meter = r.meter.to_json();
-        meter["page_ins"] = r.page_ins;
-        meter["page_in_bytes"] = r.page_in_bytes;
-        meter["shared_page_ins"] = r.shared_page_ins;
-        o["meter"] = meter;
-      }
-      out << json_text(o) << "\n";
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const engine::BatchResult& r = results[i];
+    nlohmann::json o;
+    o["index"] = i;
+    if (!ids[i].is_null()) o["id"] = ids[i];
+    if (!errors[i].empty() || r.finish == engine::Finish::error) {
+      o["error"] = errors[i].empty() ? fmt::format("line {}: {}", lines[i], r.error) : errors[i];
+      staged.write(json_text(o) + "\n");
+      ++failed;
+      continue;
     }
-    if (!out.flush()) throw std::runtime_error("cannot write '" + tmp + "'");
+    std::string text;
+    for (std::int32_t t : r.tokens) text += m.tokenizer->token_piece(t);
+    o["text"] = text;
+    o["prompt_tokens"] = r.prompt_tokens;
+    o["completion_tokens"] = r.tokens.size();
+    o["finish_reason"] = engine::finish_name(r.finish);
+    o["preemptions"] = r.preemptions;
+    if (r.has_meter) {
+      nlohmann::json meter = r.meter.to_json();
+      meter["page_ins"] = r.page_ins;
+      meter["page_in_bytes"] = r.page_in_bytes;
+      meter["shared_page_ins"] = r.shared_page_ins;
+      o["meter"] = meter;
+    }
+    staged.write(json_text(o) + "\n");
   }
-  std::filesystem::rename(tmp, args.output);
+  staged.commit(args.output, inputs);
 
   const engine::BatchStats& s = engine.stats();
   err << fmt::format(
@@ -176,27 +290,8 @@ int run_batch_to(const BatchArgs& args, const std::string& tmp, std::ostream& er
                        s.decode_tokens / s.decode_seconds);
   err << fmt::format("  KV pool: {} pages of {} tokens, {} bytes (peak with sequences {}), exact tier {} bytes\n",
                      s.pool_pages, base.page_size, s.pool_bytes, s.peak_bytes, s.backing_bytes);
-  return 0;
-}
-
-}  // namespace
-
-int run_batch(const BatchArgs& args, std::ostream& err) {
-  // The results go to a new file beside the output, renamed to it once every line is written; it
-  // is made now, so that an unwritable place fails before the run, and never over an existing file.
-  const std::string tmp = args.output + ".partial";
-  std::FILE* f = std::fopen(tmp.c_str(), "wx");
-  if (f == nullptr)
-    throw std::runtime_error(errno == EEXIST ? "'" + tmp + "' exists (another batch writing there?); remove it to go on"
-                                             : "cannot write '" + tmp + "'");
-  std::fclose(f);
-  try {
-    return run_batch_to(args, tmp, err);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);  // no half-written file is left behind
-    throw;
-  }
+  if (failed > 0) err << fmt::format("batch: {} of {} requests failed; their lines in the output say why\n", failed, results.size());
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace witcert::apps
