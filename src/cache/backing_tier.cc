@@ -26,7 +26,7 @@ BackingTier::BackingTier(std::size_t rows, int head_dim, const BackingPlace& pla
     : rows_(rows), d_(static_cast<std::size_t>(head_dim)), place_(place) {
   const std::size_t n = rows_ * d_;
   if (place.ram) {
-    ram_.assign(2 * n, 0);
+    ram_ = ReservedArray<f16>(2 * n);
     k_ = ram_.data();
     v_ = k_ + n;
     return;

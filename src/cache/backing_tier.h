@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "base/fp16.h"
+#include "cache/page_pool.h"
 
 namespace witcert::cache {
 
@@ -56,7 +56,7 @@ class BackingTier {
   std::size_t rows_;
   std::size_t d_;
   BackingPlace place_;
-  std::vector<f16> ram_;
+  ReservedArray<f16> ram_;  // committed as rows are written
   void* map_ = nullptr;
   int fd_ = -1;
   bool created_ = false;  // this tier made or took over the named file: it removes it unless keep

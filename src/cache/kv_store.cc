@@ -58,7 +58,7 @@ KvPool::KvPool(const CacheConfig& cfg)
   init_side(v_, cfg.v_format, quant::KvSide::value);
   if (exact_) return;
   for (Side* sd : {&k_, &v_})
-    if (sd->kind == FormatKind::exact) sd->rows.assign(streams * slots() * cfg.head_dim, 0);
+    if (sd->kind == FormatKind::exact) sd->rows = ReservedArray<f16>(streams * slots() * cfg.head_dim);
 }
 
 std::size_t KvPool::bytes() const {
@@ -79,7 +79,7 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_, pool.cfg_.capac
   for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(kNotPromoted);
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
-      side->groups.assign(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes, 0);
+      side->groups = ReservedArray<std::uint8_t>(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes);
   if (pool.exact_) return;
   // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
   // dither-int8 keys before calibration, one row otherwise; whole pages, so that a page's rows
@@ -155,11 +155,11 @@ void KvPool::init_side(Side& side, const quant::KvFormat& format, quant::KvSide 
       throw config_error("outlier pairs must lie in [0, " + std::to_string(d / 2) + "), got " +
                          std::to_string(cfg_.outlier_pairs));
     side.kind = FormatKind::dither_int8;
-    side.codes.assign(streams * slots() * d, 0);
+    side.codes = ReservedArray<std::int8_t>(streams * slots() * d);
     side.meta_per_token = d / kDitherGroup;
-    side.meta.assign(streams * slots() * side.meta_per_token, 0);
-    if (key) side.outlier_values.assign(streams * slots() * 2 * cfg_.outlier_pairs, 0);
-    if (!key) side.norm_max.assign(streams * pages_.pages(), 0.0f);
+    side.meta = ReservedArray<f16>(streams * slots() * side.meta_per_token);
+    if (key) side.outlier_values = ReservedArray<f16>(streams * slots() * 2 * cfg_.outlier_pairs);
+    if (!key) side.norm_max = ReservedArray<float>(streams * pages_.pages());
     return;
   }
   side.kind = FormatKind::scheme;
@@ -167,9 +167,9 @@ void KvPool::init_side(Side& side, const quant::KvFormat& format, quant::KvSide 
   side.scheme->check_head_dim(d);
   side.T = side.scheme->tokens_per_block();
   side.block_bytes = side.scheme->block_bytes(d);
-  if (side.T == 1) side.packed.assign(streams * slots() * side.block_bytes, 0);  // group blocks follow the sequence
+  if (side.T == 1) side.packed = ReservedArray<std::uint8_t>(streams * slots() * side.block_bytes);  // group blocks follow the sequence
   side.meta_per_token = key ? cfg_.bands : 1;  // Tier-A witness, or ρ_t
-  side.meta.assign(streams * slots() * side.meta_per_token, 0);
+  side.meta = ReservedArray<f16>(streams * slots() * side.meta_per_token);
 }
 
 void KvStore::clear() { seq_.clear(); }

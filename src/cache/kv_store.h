@@ -129,16 +129,17 @@ class KvPool {
     const quant::KvScheme* scheme = nullptr;
     int T = 1;                       // tokens per block
     std::size_t block_bytes = 0;     // packed bytes per block
-    std::vector<std::uint8_t> packed;  // per-token schemes: [stream][slot][block_bytes]
-    std::vector<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
+    // Every per-slot array is reserved for the whole pool and committed as its slots are written.
+    ReservedArray<std::uint8_t> packed;  // per-token schemes: [stream][slot][block_bytes]
+    ReservedArray<f16> meta;           // witness / ρ / dither scales, [stream][slot][meta_per_token]
     int meta_per_token = 0;
     // dither-int8 values: [stream][slot][head_dim]; keys page by page, channel-major inside a page
     // ([stream][page][head_dim][page_size], key_code), so that a page's tokens of one channel are
     // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
-    std::vector<std::int8_t> codes;
-    std::vector<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
-    std::vector<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
-    std::vector<f16> rows;           // an fp16 side without the exact tier: [stream][slot][head_dim]
+    ReservedArray<std::int8_t> codes;
+    ReservedArray<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
+    ReservedArray<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
+    ReservedArray<f16> rows;           // an fp16 side without the exact tier: [stream][slot][head_dim]
     std::size_t bytes() const;
   };
   void init_side(Side& side, const quant::KvFormat& format, quant::KvSide which);
@@ -167,7 +168,8 @@ class SequenceState {
  private:
   friend class KvStore;
   struct Side {
-    std::vector<std::uint8_t> groups;  // group schemes: [stream][group][block_bytes]
+    // Group schemes: [stream][group][block_bytes], committed as the sequence's blocks are written.
+    ReservedArray<std::uint8_t> groups;
     // A packed side without the exact tier: the rows it has not encoded yet,
     // [stream][ring][head_dim], position pos in row pos % ring.
     std::vector<f16> ring;

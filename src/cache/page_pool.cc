@@ -1,11 +1,32 @@
 #include "cache/page_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
 
 namespace witcert::cache {
+
+void* reserve_zeroed(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw std::runtime_error("cannot reserve " + std::to_string(bytes) + " bytes of address space for the KV pool: " +
+                             std::strerror(errno));
+  // Where transparent huge pages are always on, one written byte would commit 2 MiB around it;
+  // the pool's streams are written a page of tokens (about 1 KiB each) at a time. Best effort: a
+  // kernel without THP refuses the advice and commits base pages anyway.
+  ::madvise(p, bytes, MADV_NOHUGEPAGE);
+  return p;
+}
+
+void release_reserved(void* p, std::size_t bytes) {
+  if (p != nullptr) ::munmap(p, bytes);
+}
 
 PagePool::PagePool(std::int64_t pages, int page_size, std::uint64_t shuffle_seed)
     : pages_(pages), page_size_(page_size) {

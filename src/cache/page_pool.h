@@ -5,12 +5,64 @@
 // paging nor sharing a page changes what a token reads back.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace witcert::cache {
+
+// Zero-filled bytes that take address space at once and memory only as they are written: an
+// anonymous private mapping without a swap reservation (MAP_NORESERVE) or huge pages, whose
+// pages the kernel commits on first write (reads of an unwritten page see zeros and commit
+// nothing). Throws std::runtime_error naming the size when the address space cannot be had.
+// 0 bytes: nullptr.
+void* reserve_zeroed(std::size_t bytes);
+void release_reserved(void* p, std::size_t bytes);
+
+// n zero values of T over reserve_zeroed: a pool sized to a memory budget holds the pages its
+// sequences have written, not the budget. size() counts every value, written or not (what the
+// measured bytes charge). T's zero bytes are its zero value (integers, float, f16).
+template <class T>
+class ReservedArray {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T>);
+
+ public:
+  ReservedArray() = default;
+  explicit ReservedArray(std::size_t n)
+      : data_(static_cast<T*>(reserve_zeroed(checked_bytes(n)))), size_(n) {}
+  ReservedArray(ReservedArray&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  ReservedArray& operator=(ReservedArray&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+  ReservedArray(const ReservedArray&) = delete;
+  ReservedArray& operator=(const ReservedArray&) = delete;
+  ~ReservedArray() { release_reserved(data_, size_ * sizeof(T)); }
+
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  static std::size_t checked_bytes(std::size_t n) {
+    if (n > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw std::length_error("a reserved array of " + std::to_string(n) + " values overflows");
+    return n * sizeof(T);
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 // Every page of the pool is held: the caller may free sequences or preempt one.
 struct PoolExhausted : std::runtime_error {

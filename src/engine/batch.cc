@@ -261,10 +261,12 @@ void BatchEngine::open(std::int64_t capacity, bool exact_tier) {
   require(!open_, "the batch engine's pool is already open");
   const model::LlamaConfig& cfg = model_.config();
   capacity = std::clamp<std::int64_t>(capacity, 1, cfg.context);
-  build_pool(capacity,
-             opts_.kv_memory > 0 ? size_pool(cfg, capacity, cache_, opts_.kv_memory, opts_.max_seqs).pages
-                                 : opts_.max_seqs * pages_for(capacity, cache_.page_size),
-             exact_tier);
+  std::int64_t pages = opts_.max_seqs * pages_for(capacity, cache_.page_size);
+  if (opts_.kv_memory > 0) {
+    pages = size_pool(cfg, capacity, cache_, opts_.kv_memory, opts_.max_seqs).pages;
+    check_kv_memory(cfg, cache_, opts_.kv_memory, pages, exact_tier, available_memory());
+  }
+  build_pool(capacity, pages, exact_tier);
 }
 
 std::uint64_t BatchEngine::submit(const BatchRequest& request, RequestEvents events,

@@ -55,7 +55,9 @@ struct BatchResult {
 
 struct BatchOptions {
   int max_seqs = 16;           // sequences running at once
-  std::int64_t kv_memory = 0;  // bytes of the pool (0: enough for the max_seqs largest requests at once)
+  // Bytes of the pool (0: enough for the max_seqs largest requests at once): a budget, committed
+  // as pages are written, at most the memory this machine has available.
+  std::int64_t kv_memory = 0;
   int prefill_chunk = 64;      // prompt tokens per sequence per step, from position 0 in whole chunks
   std::int64_t step_tokens = 512;  // tokens per step, over every row (at least one row always runs)
   // A new sequence whose prompt begins with a running or recently finished sequence's takes
@@ -130,7 +132,8 @@ class BatchEngine {
   // or soundness check reads when `exact_tier`; then submit() queues requests between steps,
   // step() runs one forward pass (admission, preemption, sampling, events) and cancel() ends a
   // request at once, its pages back in the pool. A request that cannot run gets Finish::error
-  // from submit itself.
+  // from submit itself. The pool's pages take memory only as they are written; open() throws
+  // std::invalid_argument for a kv_memory this machine cannot hold (check_kv_memory).
   void open(std::int64_t capacity, bool exact_tier);
   std::uint64_t submit(const BatchRequest& request, RequestEvents events, std::vector<std::int32_t> stop_tokens);
   bool cancel(std::uint64_t id);  // false: no such request (finished already)

@@ -5,10 +5,13 @@
 #include "engine/batch.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -389,6 +392,105 @@ TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
     ADD_FAILURE() << "a budget of 1000 bytes was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("--kv-memory"), std::string::npos) << e.what();
+  }
+}
+
+// Resident bytes of this process (/proc/self/statm).
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// SmolLM2-135M's KV geometry, without its weights.
+model::LlamaConfig smollm2_geometry() {
+  model::LlamaConfig g;
+  g.layers = 30;
+  g.heads = 9;
+  g.kv_heads = 3;
+  g.head_dim = 64;
+  g.context = 8192;
+  return g;
+}
+
+TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
+  const model::LlamaConfig g = smollm2_geometry();
+  CacheOptions opts = format("dither-int8", "dither-int8", 0.0, gate::Granularity::block);
+  const std::int64_t budget = std::int64_t{2} << 30, capacity = 4096;
+  const PoolSizing sizing = size_pool(g, capacity, opts, budget, 16);
+  const std::int64_t before = resident_bytes();
+  const Pool pool = make_pool(g, capacity, sizing.pages, opts, false);
+  const std::int64_t built = resident_bytes();
+  // The measured bytes, and so admission, still charge the whole budget...
+  EXPECT_GT(pool.bytes(), static_cast<std::size_t>(budget) / 10 * 9);
+  // ...but building the pool commits only its bookkeeping.
+  EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
+
+  // Writing commits about what was written: 64 pages of every (layer, KV head).
+  cache::KvStore seq(pool.certified);
+  const std::int64_t tokens = 64 * opts.page_size;
+  std::vector<float> k(static_cast<std::size_t>(g.head_dim)), v(k.size());
+  for (int layer = 0; layer < g.layers; ++layer)
+    for (int h = 0; h < g.kv_heads; ++h)
+      for (std::int64_t pos = 0; pos < tokens; ++pos) {
+        for (std::size_t i = 0; i < k.size(); ++i) {
+          k[i] = std::sin(0.1f * static_cast<float>(pos + i));
+          v[i] = std::cos(0.2f * static_cast<float>(pos * 3 + i));
+        }
+        seq.write(layer, h, pos, k.data(), v.data());
+      }
+  const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
+  const std::int64_t grown = resident_bytes() - built;
+  EXPECT_GT(grown, written / 2) << "wrote " << written << " bytes of pages";
+  EXPECT_LT(grown, 2 * written + (std::int64_t{8} << 20)) << "wrote " << written << " bytes of pages";
+  std::printf("[pool memory] %zu-byte pool: built +%lld bytes resident; %lld bytes of pages written: +%lld bytes\n",
+              pool.bytes(), static_cast<long long>(built - before), static_cast<long long>(written),
+              static_cast<long long>(grown));
+
+  // An exact tier in RAM beside the pool is reserved the same way.
+  const std::int64_t tier_before = resident_bytes();
+  const Pool gated = make_pool(g, capacity, sizing.pages, opts, true);
+  EXPECT_GT(gated.backing_bytes(), static_cast<std::size_t>(budget));
+  EXPECT_LT(resident_bytes() - tier_before, std::int64_t{8} << 20) << "an exact tier of " << gated.backing_bytes() << " bytes";
+}
+
+TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {
+  const model::LlamaConfig g = smollm2_geometry();
+  CacheOptions opts = format("dither-int8", "dither-int8", 0.0, gate::Granularity::block);
+  const std::int64_t gib = std::int64_t{1} << 30;
+  const AvailableMemory m{true, gib, gib / 2};
+  const std::int64_t pages = 2000;  // an exact tier of 23 040 B a slot × 32 000 slots = 737 MB
+  EXPECT_NO_THROW(check_kv_memory(g, opts, gib, pages, false, m));
+  try {
+    check_kv_memory(g, opts, 2 * gib, pages, false, m);
+    ADD_FAILURE() << "a budget of 2 GiB was accepted beside 1.5 GiB";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    for (const char* part : {"--kv-memory 2147483648 bytes", "MemAvailable 1073741824 bytes", "SwapFree 536870912 bytes"})
+      EXPECT_NE(what.find(part), std::string::npos) << what;
+  }
+  // The exact tier counts when it lives in RAM; a file-backed one does not.
+  EXPECT_THROW(check_kv_memory(g, opts, gib, pages, true, m), std::invalid_argument);
+  opts.backing = cache::BackingPlace{};
+  EXPECT_NO_THROW(check_kv_memory(g, opts, gib, pages, true, m));
+  // Unknown memory refuses nothing.
+  EXPECT_NO_THROW(check_kv_memory(g, opts, std::int64_t{1} << 50, pages, false, AvailableMemory{}));
+}
+
+TEST_F(RealModel, AKvMemoryBeyondThisMachineIsRefusedWhenThePoolOpens) {
+  ASSERT_TRUE(available_memory().known) << "/proc/meminfo has no MemAvailable or SwapFree";
+  ThreadPool pool(1);
+  BatchOptions bo;
+  bo.kv_memory = std::int64_t{1} << 50;  // 1 PiB
+  BatchEngine engine(*model_, pool, format("dither-int8", "dither-int8", 0.0, gate::Granularity::block), bo);
+  try {
+    engine.open(256, false);
+    ADD_FAILURE() << "a budget of 1 PiB was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--kv-memory 1125899906842624 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("MemAvailable"), std::string::npos) << what;
   }
 }
 

@@ -1,6 +1,8 @@
 #include "engine/cache_factory.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +40,18 @@ gate::CertifiedOptions certified_options(const model::LlamaConfig& model, std::i
   o.gate = opts.gate;
   o.sinks = std::move(sinks);
   return o;
+}
+
+// Whether a certified pool keeps the exact backing tier: asked for, or read by a gate or the check.
+bool keeps_exact_tier(const CacheOptions& opts, bool exact_tier) {
+  return opts.certified && (exact_tier || opts.gate.on() || opts.check_soundness);
+}
+
+// "N bytes (x.xx GiB)".
+std::string bytes_text(double bytes) {
+  char text[96];
+  std::snprintf(text, sizeof text, "%.0f bytes (%.2f GiB)", bytes, bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
 }
 
 }  // namespace
@@ -80,9 +94,46 @@ Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int6
   }
   cache::CacheConfig cfg = cache_config(model, capacity, opts);
   cfg.pool_pages = pages;
-  cfg.exact_tier = exact_tier || opts.gate.on() || opts.check_soundness;
+  cfg.exact_tier = keeps_exact_tier(opts, exact_tier);
   p.certified = std::make_shared<cache::KvPool>(cfg);
   return p;
+}
+
+AvailableMemory available_memory() {
+  AvailableMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::int64_t kib = 0;
+  bool available = false, swap = false;
+  while (in >> key >> kib) {
+    std::getline(in, unit);  // " kB"
+    if (key == "MemAvailable:") {
+      m.available = kib * 1024;
+      available = true;
+    } else if (key == "SwapFree:") {
+      m.swap_free = kib * 1024;
+      swap = true;
+    }
+  }
+  m.known = available && swap;
+  return m;
+}
+
+void check_kv_memory(const model::LlamaConfig& model, const CacheOptions& opts, std::int64_t budget, std::int64_t pages,
+                     bool exact_tier, const AvailableMemory& memory) {
+  if (!memory.known) return;
+  // In double: an absurd budget's tier would overflow 64 bits, and a few bytes do not matter here.
+  const double tier = keeps_exact_tier(opts, exact_tier) && opts.backing.ram
+                          ? 2.0 * model.layers * model.kv_heads * model.head_dim * sizeof(f16) *
+                                static_cast<double>(pages) * opts.page_size
+                          : 0.0;
+  const double have = static_cast<double>(memory.available) + static_cast<double>(memory.swap_free);
+  if (static_cast<double>(budget) + tier <= have) return;
+  const std::string with_tier = tier > 0 ? " with its exact tier in RAM (" + bytes_text(tier) + ")" : "";
+  throw std::invalid_argument("--kv-memory " + bytes_text(static_cast<double>(budget)) + with_tier +
+                              " is more than this machine has available: MemAvailable " +
+                              bytes_text(static_cast<double>(memory.available)) + " + SwapFree " +
+                              bytes_text(static_cast<double>(memory.swap_free)) + " (/proc/meminfo)");
 }
 
 PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts,

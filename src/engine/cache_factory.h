@@ -59,6 +59,22 @@ struct PoolSizing {
 PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts,
                      std::int64_t budget, int max_seqs);
 
+// What this machine can give new allocations now, from /proc/meminfo, in bytes.
+struct AvailableMemory {
+  bool known = false;          // false: /proc/meminfo could not be read
+  std::int64_t available = 0;  // MemAvailable: RAM that can be had without swapping
+  std::int64_t swap_free = 0;  // SwapFree
+};
+AvailableMemory available_memory();
+
+// Refuses a --kv-memory budget this machine cannot hold: the budget, plus the exact tier of a
+// pool of `pages` when that tier is kept in RAM, against MemAvailable + SwapFree. The pool commits
+// its pages only as they are written, so a budget beyond memory would start and fail under load.
+// Throws std::invalid_argument naming the budget and both numbers; accepts anything where
+// `memory` is not known.
+void check_kv_memory(const model::LlamaConfig& model, const CacheOptions& opts, std::int64_t budget, std::int64_t pages,
+                     bool exact_tier, const AvailableMemory& memory);
+
 // A pool of `pages` pages for sequences of up to `capacity` positions; exact_tier keeps the
 // backing tier (a gate or the soundness check reads it) whatever opts says.
 Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
