@@ -35,6 +35,31 @@ bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
 
 }  // namespace
 
+std::uint64_t parse_u64(std::string_view text, const std::string& what) {
+  const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+  const std::string_view digits = hex ? text.substr(2) : text;
+  const unsigned base = hex ? 16 : 10;
+  const std::string wanted = what + ": '" + std::string(text) + "' is not a whole number in [0, 2^64) (decimal or 0x-hex)";
+  require(!digits.empty(), wanted);
+  std::uint64_t v = 0;
+  for (const char c : digits) {
+    unsigned d = base;
+    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
+    else if (hex && c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
+    else if (hex && c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
+    require(d < base, wanted);
+    require(v <= (std::numeric_limits<std::uint64_t>::max() - d) / base, wanted);
+    v = v * base + d;
+  }
+  return v;
+}
+
+double coverage_tau(const gate::Policy& gate, std::optional<double> asked, double otherwise) {
+  if (asked) return *asked;
+  if (gate.on() && gate.certified()) return gate.tau_k;
+  return otherwise;
+}
+
 std::string CacheOptions::format_name(quant::KvSide side) const {
   if (!certified) return "exact";
   return std::string(side == quant::KvSide::key ? k_format.name() : v_format.name());

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +56,20 @@ void read_json(const nlohmann::json& j, const char* key, T& out) {
   out = it->get<T>();
 }
 
+// A 64-bit unsigned integer (a seed) as the command line gives it: decimal digits, or 0x and hex
+// digits; no sign, fraction, exponent or space. Throws std::invalid_argument naming `what` for
+// anything else and for values of 2^64 and above, which are never wrapped or saturated.
+std::uint64_t parse_u64(std::string_view text, const std::string& what);
+
+// τ_K of the coverage figures where neither the user nor a gate gives one.
+inline constexpr double kDefaultCoverageTau = 0.2;
+
+// The τ_K of a request's coverage figures, the one rule of every entry point (generate, run,
+// batch and its lines, serve and its requests): `asked` when given; else the gate's τ_K when the
+// gate certifies (0 < τ_K < 1), so that the figures count the cells the gate held to it; else
+// `otherwise`, the coverage τ of the level above (a batch's or server's, for its requests).
+double coverage_tau(const gate::Policy& gate, std::optional<double> asked, double otherwise = kDefaultCoverageTau);
+
 // The KV cache: the plain exact cache, or the certified cache with its formats, meter and gate.
 struct CacheOptions {
   bool certified = false;  // false: the plain exact fp16 cache (no meter); everything below is ignored
@@ -85,7 +101,7 @@ struct RequestOptions {
   bool chat = false;  // wrap the prompt as a user turn of the chat template
   int max_new_tokens = 128;
   model::SamplerConfig sampler;
-  double coverage_tau = 0.2;  // τ_K of the coverage figures
+  double coverage_tau = kDefaultCoverageTau;  // τ_K of the coverage figures
   double coverage_tau_v = 0.05;  // τ_V of the coverage figures
   int stride = 1;             // telemetry: keep the cells of every stride-th decode step
 

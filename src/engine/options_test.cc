@@ -1,9 +1,21 @@
 #include "engine/options.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+// The server's request parsing, one of the entry points whose coverage τ must agree (test only).
+#include "apps/serve/request.h"
 
 namespace witcert::engine {
 namespace {
@@ -89,6 +101,144 @@ TEST(RequestOptions, JsonAndValidation) {
                           R"({"prompt": "x", "coverage_tau": 0})", R"({"prompt": "x", "coverage_tau_v": 0})",
                           R"({"prompt": "x", "stride": 0})", R"({"prompt": "x", "n": 4})", R"({"prompt": 5})"})
     EXPECT_THROW(RequestOptions::from_json(json::parse(bad)), std::invalid_argument) << bad;
+}
+
+// The values a 64-bit integer field must refuse, as JSON text: 2^64, beyond any integer, negative,
+// fractional, and a number in a string.
+const std::vector<std::string> kBadU64Json = {"18446744073709551616", "1e30", "-1", "1.5", R"("12")"};
+
+TEST(EngineOptions, SeedsBeyondTheirRangeAreErrorsNamingTheField) {
+  for (const std::string& v : kBadU64Json) {
+    try {
+      RequestOptions::from_json(json::parse(R"({"prompt": "x", "seed": )" + v + "}"));
+      ADD_FAILURE() << "seed " << v << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("seed must be a whole number"), std::string::npos) << v << ": " << e.what();
+    }
+    try {
+      CacheOptions::from_json(json::parse(R"({"kv": "dither-int8", "dither_seed": )" + v + "}"));
+      ADD_FAILURE() << "dither_seed " << v << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("dither_seed must be a whole number"), std::string::npos) << v << ": " << e.what();
+    }
+  }
+  // 2^64 - 1 itself is a seed.
+  EXPECT_EQ(RequestOptions::from_json(json::parse(R"({"prompt": "x", "seed": 18446744073709551615})")).sampler.seed,
+            std::numeric_limits<std::uint64_t>::max());
+}
+
+TEST(ParseU64, ReadsDecimalAndHexAndRefusesEverythingElseNamingTheFlag) {
+  EXPECT_EQ(parse_u64("0", "--seed"), 0u);
+  EXPECT_EQ(parse_u64("010", "--seed"), 10u);  // decimal, not octal
+  EXPECT_EQ(parse_u64("0x5EED", "--seed"), 0x5EEDu);
+  EXPECT_EQ(parse_u64("18446744073709551615", "--seed"), std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(parse_u64("0xffffffffffffffff", "--seed"), std::numeric_limits<std::uint64_t>::max());
+  for (const char* bad : {"18446744073709551616", "99999999999999999999", "0x10000000000000000", "1e30", "-1", "1.5",
+                          "\"12\"", "", "0x", "+1", " 1", "1 ", "0b1", "12abc"}) {
+    try {
+      parse_u64(bad, "--dither-seed");
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--dither-seed: '"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// What a witcert command line prints (stdout and stderr) and its exit status.
+struct Output {
+  int status = -1;
+  std::string out;
+};
+
+Output run_witcert(const std::string& args) {
+  Output r;
+  FILE* p = ::popen((std::string(WITCERT_BIN) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(ParseU64, TheCommandLineRefusesSeedsBeyondTheirRange) {
+  for (const char* bad : {"18446744073709551616", "1e30", "-1", "1.5", "'\"12\"'"})
+    for (const std::string flag : {"--seed", "--kv dither-int8 --dither-seed"}) {
+      const Output r = run_witcert("generate --prompt x " + flag + "=" + bad);
+      EXPECT_EQ(r.status, 2) << flag << " " << bad << ": " << r.out;
+      const std::string name = flag.substr(flag.rfind(' ') + 1);
+      EXPECT_NE(r.out.find(name + ": '"), std::string::npos) << flag << " " << bad << ": " << r.out;
+      EXPECT_NE(r.out.find("is not a whole number in [0, 2^64)"), std::string::npos) << r.out;
+    }
+}
+
+TEST(CoverageTau, AskedElseTheCertifiedGatesElseTheLevelAbove) {
+  const gate::Policy none, certified{0.1}, ranked{2.0};
+  EXPECT_EQ(coverage_tau(none, std::nullopt), kDefaultCoverageTau);
+  EXPECT_EQ(coverage_tau(certified, std::nullopt), 0.1);
+  EXPECT_EQ(coverage_tau(ranked, std::nullopt), kDefaultCoverageTau);  // a raw-score gate is no coverage τ
+  EXPECT_EQ(coverage_tau(certified, 0.5), 0.5);                         // an explicit τ wins
+  EXPECT_EQ(coverage_tau(none, std::nullopt, 0.3), 0.3);
+  EXPECT_EQ(coverage_tau(ranked, std::nullopt, 0.3), 0.3);
+  EXPECT_EQ(coverage_tau(certified, std::nullopt, 0.3), 0.1);
+}
+
+// The τ_K of the coverage figures that `witcert generate` reports for `flags` (NaN: none).
+double generate_tau(const std::string& flags) {
+  const Output r = run_witcert("generate --prompt 'The capital of France is' --n 3 --kv q4_0 " + flags);
+  const std::string key = "coverage at tau_K=";
+  const std::size_t at = r.out.find(key);
+  if (r.status != 0 || at == std::string::npos) {
+    ADD_FAILURE() << "generate " << flags << ": " << r.out;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return std::stod(r.out.substr(at + key.size()));
+}
+
+// The τ_K of each result line of `witcert batch` over `lines` with `flags`.
+std::vector<double> batch_taus(const std::string& flags, const std::vector<std::string>& lines) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("witcert-coverage-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream in(dir / "in.jsonl");
+    for (const std::string& l : lines) in << l << "\n";
+  }
+  const Output r = run_witcert("batch --kv q4_0 --input " + (dir / "in.jsonl").string() + " --output " +
+                            (dir / "out.jsonl").string() + " " + flags);
+  std::vector<double> taus;
+  std::ifstream out(dir / "out.jsonl");
+  for (std::string line; std::getline(out, line);) taus.push_back(json::parse(line).at("meter").at("tau_k").get<double>());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.status, 0) << r.out;
+  return taus;
+}
+
+// The τ_K of a server request's coverage figures for its `witcert` object, on a server started
+// without --gate or --coverage-tau.
+double request_tau(const std::string& witcert) {
+  apps::RequestDefaults d;
+  d.cache.certified = true;
+  d.cache.k_format = d.cache.v_format = quant::KvFormat::parse("q4_0");
+  d.coverage_tau = coverage_tau(d.cache.gate, std::nullopt);
+  return apps::parse_request(R"({"prompt": "x", "witcert": )" + witcert + "}", false, d).req.coverage_tau;
+}
+
+TEST(CoverageTau, GenerateBatchAndServerRequestsAgree) {
+  const std::string line = R"({"prompt": "The capital of France is", "max_tokens": 3)";
+  // A certified gate: its τ_K, from the command line or from the request.
+  EXPECT_EQ(generate_tau("--gate 0.1"), 0.1);
+  EXPECT_EQ(request_tau(R"({"tau": 0.1})"), 0.1);
+  EXPECT_EQ(batch_taus("--gate 0.1", {line + "}"}), std::vector<double>{0.1});
+  // An explicit coverage τ wins over the gate's; a raw-score gate leaves the default.
+  EXPECT_EQ(generate_tau("--gate 0.1 --coverage-tau 0.5"), 0.5);
+  EXPECT_EQ(generate_tau("--gate 2"), kDefaultCoverageTau);
+  EXPECT_EQ(request_tau(R"({"tau": 0.1, "coverage_tau": 0.5})"), 0.5);
+  EXPECT_EQ(request_tau(R"({"tau": 2})"), kDefaultCoverageTau);
+  EXPECT_EQ(batch_taus("--gate 0.1 --coverage-tau 0.5", {line + "}"}), std::vector<double>{0.5});
+  // A batch line's own gate and coverage τ, as a server request's.
+  EXPECT_EQ(batch_taus("", {line + R"(, "tau": 0.1})", line + R"(, "tau": 0.1, "coverage_tau": 0.5})",
+                            line + R"(, "tau": 2})", line + "}"}),
+            (std::vector<double>{0.1, 0.5, kDefaultCoverageTau, kDefaultCoverageTau}));
 }
 
 }  // namespace

@@ -41,7 +41,9 @@ struct CacheFlags {
   double gate = 0.0;  // τ_K of the gate; 0: no gate
   std::string granularity = "block";
   double tau_v = 0.05;         // the V-side threshold of the joint gate and of the V coverage figure
-  double coverage_tau = 0.2;   // the meter threshold of the coverage figure
+  // The meter threshold of the coverage figure, as main resolves it (engine::coverage_tau):
+  // --coverage-tau when given, else a certified --gate's τ_K, else the default.
+  double coverage_tau = engine::kDefaultCoverageTau;
   std::string bound = "min";   // the meter's bound shape
   bool shared_page_dither = false;
   std::string dither = "shared-prompt";  // cache::parse_dither_mode

@@ -1,9 +1,9 @@
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -67,13 +67,18 @@ CLI::Validator whole_in(const std::string& flag, long long lo, long long hi) {
       requirement);
 }
 
-// A 64-bit seed: decimal or 0x-hex digits, without a sign (strtoull would wrap "-1").
+// A 64-bit seed as engine::parse_u64 reads it (decimal or 0x-hex digits, below 2^64), rewritten in
+// decimal so that CLI11's own conversion reads what was checked: its strtoull saturates above
+// 2^64 - 1 and reads a leading 0 as octal. Options add it with ->transform, as ->check would
+// hand it a copy.
 CLI::Validator seed(const std::string& flag) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        std::uint64_t v = 0;
-        if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || !CLI::detail::lexical_cast(text, v))
-          throw UsageError(flag + ": '" + text + "' is not a whole number in [0, 2^64)");
+        try {
+          text = std::to_string(witcert::engine::parse_u64(text, flag));
+        } catch (const std::invalid_argument& e) {
+          throw UsageError(e.what());
+        }
         return {};
       },
       "[0, 2^64)");
@@ -158,7 +163,8 @@ CLI::Option* add_meter_options(CLI::App* cmd, Args& a) {
                           ->check(positive_finite("--gate/--tau"));
   cmd->add_option("--tau-v", a.tau_v, "V-side threshold of the joint gate and of the V coverage figure, > 0")
       ->check(positive_finite("--tau-v"));
-  cmd->add_option("--coverage-tau", a.coverage_tau, "meter threshold of the coverage figure, in (0, 1]")
+  cmd->add_option("--coverage-tau", a.coverage_tau,
+                  "meter threshold of the coverage figure, in (0, 1] (default: a certified gate's tau_K, else 0.2)")
       ->check(half_open_unit<double>("--coverage-tau"));
   cmd->add_option("--bound", a.bound,
                   "meter's bound shape: eform, two-sided, retention, tanh, tanh-half or min (default min: the minimum "
@@ -212,6 +218,13 @@ void check_pool_cache_options(const PoolCacheOptions& o, const witcert::apps::Ca
   check_tier(o.tier, c.exact_tier);
 }
 
+// The command's coverage τ, by the rule of every entry point (engine::coverage_tau): --coverage-tau
+// when given, else a certified gate's τ_K, else the default.
+void resolve_coverage_tau(witcert::apps::CacheFlags& c, const CLI::Option* coverage_tau) {
+  c.coverage_tau = witcert::engine::coverage_tau(witcert::gate::Policy{c.gate},
+                                                 given(coverage_tau) ? std::optional(c.coverage_tau) : std::nullopt);
+}
+
 // --outliers and --dither shape dither-int8 keys only: an error when no K format is dither-int8.
 void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
                         const std::string& formats_flag) {
@@ -247,7 +260,7 @@ int main(int argc, char** argv) {
   generate->add_option("--temp", gen.temperature, "temperature (0: greedy)")
       ->check(real<float>("--temp", [](float v) { return std::isfinite(v) && v >= 0; }, "finite and >= 0"));
   generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->check(half_open_unit<float>("--top-p"));
-  generate->add_option("--seed", gen.seed, "sampling seed")->check(seed("--seed"));
+  generate->add_option("--seed", gen.seed, "sampling seed")->transform(seed("--seed"));
   generate->add_option("--threads", gen.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
   auto* gen_kv = generate->add_option(
       "--kv", gen.cache.kv, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
@@ -271,7 +284,7 @@ int main(int argc, char** argv) {
                               ->excludes(gen_dither);
   auto* gen_dither_seed = generate->add_option("--dither-seed", gen.cache.dither_seed,
                                                "dither-int8: seed of the key dither's Philox stream")
-                              ->check(seed("--dither-seed"));
+                              ->transform(seed("--dither-seed"));
   auto* gen_check = generate->add_flag("--check-soundness", gen.cache.check_soundness,
                                        "compare every meter with the true TV from the exact tier");
   auto* gen_meter_json = generate->add_option("--meter-json", gen.meter_json,
@@ -395,14 +408,20 @@ int main(int argc, char** argv) {
       check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.cache.kv}, "--kv");
       check_tier(gen_tier, gen.cache.exact_tier);
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+      resolve_coverage_tau(gen.cache, generate->get_option("--coverage-tau"));
     }
     if (*batch) check_pool_cache_options(batch_cache, ba.cache, "batch");
     if (*serve) check_pool_cache_options(serve_cache, sa.cache, "serve");
+    if (*batch) resolve_coverage_tau(ba.cache, batch_cache.coverage_tau);
+    if (*serve) resolve_coverage_tau(sa.cache, serve_cache.coverage_tau);
+    if (*serve && serve->count("--api-key") > 0 && sa.api_key.find_first_not_of(" \t") == std::string::npos)
+      throw UsageError("--api-key is empty: give a key, or leave the flag out to serve without one");
     if (*runc) {
       check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
       check_tier(run_tier, ra.cache.exact_tier);
       if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+      resolve_coverage_tau(ra.cache, runc->get_option("--coverage-tau"));
     }
   } catch (const UsageError& e) {
     std::cerr << "witcert: error: " << e.what() << "\nwitcert: run 'witcert --help' for usage\n";

@@ -185,11 +185,7 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
     w.erase("detail");
   }
   try {
-    // A request's gate τ is also its coverage τ, as `witcert generate --gate` reports it.
-    double coverage_tau = d.coverage_tau;
-    if (w.contains("tau") && w.at("tau").is_number() && w.at("tau").get<double>() < 1.0 && !w.contains("coverage_tau"))
-      coverage_tau = w.at("tau").get<double>();
-    apply_policy(w, d.cache, coverage_tau, d.coverage_tau_v, r);
+    apply_policy(w, d.cache, d.coverage_tau, d.coverage_tau_v, r);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
   }
@@ -199,7 +195,6 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
 void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, double coverage_tau,
                   double coverage_tau_v, engine::BatchRequest& r) {
   r.cache = base;
-  r.coverage_tau = coverage_tau;
   r.coverage_tau_v = coverage_tau_v;
   const bool policy = j.contains("tau") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
                       j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
@@ -217,7 +212,11 @@ void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, dou
     engine::read_json(j, "bound", b);
     r.cache.bound = cert::parse_bound_shape(b);
   }
-  engine::read_json(j, "coverage_tau", r.coverage_tau);
+  // The request's coverage τ, by the rule of every entry point: its own, else its own certified
+  // gate's τ_K, else the pool's.
+  std::optional<double> asked;
+  if (j.contains("coverage_tau")) engine::read_json(j, "coverage_tau", asked.emplace());
+  r.coverage_tau = engine::coverage_tau(j.contains("tau") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
   engine::read_json(j, "coverage_tau_v", r.coverage_tau_v);
   require_arg(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
   require_arg(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
