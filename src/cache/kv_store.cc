@@ -79,7 +79,8 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_, pool.cfg_.capac
   for (std::size_t i = 0; i < streams * logical_pages_; ++i) promoted_[i].store(kNotPromoted);
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
-      side->groups = ReservedArray<std::uint8_t>(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes);
+      side->groups =
+          ReservedArray<std::uint8_t>(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes);
   if (pool.exact_) return;
   // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
   // dither-int8 keys before calibration, one row otherwise; whole pages, so that a page's rows
@@ -167,7 +168,8 @@ void KvPool::init_side(Side& side, const quant::KvFormat& format, quant::KvSide 
   side.scheme->check_head_dim(d);
   side.T = side.scheme->tokens_per_block();
   side.block_bytes = side.scheme->block_bytes(d);
-  if (side.T == 1) side.packed = ReservedArray<std::uint8_t>(streams * slots() * side.block_bytes);  // group blocks follow the sequence
+  // Group blocks follow the sequence.
+  if (side.T == 1) side.packed = ReservedArray<std::uint8_t>(streams * slots() * side.block_bytes);
   side.meta_per_token = key ? cfg_.bands : 1;  // Tier-A witness, or ρ_t
   side.meta = ReservedArray<f16>(streams * slots() * side.meta_per_token);
 }

@@ -452,7 +452,8 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   const std::int64_t tier_before = resident_bytes();
   const Pool gated = make_pool(g, capacity, sizing.pages, opts, true);
   EXPECT_GT(gated.backing_bytes(), static_cast<std::size_t>(budget));
-  EXPECT_LT(resident_bytes() - tier_before, std::int64_t{8} << 20) << "an exact tier of " << gated.backing_bytes() << " bytes";
+  EXPECT_LT(resident_bytes() - tier_before, std::int64_t{8} << 20)
+      << "an exact tier of " << gated.backing_bytes() << " bytes";
 }
 
 TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {
@@ -467,7 +468,8 @@ TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {
     ADD_FAILURE() << "a budget of 2 GiB was accepted beside 1.5 GiB";
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
-    for (const char* part : {"--kv-memory 2147483648 bytes", "MemAvailable 1073741824 bytes", "SwapFree 536870912 bytes"})
+    for (const char* part :
+         {"--kv-memory 2147483648 bytes", "MemAvailable 1073741824 bytes", "SwapFree 536870912 bytes"})
       EXPECT_NE(what.find(part), std::string::npos) << what;
   }
   // The exact tier counts when it lives in RAM; a file-backed one does not.

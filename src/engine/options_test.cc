@@ -119,7 +119,8 @@ TEST(EngineOptions, SeedsBeyondTheirRangeAreErrorsNamingTheField) {
       CacheOptions::from_json(json::parse(R"({"kv": "dither-int8", "dither_seed": )" + v + "}"));
       ADD_FAILURE() << "dither_seed " << v << " was accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("dither_seed must be a whole number"), std::string::npos) << v << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("dither_seed must be a whole number"), std::string::npos)
+          << v << ": " << e.what();
     }
   }
   // 2^64 - 1 itself is a seed.
@@ -197,7 +198,8 @@ double generate_tau(const std::string& flags) {
 
 // The τ_K of each result line of `witcert batch` over `lines` with `flags`.
 std::vector<double> batch_taus(const std::string& flags, const std::vector<std::string>& lines) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("witcert-coverage-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("witcert-coverage-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   {
     std::ofstream in(dir / "in.jsonl");
@@ -207,7 +209,8 @@ std::vector<double> batch_taus(const std::string& flags, const std::vector<std::
                             (dir / "out.jsonl").string() + " " + flags);
   std::vector<double> taus;
   std::ifstream out(dir / "out.jsonl");
-  for (std::string line; std::getline(out, line);) taus.push_back(json::parse(line).at("meter").at("tau_k").get<double>());
+  for (std::string line; std::getline(out, line);)
+    taus.push_back(json::parse(line).at("meter").at("tau_k").get<double>());
   std::filesystem::remove_all(dir);
   EXPECT_EQ(r.status, 0) << r.out;
   return taus;
