@@ -3,24 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numbers>
 #include <stdexcept>
 #include <string>
 
 #include "cert/round_up.h"
+#include "cert/shapes_hd.h"
 
 namespace witcert::cert {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Below this a result nears the subnormal range, where the relative margin kRoundUpMargin no longer
-// raises it past its roundings (it is less than one ulp there): the shapes take a first-order bound.
-// Above it the shapes are the formulas attn/cuda/meter_stats.h repeats bit for bit.
-constexpr double kTiny = 0x1p-1000;
-
 // A bound that came out NaN carries no information: report it as "no guarantee".
-double sound(double v) { return std::isnan(v) ? kInf : v; }
+double sound(double v) { return hd::sound(v); }
 
 }  // namespace
 
@@ -149,43 +144,12 @@ double MeterStats::log_A_minus() const {
   return y >= 1.0 ? -kInf : lower - y / (1.0 - y) * kRoundUpMargin - 0x1p-52 * (1.0 + std::fabs(lower));
 }
 
-double eform_raw(double log_A) {
-  if (std::isnan(log_A)) return kInf;
-  // Near the subnormal range a relative margin rounds away; there ½(e^{2y} − 1) = y + y² + ⅔y³ + …
-  // ≤ y + 2y² < y + ulp(y) (2y² < 2^-53·y), so the next double above y bounds it (y = 0 is exact).
-  if (log_A < kTiny) return log_A > 0.0 ? std::nextafter(log_A, kInf) : log_A;
-  const double x = 2.0 * log_A;
-  // expm1 keeps full precision for small A − 1; above, ½e^x − ½ avoids overflowing before the
-  // halving. Both are within an ulp or two, covered by the round-up margin.
-  if (x < 1.0) return 0.5 * std::expm1(x) * kRoundUpMargin;
-  return (std::exp(x - std::numbers::ln2) - 0.5) * kRoundUpMargin;
-}
-
-double two_sided_raw(double log_A, double log_A_minus) {
-  // x = log A − log A⁻ sums two nonnegative terms, so it rounds by at most half an ulp. Near the
-  // subnormal range sinh(x) = x + x³/6 + … lies within that half ulp of x, so the next double above
-  // the rounded x bounds it where a relative margin would round away (x = 0 is exact).
-  const double x = log_A - log_A_minus;
-  if (x < kTiny) return x > 0.0 ? std::nextafter(x, kInf) : x;
-  return sound(std::sinh(x) * kRoundUpMargin);
-}
-
-// tanh(x) ≤ x for x ≥ 0: near the subnormal range, where tanh(c_max/2) would round to zero or
-// below its value under any relative margin, x itself is the bound (c_max/2 rounded up).
-double tanh_shape(double c_max) {
-  if (std::isnan(c_max)) return kInf;
-  return c_max < kTiny ? c_max : std::tanh(c_max) * kRoundUpMargin;
-}
-double tanh_half_shape(double c_max) {
-  if (std::isnan(c_max)) return kInf;
-  if (c_max < kTiny) {
-    const double half = 0.5 * c_max;  // exact unless c_max is subnormal with its last bit set
-    return half + half < c_max ? std::nextafter(half, kInf) : half;
-  }
-  return std::tanh(0.5 * c_max) * kRoundUpMargin;
-}
-
-double clamp_meter(double raw) { return raw >= 0.0 ? std::min(1.0, raw) : 1.0; }
+// The shapes and the meter's clamp are cert/shapes_hd.h's, the source the CUDA kernel compiles too.
+double eform_raw(double log_A) { return hd::eform_raw(log_A); }
+double two_sided_raw(double log_A, double log_A_minus) { return hd::two_sided_raw(log_A, log_A_minus); }
+double tanh_shape(double c_max) { return hd::tanh_shape(c_max); }
+double tanh_half_shape(double c_max) { return hd::tanh_half_shape(c_max); }
+double clamp_meter(double raw) { return hd::clamp_meter(raw); }
 
 namespace {
 constexpr BoundShape kShapes[] = {BoundShape::eform, BoundShape::two_sided, BoundShape::retention,
@@ -236,9 +200,9 @@ double Bounds::meter(BoundShape shape) const {
 }
 
 double Bounds::meter() const {
-  for (double v : {eform, two_sided, retention, tanh, tanh_half})
-    if (!(v >= 0.0)) return 1.0;  // NaN or negative: not a bound, so the set is no guarantee
-  return clamp_meter(std::min({eform, two_sided, retention, tanh, tanh_half}));
+  // NaN or negative: not a bound, so the set is no guarantee.
+  const double forms[] = {eform, two_sided, retention, tanh, tanh_half};
+  return hd::min_meter(forms, 5);
 }
 
 namespace {

@@ -1,11 +1,13 @@
-// The meter's statistics for host and device: cert::Lse, cert::MeterStats and the bound shapes of
-// attn::finish, written as WITCERT_HD code that reproduces the cert layer's arithmetic operation
-// for operation (meter_stats_test.cc holds them to it bit for bit). The CUDA kernel sums each
-// tile's terms from the tile's maxima and merges the tiles (tile_stats); the cert layer's margins
-// cover any order of the sums (docs/cuda.md).
+// The meter's statistics for host and device: cert::Lse and cert::MeterStats written as WITCERT_HD
+// code that reproduces the cert layer's arithmetic operation for operation (meter_stats_test.cc
+// holds them to it bit for bit), and attn::finish on the cert layer's bound shapes, which are
+// shared source (cert/shapes_hd.h). The CUDA kernel sums each tile's terms from the tile's maxima
+// and merges the tiles (tile_stats); the cert layer's margins cover any order of the sums
+// (docs/cuda.md).
 #pragma once
 
 #include "attn/cuda/hd.h"
+#include "cert/shapes_hd.h"
 
 namespace witcert::cuda {
 
@@ -214,20 +216,16 @@ WITCERT_HD MeterStats tile_stats(const TileMax& m, const double* z, const double
   return t;
 }
 
-// A bound that came out NaN reads as no guarantee.
-WITCERT_HD double sound(double v) { return is_nan(v) ? kInf : v; }
-WITCERT_HD double clamp_meter(double raw) { return is_nan(raw) ? 1.0 : (raw < 1.0 ? raw : 1.0); }
-
-// Theorem 1 (cert::eform_raw), Proposition 1 (cert::two_sided_raw), tanh(c_max) and tanh(c_max/2).
-WITCERT_HD double eform_raw(double log_A) {
-  if (is_nan(log_A)) return kInf;
-  const double x = 2.0 * log_A;
-  if (x < 1.0) return 0.5 * expm1(x) * kRoundUpMargin;
-  return (exp(x - 0.693147180559945309417232121458176568) - 0.5) * kRoundUpMargin;
-}
-WITCERT_HD double two_sided_raw(double log_A, double log_A_minus) { return sound(sinh(log_A - log_A_minus) * kRoundUpMargin); }
-WITCERT_HD double tanh_shape(double c_max) { return is_nan(c_max) ? kInf : tanh(c_max) * kRoundUpMargin; }
-WITCERT_HD double tanh_half_shape(double c_max) { return is_nan(c_max) ? kInf : tanh(0.5 * c_max) * kRoundUpMargin; }
+// The bound shapes and the meter's clamp: the cert layer's own functions (cert/shapes_hd.h), which
+// nvcc compiles for the device too, edges included (first-order bounds near the subnormal range; a
+// NaN or negative bound reads as no guarantee).
+using cert::hd::clamp_meter;
+using cert::hd::eform_raw;
+using cert::hd::min_meter;
+using cert::hd::sound;
+using cert::hd::tanh_half_shape;
+using cert::hd::tanh_shape;
+using cert::hd::two_sided_raw;
 
 // One query head's partial over a token range: attn::HeadPartial with the output accumulator kept
 // apart (the kernel holds it per channel).
@@ -253,15 +251,10 @@ WITCERT_HD HeadReport finish(const HeadState& p) {
   r.eform_raw = eform_raw(r.log_A);
   const double two_sided = two_sided_raw(r.log_A, r.log_A_minus);
   const double th = tanh_shape(p.meter.c_max), th_half = tanh_half_shape(p.meter.c_max);
-  // Bounds::meter(): the minimum of the sound forms, the retention form read as the e-form.
+  // Bounds::meter(): the minimum of the sound forms, the retention form read as the e-form; a NaN
+  // or negative form makes it no guarantee (1).
   const double forms[] = {r.eform_raw, two_sided, r.eform_raw, th, th_half};
-  double lowest = kInf;
-  bool nan = false;
-  for (double v : forms) {
-    nan = nan || is_nan(v);
-    lowest = v < lowest ? v : lowest;
-  }
-  r.meter = is_nan(r.log_A) || is_nan(p.m) || nan ? 1.0 : clamp_meter(lowest);
+  r.meter = is_nan(r.log_A) || is_nan(p.m) ? 1.0 : min_meter(forms, 5);
   const double weighted_rho = p.rho / p.l;
   r.v_meter = weighted_rho == 0.0 ? 0.0 : sound(weighted_rho / p.v_max);
   r.output_bound = sound(2.0 * r.meter * p.v_max + weighted_rho);

@@ -4,9 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <bit>
+#include <boost/multiprecision/cpp_bin_float.hpp>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attn/certified_attention.h"
@@ -192,5 +197,200 @@ TEST(CudaMeterStats, FinishMatchesAttnFinish) {
   }
 }
 
+
+// The shapes and the clamp are the cert layer's source (cert/shapes_hd.h): the same bits at the edges
+// of double, the first-order bounds near the subnormal range included.
+TEST(CudaMeterStats, ShapesMatchTheCertLayerBitForBitAtTheEdges) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  const std::vector<double> xs = {0.0,      -0.0,      tiny,     2 * tiny, 3 * tiny, 5 * tiny,
+                                  1e-320,   1e-310,    0x1p-1000, 0x1p-999, 1e-300,   std::nextafter(0x1p-1000, 0.0),
+                                  0x1p-60,  1e-9,      0.3,       0.5,      1.0,      30.0,
+                                  300.0,    354.0,     355.0,     700.0,    710.0,    1e300,
+                                  kInf,     -tiny,     -1.0,      -kInf,    NAN};
+  for (double x : xs) {
+    SCOPED_TRACE(x);
+    EXPECT_TRUE(same_bits(eform_raw(x), cert::eform_raw(x)));
+    EXPECT_TRUE(same_bits(tanh_shape(x), cert::tanh_shape(x)));
+    EXPECT_TRUE(same_bits(tanh_half_shape(x), cert::tanh_half_shape(x)));
+    EXPECT_TRUE(same_bits(clamp_meter(x), cert::clamp_meter(x)));
+    for (double y : xs) EXPECT_TRUE(same_bits(two_sided_raw(x, y), cert::two_sided_raw(x, y))) << y;
+  }
+}
+
+// Fifty-digit references that keep their digits where the argument is far below 10^-50 of 1 (c_t
+// subnormal): e^x − 1 and tanh through their series there, never through 1 + x.
+using Big = boost::multiprecision::cpp_bin_float_50;
+
+Big expm1_big(const Big& x) { return abs(x) < Big(1e-20) ? x + x * x / 2 + x * x * x / 6 : Big(exp(x) - 1); }
+Big tanh_big(const Big& x) { return abs(x) < Big(1e-20) ? x - x * x * x / 3 : Big(tanh(x)); }
+
+// A head over logits z and bounds c, for finish: the meter statistics in the given form, and the
+// softmax sums the report needs (no value error, unit values).
+HeadState head_of(const MeterStats& meter, const std::vector<Token>& ts) {
+  HeadState h;
+  h.meter = meter;
+  for (const Token& t : ts) h.m = std::max(h.m, t.z);
+  for (const Token& t : ts) h.l += std::exp(t.z - h.m);
+  h.v_max = 1.0;
+  return h;
+}
+
+// The kernel's meter at the edges of double against 50-digit arithmetic: every c_t subnormal
+// (tanh(c_max/2) once underflowed there to a meter of 0, below the true worst case), c_t from 30 to
+// 710, both in one head, logits far from 0, moment tokens. In the scalar order the report is
+// attn::finish's bit for bit; in the scalar and the tile order each shape finish takes the minimum
+// of is at least its exact value (and, away from overflow, within its margins above it), and the
+// meter is never 0 while some c_t > 0.
+TEST(CudaMeterStats, EdgesAgainstFiftyDigits) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  struct Case {
+    std::vector<double> z, c;
+    bool moments = false;  // every other token a moment token
+  };
+  std::vector<Case> cases = {
+      {{std::log(0.25), std::log(0.75)}, {tiny, tiny}},
+      {{std::log(0.25), std::log(0.75)}, {tiny, 3 * tiny}},
+      {{std::log(0.5), std::log(0.25), std::log(0.25)}, {tiny, 0.0, 5 * tiny}},
+      {{std::log(0.25), std::log(0.75)}, {1e-310, 1e-320}},
+      {{0.0, 0.0}, {30.0, 0.0}},
+      {{0.0, 0.0}, {300.0, 0.0}},
+      {{0.0, 0.0}, {700.0, 0.0}},
+      {{0.0, 0.0}, {710.0, 0.0}},
+      {{0.0, 0.0}, {700.0, 700.0}},
+      {{0.0, -6.9}, {30.0, 300.0}},
+      {{-0.2, 0.1, 0.9}, {tiny, 700.0, 0.3}},
+      {{1000.0, 999.5, 998.0}, {700.0, tiny, 0.1}},
+      {{-700.0, 0.0, 3.0}, {30.0, 300.0, tiny}},
+  };
+  // Forty tokens over two tiles, all c_t subnormal, half of them moment tokens; and the same with
+  // every token a plain one.
+  for (bool moments : {true, false}) {
+    Case k{{}, {}, moments};
+    for (int t = 0; t < 40; ++t) {
+      k.z.push_back(0.1 * t - 2.0);
+      k.c.push_back((t % 7 + 1) * tiny);
+    }
+    cases.push_back(k);
+  }
+  const char* names[] = {"eform", "two-sided", "tanh", "tanh-half"};
+  for (const Case& k : cases) {
+    SCOPED_TRACE("c = " + ::testing::PrintToString(k.c) + (k.moments ? " (moments)" : ""));
+    const std::size_t n = k.z.size();
+    std::vector<Token> ts(n);
+    for (std::size_t t = 0; t < n; ++t) ts[t] = {k.z[t], k.c[t], k.moments && t % 2 == 1};
+    // The exact shapes: a = A − 1 and am = 1 − A⁻ beside A⁻, so that A² − 1 and A/A⁻ − A⁻/A keep
+    // their digits both when every c_t is subnormal and when A⁻ is e^-700.
+    std::vector<Big> p(n);
+    Big total = 0, a = 0, am = 0, Am = 0, c_max = 0;
+    for (std::size_t t = 0; t < n; ++t) total += p[t] = exp(Big(k.z[t]) - Big(k.z[0]));
+    for (std::size_t t = 0; t < n; ++t) {
+      const Big c = k.c[t];
+      p[t] /= total;
+      a += p[t] * expm1_big(c);
+      am -= p[t] * expm1_big(-c);
+      Am += p[t] * exp(-c);
+      c_max = std::max(c_max, c);
+    }
+    const std::array<Big, 4> want = {a * (a + 2) / 2, (a + am) * (1 + a + Am) / (2 * (1 + a) * Am), tanh_big(c_max),
+                                     tanh_big(c_max / 2)};
+    const Big want_meter = std::min(Big(1), *std::min_element(want.begin(), want.end()));
+
+    MeterStats scalar;
+    attn::HeadPartial cpu;
+    for (const Token& t : ts) {
+      if (t.moment) {
+        scalar.add_moment(t.z, t.c), cpu.meter.add_moment(t.z, t.c);
+      } else {
+        scalar.add(t.z, t.c), cpu.meter.add(t.z, t.c);
+      }
+    }
+    const HeadState gpu = head_of(scalar, ts);
+    cpu.m = gpu.m, cpu.l = gpu.l, cpu.v_max = gpu.v_max;
+    cpu.acc.assign(1, 0.0);
+    float out[1];
+    const attn::HeadResult cpu_report = attn::finish(cpu, 1, out);
+    const HeadReport got = finish(gpu);
+    EXPECT_TRUE(same_bits(got.meter, cpu_report.meter)) << got.meter << " vs " << cpu_report.meter;
+    EXPECT_TRUE(same_bits(got.eform_raw, cpu_report.eform_raw)) << got.eform_raw << " vs " << cpu_report.eform_raw;
+
+    for (const bool tiled : {false, true}) {
+      SCOPED_TRACE(tiled ? "tile order" : "scalar order");
+      const HeadState h = tiled ? head_of(tile_order(ts), ts) : gpu;
+      const HeadReport r = finish(h);
+      const std::array<double, 4> shapes = {eform_raw(r.log_A), two_sided_raw(r.log_A, r.log_A_minus),
+                                            tanh_shape(h.meter.c_max), tanh_half_shape(h.meter.c_max)};
+      EXPECT_TRUE(same_bits(shapes[0], r.eform_raw));
+      for (int s = 0; s < 4; ++s) {
+        SCOPED_TRACE(names[s]);
+        EXPECT_GE(Big(shapes[s]), want[s]) << shapes[s] << " below " << want[s];
+        // Near the top of the double range a shape may overflow early to +inf (no guarantee);
+        // elsewhere it is within its margins: an absolute one in log A (about 1e-13 here) for
+        // the log-domain shapes, one subnormal ulp for the tanh shapes.
+        if (shapes[s] == kInf) {
+          EXPECT_GT(want[s], Big(1e300));
+        } else {
+          EXPECT_LE(Big(shapes[s]), want[s] * Big(1 + 1e-9) + Big(s < 2 ? 1e-11 : 2 * tiny))
+              << shapes[s] << " vs " << want[s];
+        }
+      }
+      EXPECT_GT(r.meter, 0.0);
+      EXPECT_LE(r.meter, 1.0);
+      EXPECT_GE(Big(r.meter), want_meter) << r.meter << " below " << want_meter;
+    }
+  }
+}
+
+// A NaN or negative bound is no bound: the meter reads 1 (no guarantee), never the smaller value,
+// as the cert layer's clamp_meter and Bounds::meter read it.
+TEST(CudaMeterStats, NegativeOrNanReadsAsNoGuarantee) {
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  for (double v : {-tiny, -1e-300, -0.5, -1.0, -kInf, static_cast<double>(NAN)}) {
+    SCOPED_TRACE(v);
+    EXPECT_EQ(clamp_meter(v), 1.0);
+    EXPECT_EQ(cert::clamp_meter(v), 1.0);
+    for (int slot = 0; slot < 5; ++slot) {
+      double forms[] = {0.25, 0.5, 0.125, 0.75, 0.0625};
+      forms[slot] = v;
+      EXPECT_EQ(min_meter(forms, 5), 1.0) << slot;
+      const cert::Bounds b{forms[0], forms[1], forms[2], forms[3], forms[4]};
+      EXPECT_EQ(b.meter(), 1.0) << slot;
+    }
+  }
+  const double ok[] = {0.25, 0.5, 0.125, 0.75, 0.0625};
+  EXPECT_EQ(min_meter(ok, 5), 0.0625);
+  EXPECT_EQ(clamp_meter(2.0), 1.0);
+  EXPECT_EQ(clamp_meter(kInf), 1.0);
+
+  // Through finish: a NaN bound or logit, and a negative c_t (outside the precondition c_t ≥ 0)
+  // that leaves log A below 0 and so the e-form and two-sided shapes negative.
+  struct Case {
+    std::vector<double> z, c;
+  };
+  const std::vector<Case> cases = {
+      {{0.0, 1.0}, {NAN, 0.1}},
+      {{0.0, 1.0}, {0.1, NAN}},
+      {{NAN, 1.0}, {0.1, 0.2}},
+      {{std::log(0.1), std::log(0.9)}, {0.5, -1.0}},
+      {{std::log(0.1), std::log(0.9)}, {0.5, -2.0}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE("z = " + ::testing::PrintToString(k.z) + ", c = " + ::testing::PrintToString(k.c));
+    std::vector<Token> ts;
+    for (std::size_t t = 0; t < k.z.size(); ++t) ts.push_back({k.z[t], k.c[t], false});
+    MeterStats scalar;
+    attn::HeadPartial cpu;
+    for (const Token& t : ts) scalar.add(t.z, t.c), cpu.meter.add(t.z, t.c);
+    const HeadState gpu = head_of(scalar, ts);
+    cpu.m = gpu.m, cpu.l = gpu.l, cpu.v_max = gpu.v_max;
+    cpu.acc.assign(1, 0.0);
+    float out[1];
+    const attn::HeadResult want = attn::finish(cpu, 1, out);
+    const HeadReport got = finish(gpu);
+    EXPECT_EQ(got.meter, 1.0);
+    EXPECT_TRUE(same_bits(got.meter, want.meter)) << got.meter << " vs " << want.meter;
+    EXPECT_TRUE(same_bits(got.eform_raw, want.eform_raw)) << got.eform_raw << " vs " << want.eform_raw;
+    EXPECT_EQ(finish(head_of(tile_order(ts), ts)).meter, 1.0);
+  }
+}
 }  // namespace
 }  // namespace witcert::cuda
