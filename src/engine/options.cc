@@ -35,6 +35,23 @@ bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
 
 }  // namespace
 
+nlohmann::json parse_json(std::string_view text, const JsonLimits& limits) {
+  require(text.size() <= limits.max_bytes,
+          "the JSON text has " + std::to_string(text.size()) + " bytes; at most " + std::to_string(limits.max_bytes));
+  // The callback sees each value's depth before it is built; throwing there stops the parse.
+  const auto depth_check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= limits.max_depth)
+      throw std::invalid_argument("the JSON text nests deeper than " + std::to_string(limits.max_depth) + " levels");
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, depth_check);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("not valid JSON: ") + e.what());
+  }
+}
+
 std::uint64_t parse_u64(std::string_view text, const std::string& what) {
   const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
   const std::string_view digits = hex ? text.substr(2) : text;

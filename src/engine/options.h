@@ -27,6 +27,18 @@ inline void require_json(bool ok, const std::string& what) {
 }
 }  // namespace detail
 
+// The limits every JSON value from outside is parsed under (a request body, a batch line, a C API
+// option string, a `witcert bound` line): nlohmann's parser is iterative, but copying and dumping
+// the value recurse once per level, so depth is bounded where the text is read.
+struct JsonLimits {
+  int max_depth = 64;                 // nested arrays and objects
+  std::size_t max_bytes = 64u << 20;  // of the text
+};
+
+// Parses `text` under `limits`. Throws std::invalid_argument saying what is wrong: not JSON (with
+// the parser's message), nested deeper than max_depth, or longer than max_bytes.
+nlohmann::json parse_json(std::string_view text, const JsonLimits& limits = {});
+
 // j[key] into out when present: a boolean, a string, a whole number within T's range (never
 // wrapped into it), or a number. Throws std::invalid_argument naming the key otherwise.
 template <class T>

@@ -111,6 +111,8 @@ struct ServeArgs {
   std::string kv_memory = "512M";
   std::string max_body = "1M";  // request bodies above it get 413
   double drain_seconds = 30.0;  // on SIGTERM/SIGINT: how long running requests may finish
+  int max_connections = 0;      // 0: max(256, max_seqs + max_waiting + 64)
+  double header_timeout = 10.0;  // seconds for a request's headers; its body gets three times as long
   CacheFlags cache;             // an empty kv keeps the plain exact cache
 };
 

@@ -362,6 +362,12 @@ int main(int argc, char** argv) {
   serve->add_option("--max-body", sa.max_body, "largest request body (e.g. 1M); larger ones get 413");
   serve->add_option("--drain-seconds", sa.drain_seconds, "on SIGTERM/SIGINT, how long running requests may finish")
       ->check(CLI::Range(0.0, 3600.0));
+  serve->add_option("--max-connections", sa.max_connections,
+                    "connections open at once; one more is answered 503 (default: max(256, max-seqs + max-waiting + 64))")
+      ->transform(whole_in("--max-connections", 1, 65536));
+  serve->add_option("--header-timeout", sa.header_timeout,
+                    "seconds a client has to send a request's headers (its body has 3x as long)")
+      ->check(CLI::Range(0.1, 3600.0));
   const PoolCacheOptions serve_cache = add_pool_cache_options(serve, sa.cache);
 
   witcert::apps::EvalOptions ev;

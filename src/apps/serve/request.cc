@@ -71,9 +71,9 @@ std::vector<model::ChatMessage> chat_messages(const json& msgs) {
 RequestSpec parse_request(std::string_view text, bool chat, const RequestDefaults& d) {
   json body;
   try {
-    body = json::parse(text);
-  } catch (const json::exception& e) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
+    body = engine::parse_json(text);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, std::string("the body is not accepted: ") + e.what(), "", "invalid_json");
   }
   require(body.is_object(), "the body must be a JSON object", "");
   static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
@@ -126,6 +126,8 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
   r.max_tokens = d.max_tokens;
   field(body, "max_tokens", r.max_tokens);
   if (chat) field(body, "max_completion_tokens", r.max_tokens);
+  const auto given = [&](const char* key) { return body.contains(key) && !body.at(key).is_null(); };
+  s.max_tokens_given = given("max_tokens") || (chat && given("max_completion_tokens"));
   require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "'max_tokens' must be in [1, 1000000]", "max_tokens");
   field(body, "temperature", r.sampler.temperature);
   require(std::isfinite(r.sampler.temperature) && r.sampler.temperature >= 0 && r.sampler.temperature <= 2,
