@@ -25,8 +25,14 @@ ExactPool::ExactPool(const KvGeometry& g, int page_size, std::int64_t pages)
     : g_(g), pool_(pages > 0 ? pages : checked_pages(g, page_size), page_size) {
   if (pages > 0) checked_pages(g, page_size);  // the geometry's checks
   const std::size_t n = static_cast<std::size_t>(g.layers) * g.kv_heads * pool_.pages() * page_size * g.head_dim;
-  k_.assign(n, 0);
-  v_.assign(n, 0);
+  k_ = cache::ReservedArray<f16>(n);
+  v_ = cache::ReservedArray<f16>(n);
+}
+
+ExactPool::ExactPool(const ExactPool& other)
+    : g_(other.g_), pool_(other.pool_), k_(other.k_.size()), v_(other.v_.size()) {
+  std::copy(other.k_.data(), other.k_.data() + other.k_.size(), k_.data());
+  std::copy(other.v_.data(), other.v_.data() + other.v_.size(), v_.data());
 }
 
 ExactKvCache::ExactKvCache(const KvGeometry& g, int page_size)

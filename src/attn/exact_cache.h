@@ -21,7 +21,7 @@ class ExactPool {
  public:
   // pages = 0: enough pages for one sequence of capacity.
   ExactPool(const KvGeometry& g, int page_size = 16, std::int64_t pages = 0);
-  ExactPool(const ExactPool&) = default;  // every page, free and taken alike
+  ExactPool(const ExactPool& other);  // every page, free and taken alike
   ExactPool& operator=(const ExactPool&) = delete;
 
   const KvGeometry& geometry() const { return g_; }
@@ -35,7 +35,9 @@ class ExactPool {
   friend class ExactKvCache;
   KvGeometry g_;
   cache::PagePool pool_;
-  std::vector<f16> k_, v_;
+  // Reserved, not committed: a page takes memory when first written, so a large pool costs
+  // nothing until it fills (the budget of `witcert serve --kv-memory` with the plain cache).
+  cache::ReservedArray<f16> k_, v_;
 };
 
 // One sequence's exact cache: over a pool of its own, or over a pool it shares with other

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/session.h"
 #include "model/real_model_fixture.h"
@@ -454,6 +455,34 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   EXPECT_GT(gated.backing_bytes(), static_cast<std::size_t>(budget));
   EXPECT_LT(resident_bytes() - tier_before, std::int64_t{8} << 20)
       << "an exact tier of " << gated.backing_bytes() << " bytes";
+}
+
+// The plain exact cache's pool is reserved the same way: building it for a 2 GiB budget commits
+// next to nothing, and writing commits about what was written.
+TEST(PoolMemory, ThePlainCachesBudgetTakesMemoryOnlyAsItsPagesAreWritten) {
+  const model::LlamaConfig g = smollm2_geometry();
+  const CacheOptions plain;
+  const std::int64_t budget = std::int64_t{2} << 30, capacity = 4096;
+  const PoolSizing sizing = size_pool(g, capacity, plain, budget, 16);
+  const std::int64_t before = resident_bytes();
+  const Pool pool = make_pool(g, capacity, sizing.pages, plain, false);
+  const std::int64_t built = resident_bytes();
+  ASSERT_TRUE(pool.exact);
+  EXPECT_GT(pool.bytes(), static_cast<std::size_t>(budget) / 10 * 9);
+  EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
+  attn::ExactKvCache seq(pool.exact);
+  const std::int64_t tokens = 64 * plain.page_size;
+  std::vector<float> k(static_cast<std::size_t>(g.head_dim)), v(k.size());
+  for (int layer = 0; layer < g.layers; ++layer)
+    for (int h = 0; h < g.kv_heads; ++h)
+      for (std::int64_t pos = 0; pos < tokens; ++pos) {
+        for (std::size_t i = 0; i < k.size(); ++i) k[i] = v[i] = std::sin(0.1f * static_cast<float>(pos + i));
+        seq.write(layer, h, pos, k.data(), v.data());
+      }
+  const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
+  const std::int64_t grown = resident_bytes() - built;
+  EXPECT_GT(grown, written / 2) << "wrote " << written << " bytes of pages";
+  EXPECT_LT(grown, 2 * written + (std::int64_t{8} << 20)) << "wrote " << written << " bytes of pages";
 }
 
 TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {

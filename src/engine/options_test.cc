@@ -14,9 +14,6 @@
 #include <string>
 #include <vector>
 
-// The server's request parsing, one of the entry points whose coverage τ must agree (test only).
-#include "apps/serve/request.h"
-
 namespace witcert::engine {
 namespace {
 
@@ -216,27 +213,15 @@ std::vector<double> batch_taus(const std::string& flags, const std::vector<std::
   return taus;
 }
 
-// The τ_K of a server request's coverage figures for its `witcert` object, on a server started
-// without --gate or --coverage-tau.
-double request_tau(const std::string& witcert) {
-  apps::RequestDefaults d;
-  d.cache.certified = true;
-  d.cache.k_format = d.cache.v_format = quant::KvFormat::parse("q4_0");
-  d.coverage_tau = coverage_tau(d.cache.gate, std::nullopt);
-  return apps::parse_request(R"({"prompt": "x", "witcert": )" + witcert + "}", false, d).req.coverage_tau;
-}
-
-TEST(CoverageTau, GenerateBatchAndServerRequestsAgree) {
+// The server's requests follow the same rule (apps/serve/request_test.cc, Request.CoverageTau...).
+TEST(CoverageTau, GenerateAndBatchAgree) {
   const std::string line = R"({"prompt": "The capital of France is", "max_tokens": 3)";
   // A certified gate: its τ_K, from the command line or from the request.
   EXPECT_EQ(generate_tau("--gate 0.1"), 0.1);
-  EXPECT_EQ(request_tau(R"({"tau": 0.1})"), 0.1);
   EXPECT_EQ(batch_taus("--gate 0.1", {line + "}"}), std::vector<double>{0.1});
   // An explicit coverage τ wins over the gate's; a raw-score gate leaves the default.
   EXPECT_EQ(generate_tau("--gate 0.1 --coverage-tau 0.5"), 0.5);
   EXPECT_EQ(generate_tau("--gate 2"), kDefaultCoverageTau);
-  EXPECT_EQ(request_tau(R"({"tau": 0.1, "coverage_tau": 0.5})"), 0.5);
-  EXPECT_EQ(request_tau(R"({"tau": 2})"), kDefaultCoverageTau);
   EXPECT_EQ(batch_taus("--gate 0.1 --coverage-tau 0.5", {line + "}"}), std::vector<double>{0.5});
   // A batch line's own gate and coverage τ, as a server request's.
   EXPECT_EQ(batch_taus("", {line + R"(, "tau": 0.1})", line + R"(, "tau": 0.1, "coverage_tau": 0.5})",

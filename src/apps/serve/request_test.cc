@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -243,6 +244,23 @@ TEST(Request, NestingBeyondTheLimitIsRefusedWhereverItIs) {
   // 64 levels in all parse: the field's own rules answer (a nested `user` is a wrong type).
   const ApiError shallow = refused(R"({"prompt": "Hi", "user": )" + nest(63, true) + "}", false);
   EXPECT_EQ(shallow.code, "invalid_type") << shallow.what();
+}
+
+// A request's coverage τ by the engine's one rule, as `witcert generate` and `witcert batch` report
+// it for the same settings (engine/options_test.cc, CoverageTau.GenerateAndBatchAgree): its own
+// coverage τ, else its certified gate's τ_K, else the server's.
+TEST(Request, CoverageTauFollowsTheEngineRule) {
+  RequestDefaults d;
+  d.cache.certified = true;
+  d.cache.k_format = d.cache.v_format = quant::KvFormat::parse("q4_0");
+  d.coverage_tau = engine::coverage_tau(d.cache.gate, std::nullopt);
+  const auto tau = [&](const std::string& witcert) {
+    return parse_request(R"({"prompt": "x", "witcert": )" + witcert + "}", false, d).req.coverage_tau;
+  };
+  EXPECT_EQ(tau(R"({"tau": 0.1})"), 0.1);
+  EXPECT_EQ(tau(R"({"tau": 0.1, "coverage_tau": 0.5})"), 0.5);
+  EXPECT_EQ(tau(R"({"tau": 2})"), engine::kDefaultCoverageTau);
+  EXPECT_EQ(tau("{}"), engine::kDefaultCoverageTau);
 }
 
 }  // namespace
