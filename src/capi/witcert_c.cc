@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -781,8 +782,11 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
       require(item.key() != "prompt", "request_json: the prompt is the prompt argument");
       (is_request ? req : cache)[item.key()] = item.value();
     }
-    const engine::RequestOptions ro = engine::RequestOptions::from_json(req);
+    engine::RequestOptions ro = engine::RequestOptions::from_json(req);
     const engine::CacheOptions co = engine::CacheOptions::from_json(cache);
+    // The coverage τ by the rule of every entry point: the one asked for, else a certified gate's τ_K.
+    ro.coverage_tau = engine::coverage_tau(
+        co.gate, req.contains("coverage_tau") ? std::optional<double>(ro.coverage_tau) : std::nullopt);
     const std::vector<std::int32_t> tokens = e->model.checked_prompt(ro.prompt, ro.chat);
     const model::LlamaConfig& cfg = e->model.model->config();
     const std::int64_t capacity =

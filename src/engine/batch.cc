@@ -274,7 +274,10 @@ std::uint64_t BatchEngine::submit(const BatchRequest& request, RequestEvents eve
   require(open_, "submit before open");
   const model::LlamaConfig& cfg = model_.config();
   const int P = cache_.page_size;
-  auto s = std::make_unique<Seq>(request.sampler);
+  // Checked before anything is built from it: a sampler that refuses its settings must fail this
+  // request alone, not the caller's whole run.
+  std::string error = check(request);
+  auto s = std::make_unique<Seq>(error.empty() ? request.sampler : model::SamplerConfig{});
   s->id = ++next_id_;
   s->req = request;
   s->events = std::move(events);
@@ -282,7 +285,6 @@ std::uint64_t BatchEngine::submit(const BatchRequest& request, RequestEvents eve
   s->all = request.prompt;
   s->prompt_len = static_cast<std::int64_t>(request.prompt.size());
   s->limit = std::min<std::int64_t>(cfg.context, s->prompt_len + request.max_tokens);
-  std::string error = check(request);
   if (error.empty() && (request.cache.gate.on() || request.cache.check_soundness) && !pool_.has_exact_tier())
     error = "the request's gate or soundness check needs the exact tier, which this pool does not keep";
   if (error.empty() && s->limit > capacity_)

@@ -367,11 +367,15 @@ TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   ThreadPool pool(2);
   const CacheOptions cache = format("q4_0", "q4_0", 0.0, gate::Granularity::block);
   std::vector<BatchRequest> all = requests(*tok_, cache, 8);
+  all.push_back(all[0]);
+  all.push_back(all[6]);
   all[1].prompt.clear();
   all[2].prompt.assign(static_cast<std::size_t>(model_->config().context) + 1, 1);
   all[3].cache.delta = 2.0;
   all[4].max_tokens = -1;
   all[5].cache.k_format = quant::KvFormat::parse("q8_0");
+  all[8].sampler.temperature = -1.0;  // the sampler refuses it: this request fails, not the run
+  all[9].sampler.top_p = 1.5;
   BatchEngine engine(*model_, pool, cache, BatchOptions{});
   const std::vector<BatchResult> got = engine.run(all, {tok_->eos()});
   EXPECT_EQ(got[1].error, "the prompt is empty");
@@ -379,7 +383,9 @@ TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   EXPECT_NE(got[3].error.find("delta"), std::string::npos) << got[3].error;
   EXPECT_NE(got[4].error.find("max_tokens"), std::string::npos) << got[4].error;
   EXPECT_NE(got[5].error.find("formats"), std::string::npos) << got[5].error;
-  for (int i : {1, 2, 3, 4, 5}) EXPECT_EQ(got[i].finish, Finish::error);
+  EXPECT_NE(got[8].error.find("temperature"), std::string::npos) << got[8].error;
+  EXPECT_NE(got[9].error.find("top"), std::string::npos) << got[9].error;
+  for (int i : {1, 2, 3, 4, 5, 8, 9}) EXPECT_EQ(got[i].finish, Finish::error);
   for (int i : {0, 6, 7}) {
     EXPECT_NE(got[i].finish, Finish::error) << got[i].error;
     EXPECT_TRUE(got[i].has_meter);

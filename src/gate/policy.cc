@@ -18,13 +18,14 @@ const char* granularity_name(Granularity g) {
 Granularity parse_granularity(std::string_view name) {
   for (Granularity g : {Granularity::head, Granularity::block, Granularity::request})
     if (name == granularity_name(g)) return g;
-  throw std::invalid_argument("--granularity must be head, block or request, got '" + std::string(name) + "'");
+  throw std::invalid_argument("granularity must be head, block or request, got '" + std::string(name) + "'");
 }
 
 void Policy::validate() const {
   if (!(tau_k >= 0.0) || std::isinf(tau_k))
     throw std::invalid_argument("the gate threshold tau must be finite and positive");
-  if (on() && !(tau_v > 0.0 && std::isfinite(tau_v)))
+  // Checked with the gate off too: a τ_V out of range is a mistake even where nothing reads it yet.
+  if (!(tau_v > 0.0 && std::isfinite(tau_v)))
     throw std::invalid_argument("the gate threshold tau_v must be finite and positive");
 }
 
