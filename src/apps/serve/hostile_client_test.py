@@ -5,7 +5,9 @@ phase, and SIGTERM under load. Every attack is bounded in count and time. After 
 server must answer /health within a second and its RSS must be within 10 % of where it started;
 under SIGTERM every open stream ends with its last chunk and [DONE], and the server exits 0.
 
-Usage: hostile_client_test.py WITCERT_BINARY MODEL_GGUF
+Usage: hostile_client_test.py WITCERT_BINARY MODEL_GGUF [--sanitized]
+(--sanitized: the binary runs under AddressSanitizer, whose quarantine keeps freed memory: RSS is
+reported, not held to 10 %.)
 """
 import gzip
 import http.client
@@ -340,7 +342,7 @@ def main() -> int:
         server.health_within(1.0)
         rss1 = rss_kib(server.proc.pid)
         print(f"RSS {rss0} KiB after the first request, {rss1} KiB after the attacks ({rss1 / rss0 - 1:+.1%})")
-        assert rss1 <= 1.10 * rss0, (rss0, rss1)
+        assert rss1 <= 1.10 * rss0 or "--sanitized" in sys.argv[3:], (rss0, rss1)
         cases += check_sigterm(server)
         print(f"{cases} passed, 0 failed")
         return 0
