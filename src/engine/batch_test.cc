@@ -421,6 +421,21 @@ model::LlamaConfig smollm2_geometry() {
   return g;
 }
 
+// Writes positions [0, tokens) of every (layer, KV head) of `seq` with smooth made-up keys and values.
+template <class Seq>
+void write_pages(Seq& seq, const model::LlamaConfig& g, std::int64_t tokens) {
+  std::vector<float> k(static_cast<std::size_t>(g.head_dim)), v(k.size());
+  for (int layer = 0; layer < g.layers; ++layer)
+    for (int h = 0; h < g.kv_heads; ++h)
+      for (std::int64_t pos = 0; pos < tokens; ++pos) {
+        for (std::size_t i = 0; i < k.size(); ++i) {
+          k[i] = std::sin(0.1f * static_cast<float>(pos + i));
+          v[i] = std::cos(0.2f * static_cast<float>(pos * 3 + i));
+        }
+        seq.write(layer, h, pos, k.data(), v.data());
+      }
+}
+
 TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   const model::LlamaConfig g = smollm2_geometry();
   CacheOptions opts = format("dither-int8", "dither-int8", 0.0, gate::Granularity::block);
@@ -436,17 +451,7 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
 
   // Writing commits about what was written: 64 pages of every (layer, KV head).
   cache::KvStore seq(pool.certified);
-  const std::int64_t tokens = 64 * opts.page_size;
-  std::vector<float> k(static_cast<std::size_t>(g.head_dim)), v(k.size());
-  for (int layer = 0; layer < g.layers; ++layer)
-    for (int h = 0; h < g.kv_heads; ++h)
-      for (std::int64_t pos = 0; pos < tokens; ++pos) {
-        for (std::size_t i = 0; i < k.size(); ++i) {
-          k[i] = std::sin(0.1f * static_cast<float>(pos + i));
-          v[i] = std::cos(0.2f * static_cast<float>(pos * 3 + i));
-        }
-        seq.write(layer, h, pos, k.data(), v.data());
-      }
+  write_pages(seq, g, 64 * opts.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;
   EXPECT_GT(grown, written / 2) << "wrote " << written << " bytes of pages";
@@ -477,14 +482,7 @@ TEST(PoolMemory, ThePlainCachesBudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   EXPECT_GT(pool.bytes(), static_cast<std::size_t>(budget) / 10 * 9);
   EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
   attn::ExactKvCache seq(pool.exact);
-  const std::int64_t tokens = 64 * plain.page_size;
-  std::vector<float> k(static_cast<std::size_t>(g.head_dim)), v(k.size());
-  for (int layer = 0; layer < g.layers; ++layer)
-    for (int h = 0; h < g.kv_heads; ++h)
-      for (std::int64_t pos = 0; pos < tokens; ++pos) {
-        for (std::size_t i = 0; i < k.size(); ++i) k[i] = v[i] = std::sin(0.1f * static_cast<float>(pos + i));
-        seq.write(layer, h, pos, k.data(), v.data());
-      }
+  write_pages(seq, g, 64 * plain.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;
   EXPECT_GT(grown, written / 2) << "wrote " << written << " bytes of pages";

@@ -220,7 +220,7 @@ def check_slow_clients(server: Server) -> int:
                   b"Content-Length: 1000\r\n\r\n{")
     start = time.monotonic()
     closed_at = {}
-    while time.monotonic() - start < 3 * HEADER_TIMEOUT + 6 and len(closed_at) < len(slow) + len(body_slow):
+    while time.monotonic() - start < 3 * HEADER_TIMEOUT + 15 and len(closed_at) < len(slow) + len(body_slow):
         for i, s in enumerate(slow + body_slow):
             if i in closed_at:
                 continue
@@ -231,8 +231,9 @@ def check_slow_clients(server: Server) -> int:
         server.health_within(1.0)
         time.sleep(1.0)
     assert len(closed_at) == len(slow) + len(body_slow), f"{len(slow) + len(body_slow) - len(closed_at)} still open"
-    assert max(closed_at[i] for i in range(len(slow))) < HEADER_TIMEOUT + 4, closed_at
-    assert max(closed_at.values()) < 3 * HEADER_TIMEOUT + 5, closed_at
+    # A close shows on the second send after it; the margins leave room for a loaded machine.
+    assert max(closed_at[i] for i in range(len(slow))) < HEADER_TIMEOUT + 8, closed_at
+    assert max(closed_at.values()) < 3 * HEADER_TIMEOUT + 10, closed_at
     for s in slow + body_slow:
         s.close()
     return 2
