@@ -456,8 +456,9 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   const std::int64_t grown = resident_bytes() - built;
   EXPECT_GT(grown, written / 2) << "wrote " << written << " bytes of pages";
   // (Under AddressSanitizer the write path's freed heap stays in its quarantine: no upper bound there.)
-  if (!model::kSanitized)
+  if (!model::kSanitized) {
     EXPECT_LT(grown, 2 * written + (std::int64_t{8} << 20)) << "wrote " << written << " bytes of pages";
+  }
   std::printf("[pool memory] %zu-byte pool: built +%lld bytes resident; %lld bytes of pages written: +%lld bytes\n",
               pool.bytes(), static_cast<long long>(built - before), static_cast<long long>(written),
               static_cast<long long>(grown));
