@@ -13,6 +13,8 @@
 #include <thread>
 #include <utility>
 
+#include "apps/serve/request.h"
+
 namespace witcert::apps {
 namespace {
 
@@ -167,8 +169,7 @@ thread_local bool t_over_limit = false;
 // The answer to a connection past the limit: sent without waiting, then the socket is closed.
 void refuse(int sock) {
   static const std::string body =
-      R"({"error":{"message":"too many open connections; retry later","type":"server_error","param":null,)"
-      R"("code":"too_many_connections"}})";
+      error_text(ApiError(503, "too many open connections; retry later", "", "too_many_connections"));
   const std::string text = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                            "Connection: close\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -205,7 +206,7 @@ GuardedServer::GuardedServer(const ConnectionLimits& limits) : limits_(limits) {
     if (res.status < 400) return;
     res.headers.erase("Keep-Alive");
     if (!res.has_header("Connection")) res.set_header("Connection", "close");
-    close_after_response();
+    if (t_connection) t_connection->close_after();
   });
 }
 
@@ -215,16 +216,7 @@ int GuardedServer::bind(const std::string& host, int port) {
   return bound;
 }
 
-int GuardedServer::open_connections() const {
-  std::lock_guard lock(mu_);
-  return open_;
-}
-
 bool GuardedServer::client_gone() { return t_connection != nullptr && t_connection->gone(); }
-
-void GuardedServer::close_after_response() {
-  if (t_connection) t_connection->close_after();
-}
 
 bool GuardedServer::process_and_close_socket(socket_t sock) {
   if (t_over_limit) {

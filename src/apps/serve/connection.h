@@ -37,14 +37,10 @@ class GuardedServer : public httplib::Server {
   // so that a burst of connections is accepted rather than left waiting for SYN retransmits.
   // The bound port, or -1.
   int bind(const std::string& host, int port);
-  // Connections open now (the accept loop's count).
-  int open_connections() const;
 
   // On a handler's thread: true once the client of the request being handled has closed its side
   // or reset the connection (a client that half-closes after sending counts as gone).
   static bool client_gone();
-  // On a handler's thread: the connection ends after this response whatever its status.
-  static void close_after_response();
 
  private:
   bool process_and_close_socket(socket_t sock) override;
@@ -62,9 +58,9 @@ class GuardedServer : public httplib::Server {
   };
 
   ConnectionLimits limits_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable ended_;  // a connection ended
-  int open_ = 0;
+  int open_ = 0;                   // connections open now
 };
 
 }  // namespace witcert::apps
