@@ -235,6 +235,30 @@ HeadState head_of(const MeterStats& meter, const std::vector<Token>& ts) {
   return h;
 }
 
+// One head in the scalar order through both paths: the kernel's state (for finish) and the CPU
+// reference's report (attn::finish) over the same tokens.
+struct BothPaths {
+  HeadState gpu;
+  attn::HeadResult cpu;
+};
+BothPaths both_paths(const std::vector<Token>& ts) {
+  MeterStats scalar;
+  attn::HeadPartial cpu;
+  for (const Token& t : ts) {
+    if (t.moment) {
+      scalar.add_moment(t.z, t.c), cpu.meter.add_moment(t.z, t.c);
+    } else {
+      scalar.add(t.z, t.c), cpu.meter.add(t.z, t.c);
+    }
+  }
+  BothPaths b{head_of(scalar, ts), {}};
+  cpu.m = b.gpu.m, cpu.l = b.gpu.l, cpu.v_max = b.gpu.v_max;
+  cpu.acc.assign(1, 0.0);
+  float out[1];
+  b.cpu = attn::finish(cpu, 1, out);
+  return b;
+}
+
 // The kernel's meter at the edges of double against 50-digit arithmetic: every c_t subnormal
 // (tanh(c_max/2) once underflowed there to a meter of 0, below the true worst case), c_t from 30 to
 // 710, both in one head, logits far from 0, moment tokens. In the scalar order the report is
@@ -295,20 +319,7 @@ TEST(CudaMeterStats, EdgesAgainstFiftyDigits) {
                                      tanh_big(c_max / 2)};
     const Big want_meter = std::min(Big(1), *std::min_element(want.begin(), want.end()));
 
-    MeterStats scalar;
-    attn::HeadPartial cpu;
-    for (const Token& t : ts) {
-      if (t.moment) {
-        scalar.add_moment(t.z, t.c), cpu.meter.add_moment(t.z, t.c);
-      } else {
-        scalar.add(t.z, t.c), cpu.meter.add(t.z, t.c);
-      }
-    }
-    const HeadState gpu = head_of(scalar, ts);
-    cpu.m = gpu.m, cpu.l = gpu.l, cpu.v_max = gpu.v_max;
-    cpu.acc.assign(1, 0.0);
-    float out[1];
-    const attn::HeadResult cpu_report = attn::finish(cpu, 1, out);
+    const auto [gpu, cpu_report] = both_paths(ts);
     const HeadReport got = finish(gpu);
     EXPECT_TRUE(same_bits(got.meter, cpu_report.meter)) << got.meter << " vs " << cpu_report.meter;
     EXPECT_TRUE(same_bits(got.eform_raw, cpu_report.eform_raw)) << got.eform_raw << " vs " << cpu_report.eform_raw;
@@ -377,14 +388,7 @@ TEST(CudaMeterStats, NegativeOrNanReadsAsNoGuarantee) {
     SCOPED_TRACE("z = " + ::testing::PrintToString(k.z) + ", c = " + ::testing::PrintToString(k.c));
     std::vector<Token> ts;
     for (std::size_t t = 0; t < k.z.size(); ++t) ts.push_back({k.z[t], k.c[t], false});
-    MeterStats scalar;
-    attn::HeadPartial cpu;
-    for (const Token& t : ts) scalar.add(t.z, t.c), cpu.meter.add(t.z, t.c);
-    const HeadState gpu = head_of(scalar, ts);
-    cpu.m = gpu.m, cpu.l = gpu.l, cpu.v_max = gpu.v_max;
-    cpu.acc.assign(1, 0.0);
-    float out[1];
-    const attn::HeadResult want = attn::finish(cpu, 1, out);
+    const auto [gpu, want] = both_paths(ts);
     const HeadReport got = finish(gpu);
     EXPECT_EQ(got.meter, 1.0);
     EXPECT_TRUE(same_bits(got.meter, want.meter)) << got.meter << " vs " << want.meter;
