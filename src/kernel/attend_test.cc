@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -16,37 +15,9 @@
 #include <vector>
 
 #include "attn/certified_attention.h"
+#include "base/alloc_counter.h"
 #include "cert/subgaussian.h"
 #include "quant/schemes.h"
-
-// Every allocation of this test binary passes here, so that a test can count those a call makes
-// on its own thread (NoAllocationsOnceWarm).
-namespace {
-thread_local long allocations = 0;
-}  // namespace
-
-void* operator new(std::size_t n) {
-  ++allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-// The nothrow forms too (std::stable_sort's buffer): every form this binary frees with free().
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  ++allocations;
-  return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
-// GCC takes the free below for a mismatch with the operator new it pairs with; it is this new's.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 namespace witcert::kernel {
 namespace {
@@ -680,9 +651,9 @@ bool decode_allocates(const std::string& name) {
     std::vector<float> x(static_cast<std::size_t>(scheme.tokens_per_block()) * d, 0.5f), out(x.size());
     std::vector<std::uint8_t> packed(scheme.block_bytes(d));
     scheme.encode(x.data(), d, packed.data());
-    const long before = allocations;
+    const long before = testing_util::thread_allocations();
     scheme.decode(packed.data(), d, out.data());
-    if (allocations != before) return true;
+    if (testing_util::thread_allocations() != before) return true;
   }
   return false;
 }
@@ -710,9 +681,10 @@ TEST(CertifiedFast, NoAllocationsOnceWarm) {
         for (const auto& [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {17, 250}, {n - 1, n}}) {
           const HeadPartial fresh;
           for (HeadPartial& p : partials) p = fresh;  // a copy keeps each acc's capacity
-          const long before = allocations;
+          const long before = testing_util::thread_allocations();
           attend_range(work, r, q.data(), group, d, b, e, ctx, partials, meter);
-          EXPECT_EQ(allocations - before, 0) << f.name() << " meter " << meter << " [" << b << ", " << e << ")";
+          EXPECT_EQ(testing_util::thread_allocations() - before, 0)
+              << f.name() << " meter " << meter << " [" << b << ", " << e << ")";
         }
       }
     });
