@@ -11,6 +11,7 @@ packages=(
   prometheus chromium
   coq
   clang-14 libclang-rt-14-dev
+  ccache
 )
 
 missing=()
