@@ -47,18 +47,24 @@ HWY_INLINE void AccumulateColumns(const float* p, const float* rows, int n, std:
   for (std::size_t k = 0; k < K; ++k) hn::StoreU(sum[k], df, out + c + k * kW);
 }
 
+// Every buffer comes from ws, refilled as a fresh vector would start (zeros): a warm workspace
+// allocates nothing.
 void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths, const f16* const* key_rows,
-                         const f16* const* value_rows, int head_dim, float* out) {
+                         const f16* const* value_rows, int head_dim, float* out, ExactWorkspace& ws) {
   const DF df;
   const int d = head_dim;
   const std::size_t dp = hwy::RoundUpTo(static_cast<std::size_t>(d), kW);
   const float sm = 1.0f / std::sqrt(static_cast<float>(d));
   // Scores are computed over the longest context for every query (the extra ones are never read).
   const std::int64_t n_ctx = *std::max_element(lengths, lengths + group);
-  std::vector<float> score(static_cast<std::size_t>(group) * n_ctx);
+  std::vector<float>& score = ws.score;
+  score.assign(static_cast<std::size_t>(group) * n_ctx, 0.0f);
 
   // Scores, kW query heads per vector: lane h accumulates q_h[i]·k_t[i] over i in order.
-  std::vector<float> q_t(d * kW), k_rows(kTokens * dp, 0.0f);
+  std::vector<float>& q_t = ws.q_t;
+  std::vector<float>& k_rows = ws.k_rows;
+  q_t.assign(d * kW, 0.0f);
+  k_rows.assign(kTokens * dp, 0.0f);
   HWY_ALIGN float lanes[kW];
   for (int h0 = 0; h0 < group; h0 += static_cast<int>(kW)) {
     const int heads = std::min(static_cast<int>(kW), group - h0);
@@ -83,7 +89,8 @@ void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths,
   }
 
   // The softmax of each head over its own context, scalar and in token order as in exact_attention.
-  std::vector<float> sum(group);
+  std::vector<float>& sum = ws.sum;
+  sum.assign(group, 0.0f);
   for (int h = 0; h < group; ++h) {
     float* s = &score[h * n_ctx];
     float max_score = -INFINITY;
@@ -94,7 +101,12 @@ void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths,
   }
 
   // Outputs, channels in lanes: out[i] += p_t·v_t[i] over t in order.
-  std::vector<float> acc(static_cast<std::size_t>(group) * dp, 0.0f), v_rows(kTile * dp, 0.0f), p(kTile);
+  std::vector<float>& acc = ws.acc;
+  std::vector<float>& v_rows = ws.v_rows;
+  std::vector<float>& p = ws.p;
+  acc.assign(static_cast<std::size_t>(group) * dp, 0.0f);
+  v_rows.assign(kTile * dp, 0.0f);
+  p.assign(kTile, 0.0f);
   for (std::int64_t t0 = 0; t0 < n_ctx; t0 += kTile) {
     const int n_tile = static_cast<int>(std::min<std::int64_t>(kTile, n_ctx - t0));
     for (int j = 0; j < n_tile; ++j) FloatRow(value_rows[t0 + j], d, &v_rows[j * dp]);
@@ -121,16 +133,37 @@ namespace witcert::attn {
 
 HWY_EXPORT(ExactAttentionMulti);
 
+namespace {
+
+ExactWorkspace& thread_workspace() {
+  thread_local ExactWorkspace ws;
+  return ws;
+}
+
+}  // namespace
+
+void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
+                           const f16* const* value_rows, int head_dim, float* out, ExactWorkspace& ws) {
+  if (queries <= 0) return;
+  HWY_DYNAMIC_DISPATCH(ExactAttentionMulti)(q, queries, lengths, key_rows, value_rows, head_dim, out, ws);
+}
+
+void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
+                           std::int64_t n_ctx, int head_dim, float* out, ExactWorkspace& ws) {
+  if (group <= 0) return;
+  // ws.lengths is read only by the dispatch below, which keeps its own buffers apart.
+  ws.lengths.assign(static_cast<std::size_t>(group), n_ctx);
+  exact_attention_multi(q, group, ws.lengths.data(), key_rows, value_rows, head_dim, out, ws);
+}
+
 void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
                            const f16* const* value_rows, int head_dim, float* out) {
-  if (queries <= 0) return;
-  HWY_DYNAMIC_DISPATCH(ExactAttentionMulti)(q, queries, lengths, key_rows, value_rows, head_dim, out);
+  exact_attention_multi(q, queries, lengths, key_rows, value_rows, head_dim, out, thread_workspace());
 }
 
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out) {
-  const std::vector<std::int64_t> lengths(static_cast<std::size_t>(std::max(group, 0)), n_ctx);
-  exact_attention_multi(q, group, lengths.data(), key_rows, value_rows, head_dim, out);
+  exact_attention_group(q, group, key_rows, value_rows, n_ctx, head_dim, out, thread_workspace());
 }
 
 }  // namespace witcert::attn

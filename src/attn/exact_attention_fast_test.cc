@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attn/exact_cache.h"
+#include "base/alloc_counter.h"
 
 namespace witcert::attn {
 namespace {
@@ -98,6 +99,45 @@ TEST(ExactFast, MultiLengthQueriesAreEachTheirOwnAttention) {
   }
   hwy::SetSupportedTargetsForTest(0);
   std::printf("[exact-fast] %ld multi-length outputs compared bit for bit\n", compared);
+}
+
+// A caller's workspace, once a call has grown it, serves every smaller call without allocating,
+// and what an earlier call left in it changes nothing: each output is bit for bit that of a fresh
+// workspace, on every SIMD target.
+TEST(ExactFast, AWarmWorkspaceAllocatesNothingAndKeepsNoTrace) {
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const int d_max = 128, group_max = 7;
+  const std::int64_t n_max = 77;
+  std::vector<f16> k(n_max * d_max), v(n_max * d_max);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = fp16_from_float(g(rng)), v[i] = fp16_from_float(g(rng));
+  std::vector<float> q(group_max * d_max);
+  for (float& x : q) x = g(rng);
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    ExactWorkspace ws;
+    std::vector<float> got(group_max * d_max), want(group_max * d_max);
+    const auto rows = [&](int d, std::vector<const f16*>& key_rows, std::vector<const f16*>& value_rows) {
+      for (std::int64_t t = 0; t < n_max; ++t) key_rows[t] = &k[t * d], value_rows[t] = &v[t * d];
+    };
+    std::vector<const f16*> key_rows(n_max), value_rows(n_max);
+    rows(d_max, key_rows, value_rows);
+    exact_attention_group(q.data(), group_max, key_rows.data(), value_rows.data(), n_max, d_max, got.data(), ws);
+    for (int d : {128, 64, 40})
+      for (int group : {7, 3, 1})
+        for (std::int64_t n : {77, 16, 1}) {
+          rows(d, key_rows, value_rows);
+          const long before = testing_util::thread_allocations();
+          exact_attention_group(q.data(), group, key_rows.data(), value_rows.data(), n, d, got.data(), ws);
+          EXPECT_EQ(testing_util::thread_allocations() - before, 0) << "d " << d << " group " << group << " n " << n;
+          ExactWorkspace fresh;
+          exact_attention_group(q.data(), group, key_rows.data(), value_rows.data(), n, d, want.data(), fresh);
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * group * d), 0)
+              << "d " << d << " group " << group << " n " << n;
+        }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace

@@ -77,8 +77,8 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
   }
 }
 
-const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
-  thread_local Rows r;  // reused by every call on this thread: a decode step allocates nothing once warm
+ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
+  thread_local Scratch r;
   r.keys.resize(n);
   r.values.resize(n);
   const std::int64_t page = pool_->page_size();
@@ -96,24 +96,26 @@ const ExactKvCache::Rows& ExactKvCache::rows(int layer, int kv_head, std::int64_
 
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
-  const Rows& r = rows(layer, kv_head, n_ctx);
-  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, pool_->g_.head_dim, out);
+  Scratch& r = rows(layer, kv_head, n_ctx);
+  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, pool_->g_.head_dim, out, r.work);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
                                  std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
   const int d = pool_->g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
-  const Rows& r = rows(layer, kv_head, pos0 + n);
-  std::vector<float> qs(n * row), res(n * row);
-  std::vector<std::int64_t> lengths(n * group);
+  Scratch& r = rows(layer, kv_head, pos0 + n);
+  r.queries.resize(n * row);
+  r.outputs.resize(n * row);
+  r.lengths.resize(n * group);
   for (std::int64_t i = 0; i < n; ++i) {
-    std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
-    std::fill_n(&lengths[i * group], group, pos0 + i + 1);
+    std::copy(q + i * q_stride, q + i * q_stride + row, &r.queries[i * row]);
+    std::fill_n(&r.lengths[i * group], group, pos0 + i + 1);
   }
-  exact_attention_multi(qs.data(), static_cast<int>(n * group), lengths.data(), r.keys.data(), r.values.data(), d,
-                        res.data());
-  for (std::int64_t i = 0; i < n; ++i) std::copy(&res[i * row], &res[(i + 1) * row], out + i * out_stride);
+  exact_attention_multi(r.queries.data(), static_cast<int>(n * group), r.lengths.data(), r.keys.data(),
+                        r.values.data(), d, r.outputs.data(), r.work);
+  for (std::int64_t i = 0; i < n; ++i)
+    std::copy(&r.outputs[i * row], &r.outputs[(i + 1) * row], out + i * out_stride);
 }
 
 }  // namespace witcert::attn

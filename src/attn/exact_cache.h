@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "attn/exact_attention_fast.h"
 #include "attn/kv_cache.h"
 #include "base/fp16.h"
 #include "cache/page_pool.h"
@@ -72,12 +73,17 @@ class ExactKvCache final : public KvCache {
 
  private:
   std::size_t index(int layer, int kv_head, std::int64_t pos) const;
-  // Pointers to the key and value rows of positions [0, n), as the SIMD attention reads them, in
-  // buffers of the calling thread (valid until its next call).
-  struct Rows {
+  // The calling thread's buffers, reused by its every call so that attention allocates nothing
+  // once warm: the key and value row pointers the SIMD attention reads, a run's gathered queries,
+  // outputs and lengths, and the attention's workspace.
+  struct Scratch {
     std::vector<const f16*> keys, values;
+    std::vector<float> queries, outputs;
+    std::vector<std::int64_t> lengths;
+    ExactWorkspace work;
   };
-  const Rows& rows(int layer, int kv_head, std::int64_t n) const;
+  // The scratch with the rows of positions [0, n) filled in (valid until the thread's next call).
+  Scratch& rows(int layer, int kv_head, std::int64_t n) const;
 
   std::shared_ptr<ExactPool> pool_;
   cache::PageTable table_;

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "base/alloc_counter.h"
+
 namespace witcert::attn {
 namespace {
 
@@ -73,6 +75,26 @@ TEST(ExactCache, RejectsPositionsItCannotHold) {
   EXPECT_THROW(c.write(2, 0, 0, x.data(), x.data()), std::out_of_range);
   EXPECT_THROW(ExactKvCache({kLayers, kKvHeads, kDim, 40}, 0), std::invalid_argument);
   EXPECT_THROW(ExactKvCache({kLayers, kKvHeads, kDim, 0}, 16), std::invalid_argument);
+}
+
+// A plain attention call, one position's or a causal run's, allocates nothing once the calling
+// thread's buffers have served a call as long.
+TEST(ExactCache, AttentionAllocatesNothingOnceWarm) {
+  const std::int64_t n = 70, run = 16;
+  ExactKvCache c({kLayers, kKvHeads, kDim, n}, 16);
+  fill(c, 0, n, 3);
+  std::vector<float> q(run * kGroup * kDim, 0.25f), out(run * kGroup * kDim);
+  c.attend(0, 0, q.data(), kGroup, n, out.data());  // warm-up
+  c.attend_causal(0, 0, q.data(), kGroup * kDim, kGroup, n - run, run, out.data(), kGroup * kDim);
+  const long before = testing_util::thread_allocations();
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (const std::int64_t n_ctx : {std::int64_t{1}, std::int64_t{17}, n})
+        c.attend(l, h, q.data(), kGroup, n_ctx, out.data());
+      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, n - run, run, out.data(), kGroup * kDim);
+      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, 0, 5, out.data(), kGroup * kDim);
+    }
+  EXPECT_EQ(testing_util::thread_allocations() - before, 0);
 }
 
 }  // namespace
