@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -89,9 +91,39 @@ std::size_t blocks_held(const GgufFile& f) {
   return blocks.size();
 }
 
+// Grows v to at least n elements; never shrinks it, so a buffer that has held a pass allocates
+// nothing for any pass as large.
+template <class T>
+T* at_least(std::vector<T>& v, std::int64_t n) {
+  if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
+  return v.data();
+}
+
 }  // namespace
 
-LlamaModel::LlamaModel(const GgufFile& f) {
+// The activations of a pass over n tokens, token-major, and its bookkeeping: sized by the first
+// pass and grown only when a pass runs more tokens or rows, so that a decode step allocates
+// nothing once warm. Every element a pass reads it has written first.
+struct LlamaModel::RunState {
+  std::mutex busy;  // held by the pass using the state
+  std::vector<float> x, xb;  // the residual stream and a normed copy (or a block's output): n × d
+  std::vector<float> q, att;  // queries and attention outputs: n × heads·head_dim
+  std::vector<float> k, v;    // keys and values: n × kv_heads·head_dim
+  std::vector<float> gate, up;  // the MLP's hidden activations: n × d_ff
+  std::vector<std::int64_t> first;  // row r's tokens are [first[r], first[r + 1])
+  // An attention job: a (row, KV head, run) triple, or a row's KV head taking its runs in order,
+  // or a whole row, as the row's cache asks (KvCache::attend_concurrency).
+  struct Job {
+    std::size_t row;
+    int head;          // −1: every KV head
+    std::int64_t run;  // −1: every run, in order
+  };
+  std::vector<Job> jobs;
+};
+
+LlamaModel::~LlamaModel() = default;
+
+LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>()) {
   cfg_.arch = f.get_string("general.architecture");
   if (cfg_.arch != "llama")
     throw model_error("unsupported architecture '" + cfg_.arch + "' (supported: llama)");
@@ -191,6 +223,13 @@ void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0
 }
 
 void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits) const {
+  std::unique_lock<std::mutex> lock(state_->busy, std::try_to_lock);
+  if (lock.owns_lock()) return forward_in(rows, pool, logits, *state_);
+  RunState own;
+  forward_in(rows, pool, logits, own);
+}
+
+void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits, RunState& s) const {
   if (rows.empty()) throw std::invalid_argument("forward: no rows");
   std::int64_t n = 0, n_out = 0;  // tokens, and tokens whose logits are wanted
   for (const BatchRow& row : rows) {
@@ -216,20 +255,17 @@ void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::
 
   const int d = cfg_.d_model, hd = cfg_.head_dim, H = cfg_.heads, KV = cfg_.kv_heads, G = cfg_.group();
   const std::int64_t q_dim = H * hd, kv_dim = KV * hd;
-  std::vector<float> x(n * d), xb(n * d), q(n * q_dim), k(n * kv_dim), v(n * kv_dim), att(n * q_dim),
-      gate(n * cfg_.d_ff), up(n * cfg_.d_ff);
-  std::vector<std::int64_t> first(rows.size() + 1, 0);  // row r's tokens are [first[r], first[r + 1])
+  float *x = at_least(s.x, n * d), *xb = at_least(s.xb, n * d), *q = at_least(s.q, n * q_dim),
+        *att = at_least(s.att, n * q_dim), *k = at_least(s.k, n * kv_dim), *v = at_least(s.v, n * kv_dim),
+        *gate = at_least(s.gate, n * cfg_.d_ff), *up = at_least(s.up, n * cfg_.d_ff);
+  std::vector<std::int64_t>& first = s.first;
+  first.assign(rows.size() + 1, 0);
   for (std::size_t r = 0; r < rows.size(); ++r) first[r + 1] = first[r] + static_cast<std::int64_t>(rows[r].tokens.size());
 
-  // Attention jobs: (row, KV head, run) triples, or a row's KV head taking its runs in order, or
-  // a whole row, as the row's cache asks (KvCache::attend_concurrency). Runs of kAttnRun tokens
-  // start at the row's first token, so that a cache reads its shared prefix once per run.
-  struct Job {
-    std::size_t row;
-    int head;          // −1: every KV head
-    std::int64_t run;  // −1: every run, in order
-  };
-  std::vector<Job> jobs;
+  // Attention jobs, as each row's cache asks. Runs of kAttnRun tokens start at the row's first
+  // token, so that a cache reads its shared prefix once per run.
+  std::vector<RunState::Job>& jobs = s.jobs;
+  jobs.clear();
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const std::int64_t runs = (static_cast<std::int64_t>(rows[r].tokens.size()) + kAttnRun - 1) / kAttnRun;
     switch (rows[r].cache->attend_concurrency()) {
@@ -253,9 +289,9 @@ void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::
   for (int l = 0; l < cfg_.layers; ++l) {
     const Layer& L = layers_[l];
     for (std::int64_t i = 0; i < n; ++i) rms_norm(&x[i * d], L.attn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
-    matmul(L.wq, xb.data(), n, q.data(), pool);
-    matmul(L.wk, xb.data(), n, k.data(), pool);
-    matmul(L.wv, xb.data(), n, v.data(), pool);
+    matmul(L.wq, xb, n, q, pool);
+    matmul(L.wk, xb, n, k, pool);
+    matmul(L.wv, xb, n, v, pool);
     for (std::size_t r = 0; r < rows.size(); ++r)
       for (std::int64_t j = 0; j < static_cast<std::int64_t>(rows[r].tokens.size()); ++j) {
         const std::int64_t i = first[r] + j, pos = rows[r].pos0 + j;
@@ -274,23 +310,25 @@ void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::
       rows[r].cache->attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, rows[r].pos0 + j,
                                    std::min(kAttnRun, m - j), &att[i * q_dim + h * G * hd], q_dim);
     };
-    pool.parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t b, std::int64_t e, int) {
+    const auto attend_jobs = [&](std::int64_t b, std::int64_t e, int) {
       for (std::int64_t job = b; job < e; ++job) {
-        const Job& J = jobs[job];
+        const RunState::Job& J = jobs[job];
         const std::int64_t runs = (static_cast<std::int64_t>(rows[J.row].tokens.size()) + kAttnRun - 1) / kAttnRun;
         for (int h = J.head < 0 ? 0 : J.head; h < (J.head < 0 ? KV : J.head + 1); ++h)
           for (std::int64_t run = J.run < 0 ? 0 : J.run; run < (J.run < 0 ? runs : J.run + 1); ++run)
             attend_run(J.row, run, h);
       }
-    });
-    matmul(L.wo, att.data(), n, xb.data(), pool);
+    };
+    // By reference: a std::function holds a reference_wrapper without allocating.
+    pool.parallel_for(static_cast<std::int64_t>(jobs.size()), std::cref(attend_jobs));
+    matmul(L.wo, att, n, xb, pool);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
 
     for (std::int64_t i = 0; i < n; ++i) rms_norm(&x[i * d], L.ffn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
-    matmul(L.w_gate, xb.data(), n, gate.data(), pool);
-    matmul(L.w_up, xb.data(), n, up.data(), pool);
+    matmul(L.w_gate, xb, n, gate, pool);
+    matmul(L.w_up, xb, n, up, pool);
     for (std::int64_t i = 0; i < n * cfg_.d_ff; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    matmul(L.w_down, gate.data(), n, xb.data(), pool);
+    matmul(L.w_down, gate, n, xb, pool);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
   }
 
@@ -299,7 +337,7 @@ void LlamaModel::forward_batch(std::span<BatchRow> rows, ThreadPool& pool, std::
   for (std::size_t r = 0; r < rows.size(); ++r)
     for (std::int64_t i = rows[r].all_logits ? first[r] : first[r + 1] - 1; i < first[r + 1]; ++i, ++out)
       rms_norm(&x[i * d], output_norm_.data(), d, cfg_.rms_eps, &xb[out * d]);
-  matmul(output_, xb.data(), n_out, logits.data(), pool);
+  matmul(output_, xb, n_out, logits.data(), pool);
   out = 0;
   for (BatchRow& row : rows) {
     const std::int64_t m = row.all_logits ? static_cast<std::int64_t>(row.tokens.size()) : 1;

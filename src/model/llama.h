@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,7 @@ class LlamaModel {
   // Throws std::runtime_error naming the problem: unsupported architecture or RoPE scaling,
   // missing tensor, wrong shape.
   explicit LlamaModel(const GgufFile& file);
+  ~LlamaModel();
 
   const LlamaConfig& config() const { return cfg_; }
 
@@ -95,13 +97,20 @@ class LlamaModel {
     WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   };
 
+  // The buffers of a forward pass (llama2.c's RunState), defined in llama.cc.
+  struct RunState;
+
   void rope(float* x, int n_heads, std::int64_t pos) const;
+  void forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits, RunState& s) const;
 
   LlamaConfig cfg_;
   WeightMatrix tok_embd_, output_;
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // θ_j = base^{−2j/d}
+  // The model's one run state, reused by every pass that finds it free; a pass that finds it
+  // taken (another sequence's, on another thread) runs in a state of its own.
+  std::unique_ptr<RunState> state_;
 };
 
 }  // namespace witcert::model

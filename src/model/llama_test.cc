@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -14,9 +16,11 @@
 #include <vector>
 
 #include "attn/exact_cache.h"
+#include "base/alloc_counter.h"
 #include "base/fp16.h"
 #include "base/test_scratch.h"
 #include "model/gguf.h"
+#include "model/real_model_fixture.h"
 #include "model/tokenizer.h"
 #include "quant/ggml_types.h"
 
@@ -367,6 +371,51 @@ TEST(TinyModelMetadata, BlockCountMustMatchTheBlocksHeld) {
       EXPECT_NE(what.find("tensors of 2 blocks"), std::string::npos) << what;
     }
   }
+}
+
+using RealLlama = RealModelFixture;
+
+// The model reuses one run state: a decode step of the real model allocates nothing on any thread
+// once a step has warmed the state, the pool's workers and the cache's buffers, and what a larger
+// pass of another sequence left in the state changes no logit.
+TEST_F(RealLlama, DecodeStepAllocatesNothingOnceWarmAndReusedStateKeepsNoTrace) {
+  const int V = model_->config().vocab;
+  const std::vector<std::int32_t> prompt = tok_->encode("The capital of France is");
+  const auto argmax = [](const std::vector<float>& l) {
+    return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  };
+  // Prompt then steps, each step's logits appended to `all`; the steps past the second counted.
+  const auto run = [&](const LlamaModel& m, ThreadPool& pool, std::vector<float>& all, long& allocations) {
+    attn::ExactKvCache cache(m.config().kv_geometry(64));
+    std::vector<float> logits(V);
+    m.forward(prompt, 0, cache, pool, logits);
+    std::int64_t pos = static_cast<std::int64_t>(prompt.size());
+    all.reserve(all.size() + 6 * static_cast<std::size_t>(V));
+    long before = 0;
+    for (int step = 0; step < 6; ++step) {
+      if (step == 2) before = testing_util::process_allocations();
+      const std::int32_t next = argmax(logits);
+      m.forward({&next, 1}, pos++, cache, pool, logits);
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    allocations = testing_util::process_allocations() - before;
+  };
+  ThreadPool pool(2);
+  {
+    // Another sequence's 40-token pass first grows the state past anything the run needs.
+    attn::ExactKvCache other(model_->config().kv_geometry(64));
+    std::vector<std::int32_t> long_prompt(40);
+    for (std::size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<std::int32_t>(100 + 7 * i);
+    std::vector<float> logits(V);
+    model_->forward(long_prompt, 0, other, pool, logits);
+  }
+  std::vector<float> reused, fresh;
+  long allocations = -1, ignored = -1;
+  run(*model_, pool, reused, allocations);
+  EXPECT_EQ(allocations, 0) << "allocations over 4 decode steps";
+  run(LlamaModel(*file_), pool, fresh, ignored);
+  ASSERT_EQ(reused.size(), fresh.size());
+  EXPECT_EQ(std::memcmp(reused.data(), fresh.data(), reused.size() * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -245,9 +246,10 @@ std::size_t checked_row_bytes(const WeightMatrix& w) {
 void matmul(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y, ThreadPool& pool) {
   checked_row_bytes(w);
   if (tokens <= 0) return;
-  pool.parallel_for(w.rows, [&](std::int64_t begin, std::int64_t end, int) {
+  const auto rows = [&](std::int64_t begin, std::int64_t end, int) {
     HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, tokens, y, begin, end);
-  });
+  };
+  pool.parallel_for(w.rows, std::cref(rows));  // a std::function holds a reference without allocating
 }
 
 void matmul_reference(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y) {
