@@ -113,10 +113,24 @@ void SequenceState::clear() {
   std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
 }
 
-KvStore::KvStore(const CacheConfig& cfg) : pool_(std::make_shared<KvPool>(cfg)), seq_(*pool_) {}
+KvStore::WriteScratch::WriteScratch(const KvPool& pool) {
+  const std::size_t d = static_cast<std::size_t>(pool.cfg_.head_dim);
+  const std::size_t T = static_cast<std::size_t>(std::max(pool.k_.T, pool.v_.T));
+  x.resize(T * d);
+  x_hat.resize(T * d);
+  xi.resize(d);
+  codes.resize(d);
+  code_squares.resize(d / kDitherGroup);
+  no_outliers.assign(d, 0);
+  energy.resize(d / 2);
+}
+
+KvStore::KvStore(const CacheConfig& cfg) : pool_(std::make_shared<KvPool>(cfg)), seq_(*pool_), scratch_(*pool_) {}
 
 KvStore::KvStore(std::shared_ptr<KvPool> pool)
-    : pool_(pool ? std::move(pool) : throw std::invalid_argument("KV cache: no pool")), seq_(*pool_) {}
+    : pool_(pool ? std::move(pool) : throw std::invalid_argument("KV cache: no pool")),
+      seq_(*pool_),
+      scratch_(*pool_) {}
 
 f16* KvStore::exact_row(quant::KvSide which, std::size_t st, std::int64_t pos) {
   return const_cast<f16*>(std::as_const(*this).exact_row(which, st, pos));
@@ -314,7 +328,8 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
 void KvStore::fix_outliers(std::size_t st) {
   const int d = cfg().head_dim;
   // Pair energy Σ_t k_lo² + k_hi² over the tokens seen so far picks the m outlier pairs.
-  std::vector<double> energy(d / 2, 0.0);
+  std::vector<double>& energy = scratch_.energy;
+  energy.assign(d / 2, 0.0);
   for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) {
     const f16* ek = exact_row(quant::KvSide::key, st, pos);
     for (int j = 0; j < d / 2; ++j) {
@@ -340,28 +355,30 @@ void KvStore::encode_token(Side& side, quant::KvSide which, std::size_t st, std:
   const std::int64_t slot = seq_.table_.slot(pos);
   const std::size_t at = st * slots() + slot;
   const f16* exact = exact_row(which, st, pos);
-  std::vector<float> x(d), x_hat(d);
+  const std::span<float> x(scratch_.x.data(), d), x_hat(scratch_.x_hat.data(), d);
   for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
 
   if (side.kind == FormatKind::dither_int8) {
-    std::vector<float> xi(d, 0.0f);  // values are rounded without dither: their bound is deterministic
-    std::vector<std::uint8_t> no_outliers(d, 0);
-    const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : no_outliers.data();
+    const std::span<float> xi(scratch_.xi.data(), d);
+    std::fill(xi.begin(), xi.end(), 0.0f);  // values are rounded without dither: their bound is deterministic
+    const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
     if (key && cfg().dither != DitherMode::none) {
       const quant::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
                                        static_cast<std::uint32_t>(st % cfg().kv_heads)};
       quant::dither_values(stream, dither_counter_slot(pos), xi);
     }
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
-    std::vector<std::int8_t> codes(d);
+    const std::span<std::int8_t> codes(scratch_.codes.data(), d);
     quant::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
                               std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
     for (int c = 0; c < d; ++c) side.codes[key ? key_code(at, c) : at * d + c] = codes[c];
     if (!key) {  // the page's max_t (‖v̂_t‖ + ρ_t), restarted by its first token
-      std::vector<std::int32_t> squares(side.meta_per_token, 0);
+      std::int32_t* squares = scratch_.code_squares.data();
+      std::fill_n(squares, side.meta_per_token, 0);
       for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
-      const float bound = cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares.data(), side.meta_per_token));
+      const float bound =
+          cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares, side.meta_per_token));
       float& page_max = side.norm_max[st * pool_->pages() + static_cast<std::size_t>(slot / cfg().page_size)];
       page_max = pos % cfg().page_size == 0 ? bound : std::max(page_max, bound);
     }
@@ -385,14 +402,14 @@ void KvStore::scheme_meta(quant::KvSide which, std::span<const float> x, std::sp
 
 void KvStore::encode_group(Side& side, quant::KvSide which, std::size_t st, std::int64_t group) {
   const int d = cfg().head_dim, T = side.T;
-  std::vector<float> x(static_cast<std::size_t>(T) * d), x_hat(x.size());
+  float *x = scratch_.x.data(), *x_hat = scratch_.x_hat.data();  // T × d each
   for (int t = 0; t < T; ++t) {
     const f16* exact = exact_row(which, st, group * T + t);
     for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
   }
   std::uint8_t* packed = &seq_side(which).groups[(st * group_blocks(side) + group) * side.block_bytes];
-  side.scheme->encode(x.data(), d, packed);
-  side.scheme->decode(packed, d, x_hat.data());
+  side.scheme->encode(x, d, packed);
+  side.scheme->decode(packed, d, x_hat);
   for (int t = 0; t < T; ++t) {
     f16* meta = &side.meta[(st * slots() + seq_.table_.slot(group * T + t)) * side.meta_per_token];
     scheme_meta(which, std::span<const float>(&x[t * d], d), std::span<const float>(&x_hat[t * d], d), meta);

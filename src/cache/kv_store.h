@@ -376,8 +376,21 @@ class KvStore {
     return !page_promoted(st, pos) && pos < packed_prefix(side, which, st);
   }
 
+  // The write path's buffers, sized for a token (a group scheme's block) when the store is made, so
+  // that a write allocates nothing. A store is written by one thread at a time.
+  struct WriteScratch {
+    explicit WriteScratch(const KvPool& pool);
+    std::vector<float> x, x_hat;               // a token's (a block's) exact values and their decode
+    std::vector<float> xi;                     // dither-int8: a key's ξ (zero for values)
+    std::vector<std::int8_t> codes;            // dither-int8: a token's codes
+    std::vector<std::int32_t> code_squares;    // dither-int8 values: Σ code² per group of channels
+    std::vector<std::uint8_t> no_outliers;     // all zero: the outlier mask of a value
+    std::vector<double> energy;                // fix_outliers: per RoPE pair
+  };
+
   std::shared_ptr<KvPool> pool_;
   SequenceState seq_;
+  WriteScratch scratch_;
 };
 
 }  // namespace witcert::cache

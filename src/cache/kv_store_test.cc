@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/alloc_counter.h"
 #include "cache/test_config.h"
 #include "quant/kv_format.h"
 
@@ -257,6 +258,57 @@ TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
   EXPECT_EQ(b.sequence().pages(), 16);
   EXPECT_EQ(b.sequence().bytes(), fresh);
   EXPECT_EQ(a.sequence().bytes(), fresh);
+}
+
+// What one block's encode and decode of `scheme` allocate by themselves (a black-box research
+// codec may); 0 without a scheme.
+long codec_allocations(const quant::KvScheme* scheme) {
+  if (scheme == nullptr) return 0;
+  std::vector<float> x(static_cast<std::size_t>(scheme->tokens_per_block()) * kDim, 0.5f), out(x.size());
+  std::vector<std::uint8_t> packed(scheme->block_bytes(kDim));
+  const long before = testing_util::thread_allocations();
+  scheme->encode(x.data(), kDim, packed.data());
+  scheme->decode(packed.data(), kDim, out.data());
+  return testing_util::thread_allocations() - before;
+}
+
+// Once a sequence has written its first position, a write allocates nothing of its own, for every
+// format (fp16, dither-int8 in every dither mode, per-token and group schemes), with and without
+// the exact tier, across page boundaries, dither-int8's calibration and group-scheme blocks: all
+// it allocates is what a scheme's own codec allocates, once per block it encodes.
+TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
+  const std::int64_t n = 80;  // 5 pages; calibration at 16; group blocks end at 32 and 64
+  std::vector<float> k(kDim), v(kDim);
+  for (const std::string& name : quant::kv_format_names())
+    for (const DitherMode mode :
+         {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt, DitherMode::none})
+      for (const bool tier : {false, true}) {
+        if (name != quant::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        CacheConfig c = test_config(2, 2, kDim, n, 16, name, name, 0);
+        c.dither = mode;
+        c.exact_tier = tier;
+        KvStore s(c);
+        if (mode == DitherMode::shared_prompt) s.set_prompt_length(20);
+        const quant::KvFormat& f = c.k_format;
+        const long codec[2] = {codec_allocations(f.scheme(quant::KvSide::key)),
+                               codec_allocations(f.scheme(quant::KvSide::value))};
+        long expected = 0, before = 0;
+        for (std::int64_t p = 0; p < n; ++p)
+          for (int l = 0; l < 2; ++l)
+            for (int h = 0; h < 2; ++h) {
+              if (p == 1 && l == 0 && h == 0) before = testing_util::thread_allocations();  // after the warm-up
+              token(9, p, h, k, v);
+              s.write(l, h, p, k.data(), v.data());
+              if (p == 0) continue;
+              for (const quant::KvSide side : {quant::KvSide::key, quant::KvSide::value}) {
+                const quant::KvScheme* scheme = f.scheme(side);
+                if (scheme != nullptr && (p + 1) % scheme->tokens_per_block() == 0)
+                  expected += codec[side == quant::KvSide::value];
+              }
+            }
+        EXPECT_EQ(testing_util::thread_allocations() - before, expected)
+            << name << " dither " << dither_mode_name(mode) << (tier ? " with" : " without") << " the exact tier";
+      }
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ class GgmlScheme final : public KvScheme {
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
     const auto non_finite = [](float v) { return !std::isfinite(v); };
+    if (std::none_of(x, x + d, non_finite)) return quantize_row(type_, x, out, d);  // in place: no copy
     std::vector<float> finite(x, x + d);
     std::vector<int> poisoned;
     for (int g = 0; g < d / block_size(); ++g) {
