@@ -72,7 +72,17 @@ constexpr Variant kVariants[] = {
     {"dither-int8/per-slot", cache::kDitherInt8, cache::DitherMode::per_slot, true, Path::fast},
     {"dither-int8/shared/meter-off", cache::kDitherInt8, cache::DitherMode::shared_page, false, Path::fast},
     {"dither-int8/shared", cache::kDitherInt8, cache::DitherMode::shared_page, true, Path::fast},
+    // The Tier-A formats whose fast paths came last, against fp16 through the kernel with its meter
+    // (what `--kv fp16` runs): only in the last pairs of paired_args.
+    {"fp16/meter", "fp16", cache::DitherMode::per_slot, true, Path::fast},
+    {"kivi-2bit", "kivi-2bit", cache::DitherMode::per_slot, true, Path::fast},
+    {"kvquant-4", "kvquant-4", cache::DitherMode::per_slot, true, Path::fast},
+    {"rot-4bit", "rot-4bit", cache::DitherMode::per_slot, true, Path::fast},
+    {"rtn-2bit", "rtn-2bit", cache::DitherMode::per_slot, true, Path::fast},
+    {"sign-1bit", "sign-1bit", cache::DitherMode::per_slot, true, Path::fast},
 };
+// The variants of attention_args' full grid: the first kGridVariants.
+constexpr std::int64_t kGridVariants = 11;
 
 constexpr double kColdL3Multiple = 3.0;
 
@@ -200,12 +210,12 @@ void attention_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"variant", "S", "d", "group", "cold"});
   for (std::int64_t S : {4096, 32768})
     for (std::int64_t d : {64, 128})
-      for (std::int64_t v = 0; v < static_cast<std::int64_t>(std::size(kVariants)); ++v)
+      for (std::int64_t v = 0; v < kGridVariants; ++v)
         for (std::int64_t group : {3, 7}) b->Args({v, S, d, group, 0});
   // Cold at S = 32768, the target size (each cold store writes about 3·L3 of int8), for
   // every variant but the scalar oracle and the per-slot dither (the same bytes as shared).
   for (std::int64_t d : {64, 128})
-    for (std::int64_t v = 0; v < static_cast<std::int64_t>(std::size(kVariants)); ++v)
+    for (std::int64_t v = 0; v < kGridVariants; ++v)
       if (kVariants[v].path != Path::exact_scalar &&
           !(kVariants[v].format == std::string_view(cache::kDitherInt8) && kVariants[v].dither == cache::DitherMode::per_slot))
         for (std::int64_t group : {3, 7}) b->Args({v, 32768, d, group, 1});
@@ -287,6 +297,11 @@ void paired_args(benchmark::internal::Benchmark* b) {
     for (std::int64_t cold : {0, 1})
       for (std::int64_t d : {64, 128})
         for (std::int64_t group : {3, 7}) b->Args({va, vb, 32768, d, group, cold});
+  // Every Tier-A format that once decoded through its scalar KvScheme::decode against fp16 with
+  // the meter, at SmolLM2-135M's shape (d 64, GQA group 3) and the end-to-end table's longest
+  // context (4,433 tokens), hot; q8_0 (0.72× fp16 end to end in docs/BENCHMARKS.md) as the yardstick.
+  for (const char* name : {"kivi-2bit", "kvquant-4", "rot-4bit", "rtn-2bit", "sign-1bit", "q8_0"})
+    b->Args({index("fp16/meter"), index(name), 4433, 64, 3, 0});
 }
 BENCHMARK(BM_PairedRatio)->Apply(paired_args)->Unit(benchmark::kMicrosecond)->MinTime(3.0);
 

@@ -29,7 +29,17 @@ void DitherValuesFast(const quant::DitherStream& stream, std::uint32_t counter, 
 }
 
 void DecodePackedRow(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out) {
-  PackedDecoder(layout)(in, d, out);
+  PackedDecoder(layout, d)(in, d, out);
+}
+
+void DecodeGroupRows(quant::GroupLayout layout, const std::uint8_t* block, int d, int first, int count, float* out) {
+  const std::size_t dp = hwy::RoundUpTo(static_cast<std::size_t>(d), kNF);
+  Workspace::GroupBlock b;
+  group::Reserve(b, layout, d, dp);
+  group::Prepare(layout, block, d, b);
+  std::vector<float> rows(count * dp);
+  group::Decoder(layout)(block, d, b, first, count, rows.data(), dp);
+  for (int t = 0; t < count; ++t) std::copy_n(&rows[t * dp], d, out + static_cast<std::size_t>(t) * d);
 }
 
 // One driver per pair of key and value formats, chosen once per call.
@@ -39,12 +49,16 @@ void AttendWith(Workspace& work, cache::KvStore::Reader& reader, const float* q,
   Attention<Keys, Values>(work, reader, q, group, head_dim, ctx, meter).Run(begin, end, partials);
 }
 
-// The trait of a side's format: dither-int8, a packed per-token scheme, or the black-box decode.
+// The trait of a side's format: dither-int8, a scheme with a SIMD decoder (per-token, or a group
+// scheme's keys), or the black-box decode.
 enum class Side { dither_int8, packed, decoded };
-Side SideOf(const cache::KvStore::Reader& reader, quant::KvSide side) {
+Side SideOf(const cache::KvStore::Reader& reader, quant::KvSide side, int head_dim) {
   if (reader.kind(side) == cache::FormatKind::dither_int8) return Side::dither_int8;
   const quant::KvScheme* scheme = reader.scheme(side);
-  if (scheme != nullptr && scheme->tokens_per_block() == 1 && PackedDecoder(scheme->layout()) != nullptr) return Side::packed;
+  if (scheme == nullptr) return Side::decoded;
+  if (scheme->tokens_per_block() == 1 && PackedDecoder(scheme->layout(), head_dim) != nullptr) return Side::packed;
+  if (side == quant::KvSide::key && scheme->tokens_per_block() == group::kTokens && group::Decoder(scheme->group_layout()) != nullptr)
+    return Side::packed;
   return Side::decoded;
 }
 
@@ -52,7 +66,7 @@ template <class Keys>
 void AttendWithKeys(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
              std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
              bool meter) {
-  switch (SideOf(reader, quant::KvSide::value)) {
+  switch (SideOf(reader, quant::KvSide::value, head_dim)) {
     case Side::dither_int8:
       return AttendWith<Keys, DitherInt8Values>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
     case Side::packed:
@@ -65,7 +79,7 @@ void AttendWithKeys(Workspace& work, cache::KvStore::Reader& reader, const float
 void AttendRange(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                  std::int64_t begin, std::int64_t end, const BoundContext& ctx, std::vector<HeadPartial>& partials,
                  bool meter) {
-  switch (SideOf(reader, quant::KvSide::key)) {
+  switch (SideOf(reader, quant::KvSide::key, head_dim)) {
     case Side::dither_int8:
       return AttendWithKeys<DitherInt8Keys>(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
     case Side::packed:
@@ -85,6 +99,7 @@ namespace witcert::kernel {
 HWY_EXPORT(AttendRange);
 HWY_EXPORT(DitherValuesFast);
 HWY_EXPORT(DecodePackedRow);
+HWY_EXPORT(DecodeGroupRows);
 
 void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                   std::int64_t begin, std::int64_t end, const attn::BoundContext& ctx,
@@ -99,6 +114,10 @@ void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* 
 
 void decode_packed_row(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodePackedRow)(layout, in, d, out);
+}
+
+void decode_group_rows(quant::GroupLayout layout, const std::uint8_t* block, int d, int first, int count, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeGroupRows)(layout, block, d, first, count, out);
 }
 
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi) {

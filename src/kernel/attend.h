@@ -43,6 +43,11 @@ void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* 
 // decoder (exposed for its test against quant::KvScheme::decode). d: the head dimension.
 void decode_packed_row(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out);
 
+// Tokens [first, first + count) of a group scheme's block (quant::GroupLayout, not opaque) decoded
+// by the kernel's SIMD decoder into out (count × d floats, token-major), as quant::KvScheme::decode
+// gives those rows of the block (exposed for its test).
+void decode_group_rows(quant::GroupLayout layout, const std::uint8_t* block, int d, int first, int count, float* out);
+
 // quant::dither_values computed by the kernel's vectorized Philox4x32-10 (exposed for its
 // known-answer test). xi.size() must be a multiple of 4.
 void dither_values_fast(const quant::DitherStream& stream, std::uint32_t counter, std::span<float> xi);

@@ -24,6 +24,7 @@
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
 #include "hwy/highway.h"
+#include "kernel/group-inl.h"
 #include "kernel/packed-inl.h"
 #include "kernel/philox-inl.h"
 #include "kernel/simd-inl.h"
@@ -90,14 +91,20 @@ class Attention {
       }
       if constexpr (Keys::kPacked) {
         const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
-        k_decoder_ = PackedDecoder(scheme.layout());
-        k_row_bytes_ = scheme.block_bytes(d_);
+        if (scheme.tokens_per_block() == 1) {
+          k_decoder_ = PackedDecoder(scheme.layout(), d_);
+          k_row_bytes_ = scheme.block_bytes(d_);
+        } else {
+          k_group_layout_ = scheme.group_layout();
+          k_group_ = group::Decoder(k_group_layout_);
+          group::Reserve(work_.keys.group, k_group_layout_, d_, dp_);
+        }
         Rows(work_.keys.kfrows);
       }
     }
     if constexpr (Values::kPacked) {
       const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::value);
-      v_decoder_ = PackedDecoder(scheme.layout());
+      v_decoder_ = PackedDecoder(scheme.layout(), d_);
       v_row_bytes_ = scheme.block_bytes(d_);
     }
     if constexpr (Keys::kDitherInt8) {
@@ -302,6 +309,7 @@ class Attention {
   // Keys (keys-inl.h): double rows k'_t, or the codes of shared-ξ dither-int8 keys, and what bounds
   // their logit error, in token lanes.
   void LoadKeys(const cache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed);
+  void PackedKeyRows(const cache::KvStore::Reader::RawPage& page, std::size_t row0, std::int64_t t0, int n);
   void GatherKeyMeta();
   void PageDither(std::size_t s);
   void DoubleKeyMeta(int n);
@@ -420,8 +428,10 @@ class Attention {
   double v2_scale_ = 0.0, kappa_ = 0.0;
   quant::DitherStream stream_;
   float rho_factor_ = 0.0f;
-  PackedRowDecoder k_decoder_ = nullptr, v_decoder_ = nullptr;  // packed schemes (PackedKeys, PackedValues)
+  PackedRowDecoder k_decoder_ = nullptr, v_decoder_ = nullptr;  // packed per-token schemes (PackedKeys, PackedValues)
   std::size_t k_row_bytes_ = 0, v_row_bytes_ = 0;
+  group::RowsFn k_group_ = nullptr;  // a packed group scheme's keys (PackedKeys)
+  quant::GroupLayout k_group_layout_ = quant::GroupLayout::opaque;
 
   // Per tile.
   KeyKind key_kind_ = KeyKind::exact;

@@ -21,8 +21,9 @@ namespace HWY_NAMESPACE {
 struct DecodedKeys {
   static constexpr bool kDitherInt8 = false, kPacked = false;
 };
-// PackedKeys: a per-token scheme with a quant::PackedLayout, decoded a tile at a time into float
-// rows by its SIMD decoder (packed-inl.h); the logits are DecodedKeys' to the bit.
+// PackedKeys: a per-token scheme with a quant::PackedLayout or a group scheme with a
+// quant::GroupLayout, decoded a tile at a time into float rows by its SIMD decoder (packed-inl.h,
+// group-inl.h); the logits are DecodedKeys' to the bit.
 struct PackedKeys {
   static constexpr bool kDitherInt8 = false, kPacked = true;
 };
@@ -41,19 +42,20 @@ void Attention<Keys, Values>::LoadKeys(const cache::KvStore::Reader::RawPage& pa
   if (k_kind_ == cache::FormatKind::scheme) {
     key_kind_ = KeyKind::tier_a;
     key_meta_ = page.k.meta + row0 * B_;
-    const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
-    for (int i = 0; i < n; ++i) {
-      if constexpr (Keys::kPacked) {  // float rows, read as double by Logits
-        k_decoder_(page.k.packed + (row0 + i) * k_row_bytes_, d_, &work_.keys.kfrows[i * dp_]);
-      } else {
+    if constexpr (Keys::kPacked) {  // float rows, read as double by Logits
+      PackedKeyRows(page, row0, t0, n);
+    } else {
+      const quant::KvScheme& scheme = *r_.scheme(quant::KvSide::key);
+      for (int i = 0; i < n; ++i) {
         DecodeScheme(scheme, quant::KvSide::key, page.k.packed, row0 + i, t0 + i, work_.keys.kfloat.data(), work_.keys.block);
         FloatRow(work_.keys.kfloat.data(), &work_.keys.krows[i * dp_]);
       }
-      if (!meter_) continue;
+    }
+    if (!meter_) return;
+    for (int i = 0; i < n; ++i) {
       F16ToDouble(key_meta_ + i * B_, B_, work_.keys.band_row.data());
       for (int b = 0; b < B_; ++b) work_.keys.w_band[b * kTile + i] = work_.keys.band_row[b];
     }
-    if (!meter_) return;
     const DD dd;
     for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN)) {
       // ‖k̂_t‖ in double: the float rows promote exactly, so both paths compute the same norms.
@@ -78,6 +80,26 @@ void Attention<Keys, Values>::LoadKeys(const cache::KvStore::Reader::RawPage& pa
       work_.keys.s2[g * kTile + i] = work_.keys.scales[i * G_ + g] * work_.keys.scales[i * G_ + g];
     }
   for (int i = 0; i < n; ++i) DitherKey(page, row0 + i, t0 + i, i);
+}
+
+// The tile's packed keys into float rows: a per-token scheme row by row, a group scheme a run of
+// each block's tokens at a time (its block split once per run).
+template <class Keys, class Values>
+void Attention<Keys, Values>::PackedKeyRows(const cache::KvStore::Reader::RawPage& page, std::size_t row0, std::int64_t t0,
+                                            int n) {
+  float* rows = work_.keys.kfrows.data();
+  if (k_group_ == nullptr) {
+    for (int i = 0; i < n; ++i) k_decoder_(page.k.packed + (row0 + i) * k_row_bytes_, d_, rows + i * dp_);
+    return;
+  }
+  for (int i = 0; i < n;) {
+    const std::int64_t pos = t0 + i;
+    const int first = static_cast<int>(pos % group::kTokens), count = std::min(group::kTokens - first, n - i);
+    const std::uint8_t* block = r_.group_block(quant::KvSide::key, pos / group::kTokens);
+    group::Prepare(k_group_layout_, block, d_, work_.keys.group);
+    k_group_(block, d_, work_.keys.group, first, count, rows + i * dp_, dp_);
+    i += count;
+  }
 }
 
 // A tile of several pages: its key scales and outlier values copied into one run, [t][g] and [t][j],

@@ -1,9 +1,11 @@
 // Format traits of the packed per-token schemes (included per target after hwy/highway.h): one
 // SIMD decoder per quant::PackedLayout, from a token's bytes to its d floats. Each gives the floats
 // quant::KvScheme::decode gives, bit for bit: every x̂_c is an fp16 scale times a code of at most 8
-// significant bits, exact in float (q4_1 and q5_1 then add their fp16 offset m once, as decode
-// does; the product being exact, a fused multiply-add rounds the same). The kernel decodes a
-// tile's rows with them instead of calling the black-box decode token by token.
+// significant bits, exact in float (q4_1, q5_1, rtn-2bit and kvquant-4 then add their fp16 offset
+// once, which decode does exactly in double and rounds to float once; the product being exact, a
+// fused multiply-add rounds the same). rot-4bit's inverse rotation has its own proof
+// (rotation-inl.h). The kernel decodes a tile's rows with them instead of calling the black-box
+// decode token by token.
 #if defined(WITCERT_KERNEL_PACKED_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef WITCERT_KERNEL_PACKED_INL_H_
 #undef WITCERT_KERNEL_PACKED_INL_H_
@@ -11,12 +13,14 @@
 #define WITCERT_KERNEL_PACKED_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "base/fp16.h"
 #include "hwy/highway.h"
+#include "kernel/rotation-inl.h"
 #include "kernel/simd-inl.h"
 #include "quant/fp8.h"
 #include "quant/ggml_types.h"
@@ -93,11 +97,40 @@ inline std::uint32_t U32(const std::uint8_t* p) {
   return x;
 }
 
+// kvquant-4 values: one asymmetric 4-bit record over the token, x̂_c = lo + s·q_c, then its
+// outliers written over their channels in order (an index past d, which decode never wrote, is
+// skipped).
+inline void KvquantToken(const std::uint8_t* in, int d, float* out) {
+  const DF df;
+  const hn::Rebind<std::uint32_t, DF> du32;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const float s = Scale(in), lo = Scale(in + 2);
+  const VF vs = hn::Set(df, s), vlo = hn::Set(df, lo);
+  const std::uint8_t* codes = in + 4;
+  int c = 0;
+  for (; c + 2 * static_cast<int>(kNF) <= d; c += 2 * static_cast<int>(kNF)) {
+    const auto b = Bytes(codes + c / 2);  // channel 2j in the low nibble of byte j
+    const VF even = hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di32, hn::And(b, hn::Set(du32, 15u)))), vs, vlo);
+    const VF odd = hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di32, hn::ShiftRight<4>(b))), vs, vlo);
+    hn::StoreInterleaved2(even, odd, df, out + c);
+  }
+  for (; c < d; ++c) out[c] = static_cast<float>(double{lo} + double{s} * ((codes[c / 2] >> (4 * (c % 2))) & 15));
+  const std::uint8_t* o = codes + (static_cast<std::size_t>(d) * 4 + 7) / 8;
+  for (int k = 0; k < std::max(1, d / 100); ++k, o += 4) {
+    const int at = o[0] | (o[1] << 8);
+    if (at < d) out[at] = Scale(o + 2);
+  }
+}
+
 template <quant::PackedLayout L>
 void Row(const std::uint8_t* in, int d, float* out) {
   using quant::PackedLayout;
   const DF df;
-  if constexpr (L == PackedLayout::fp16) {
+  if constexpr (L == PackedLayout::rot_4bit) {
+    rotation::Row(in, d, out);
+  } else if constexpr (L == PackedLayout::kvquant4_token) {
+    KvquantToken(in, d, out);
+  } else if constexpr (L == PackedLayout::fp16) {
     F16ToFloat(reinterpret_cast<const f16*>(in), d, out);
   } else if constexpr (L == PackedLayout::fp8_e4m3 || L == PackedLayout::fp8_e4m3_scaled) {
     const float* table = quant::fp8_e4m3_float_table();
@@ -157,6 +190,26 @@ void Row(const std::uint8_t* in, int d, float* out) {
           hn::StoreU(hn::Mul(s, hn::GatherIndex(df, kValues, lo)), df, out + j);
           hn::StoreU(hn::Mul(s, hn::GatherIndex(df, kValues, hi)), df, out + kBlock / 2 + j);
         }
+      } else if constexpr (L == PackedLayout::rtn_2bit) {
+        const std::uint8_t* r = in + g * (4 + kBlock / 4);
+        const hn::Rebind<std::int32_t, DF> di32;
+        const hn::Rebind<std::uint32_t, DF> du32;
+        const VF s = hn::Set(df, Scale(r)), lo = hn::Set(df, Scale(r + 2));
+        for (int j = 0; j < kBlock; j += static_cast<int>(kNF)) {
+          // Channels 0–15 in the first word, 16–31 in the second, two bits each.
+          const auto word = hn::Set(du32, U32(r + 4 + 4 * (j / 16)));
+          const auto q = hn::And(word >> hn::ShiftLeft<1>(hn::Iota(du32, static_cast<std::uint32_t>(j % 16))), hn::Set(du32, 3u));
+          hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::BitCast(di32, q)), s, lo), df, out + j);
+        }
+      } else if constexpr (L == PackedLayout::sign_1bit) {
+        const std::uint8_t* r = in + g * (2 + kBlock / 8);
+        const hn::Rebind<std::uint32_t, DF> du32;
+        const VF m = hn::Set(df, Scale(r));
+        const auto word = hn::Set(du32, U32(r + 2));
+        for (int j = 0; j < kBlock; j += static_cast<int>(kNF)) {
+          const auto negative = hn::TestBit(word >> hn::Iota(du32, static_cast<std::uint32_t>(j)), hn::Set(du32, 1u));
+          hn::StoreU(hn::IfThenElse(hn::RebindMask(df, negative), hn::Neg(m), m), df, out + j);
+        }
       }
     }
   }
@@ -164,10 +217,15 @@ void Row(const std::uint8_t* in, int d, float* out) {
 
 }  // namespace packed
 
-// The decoder of a layout; nullptr for quant::PackedLayout::opaque.
-inline PackedRowDecoder PackedDecoder(quant::PackedLayout layout) {
+// The decoder of a layout at head dimension d; nullptr for quant::PackedLayout::opaque, and for
+// rot-4bit past the exactness argument's d (rotation::kMaxDim).
+inline PackedRowDecoder PackedDecoder(quant::PackedLayout layout, int d) {
   using quant::PackedLayout;
   switch (layout) {
+    case PackedLayout::rot_4bit: return d <= rotation::kMaxDim ? packed::Row<PackedLayout::rot_4bit> : nullptr;
+    case PackedLayout::rtn_2bit: return packed::Row<PackedLayout::rtn_2bit>;
+    case PackedLayout::sign_1bit: return packed::Row<PackedLayout::sign_1bit>;
+    case PackedLayout::kvquant4_token: return packed::Row<PackedLayout::kvquant4_token>;
     case PackedLayout::fp16: return packed::Row<PackedLayout::fp16>;
     case PackedLayout::fp8_e4m3: return packed::Row<PackedLayout::fp8_e4m3>;
     case PackedLayout::fp8_e4m3_scaled: return packed::Row<PackedLayout::fp8_e4m3_scaled>;

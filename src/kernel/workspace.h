@@ -19,6 +19,13 @@ struct Workspace {
     std::int64_t block = -1;
     std::vector<float> decoded;
   };
+  // A group scheme's block split for its SIMD decoder (kernel/group-inl.h), channels in lanes.
+  struct GroupBlock {
+    std::vector<f16> s16, lo16;        // [c] the records' fp16 step and minimum
+    std::vector<float> s, lo;          // [c] the same as floats, zero past the head dimension
+    std::vector<std::uint32_t> words;  // [w][c] the codes, 32/b tokens a word
+    std::size_t dp = 0;                // lanes of a row
+  };
   // Where a lane block of shared-ξ key codes lies: channel c's kNF codes at codes + c·stride.
   struct CodeBlock {
     const std::int8_t* codes = nullptr;
@@ -82,6 +89,7 @@ struct Workspace {
     std::vector<std::int64_t> page_counter;  // [segment] the shared-ξ counter word qgf's slot belongs to
     std::vector<f16> key_meta_buf, key_outliers_buf;  // a tile of several pages: its scales and outlier values
     BlockCache block;                    // a group scheme's decoded block
+    GroupBlock group;                    // a group scheme's block for its SIMD decoder
   } keys;
 
   // Per tile: the decoded values, ρ_t and ‖v̂_t‖ in token lanes.

@@ -24,8 +24,9 @@ enum class KvSide { key, value };
 // The byte layout of a per-token scheme whose decode is a fixed function of its bytes, for the
 // attention kernel's own SIMD decoders (src/kernel/packed-inl.h): each of these decodes x̂_c as a
 // product that is exact in float (an fp16 scale times a code of at most 8 significant bits, plus
-// an fp16 offset for q4_1 and q5_1), so every decoder gives the floats decode gives, bit for bit.
-// opaque: only decode knows the bytes.
+// an fp16 offset for q4_1, q5_1, rtn_2bit and kvquant4_token, rounded once as decode rounds it),
+// so every decoder gives the floats decode gives, bit for bit; rot_4bit's decoder proves its own
+// (kernel/rotation-inl.h). opaque: only decode knows the bytes.
 enum class PackedLayout {
   opaque,
   fp16,             // d fp16 values
@@ -39,6 +40,20 @@ enum class PackedLayout {
   q5_0,
   q5_1,
   iq4_nl,
+  rtn_2bit,        // per 32 channels: [fp16 s][fp16 lo][8 bytes], channel i in bits 2(i mod 4) of byte i/4, x̂ = lo + s·q
+  sign_1bit,       // per 32 channels: [fp16 m][4 bytes], channel i in bit i mod 8 of byte i/8, x̂ = 1 ? −m : m
+  rot_4bit,        // rtn_int4's bytes of the rotated token y = R·x; x̂ = Rᵀ·ŷ (quant/hadamard.h)
+  kvquant4_token,  // [fp16 s][fp16 lo][d nibbles as rtn_int4][max(1, d/100) × (uint16 c, fp16 x̂_c)]
+};
+
+// The byte layout of a group scheme's block of T = 32 tokens, for the kernel's SIMD decoders
+// (src/kernel/group-inl.h), which give decode's floats bit for bit: per channel c an asymmetric
+// record [fp16 s][fp16 lo][32 codes], token t's code in bits b·(t mod 8/b) of byte b·t/8, then
+// for kvquant_4 max(1, 32·d/100) × (uint16 t·d + c, fp16 x̂). opaque: only decode knows the bytes.
+enum class GroupLayout {
+  opaque,
+  kivi_2bit,  // b = 2: 12 bytes a channel
+  kvquant_4,  // b = 4: 20 bytes a channel, then the outliers
 };
 
 class KvScheme {
@@ -55,6 +70,7 @@ class KvScheme {
   virtual void decode(const std::uint8_t* in, int head_dim, float* out) const = 0;
   virtual bool exact() const { return false; }  // fp16 only
   virtual PackedLayout layout() const { return PackedLayout::opaque; }
+  virtual GroupLayout group_layout() const { return GroupLayout::opaque; }  // group schemes (T > 1)
   // Throws std::invalid_argument saying why when the scheme cannot encode heads of head_dim
   // values. block_bytes, encode and decode check it first.
   virtual void check_head_dim(int head_dim) const;

@@ -28,6 +28,7 @@ class Kivi2bitKey final : public KvScheme {
  public:
   std::string_view name() const override { return "kivi-2bit"; }
   int tokens_per_block() const override { return kBlockTokens; }
+  GroupLayout group_layout() const override { return GroupLayout::kivi_2bit; }
   std::size_t block_bytes(int d) const override {
     check_head_dim(d);
     return static_cast<std::size_t>(d) * asymmetric_bytes(kBlockTokens, 2);
@@ -87,6 +88,7 @@ class Kvquant4Key final : public KvScheme {
  public:
   std::string_view name() const override { return "kvquant-4"; }
   int tokens_per_block() const override { return kBlockTokens; }
+  GroupLayout group_layout() const override { return GroupLayout::kvquant_4; }
   void check_head_dim(int d) const override {
     require(d > 0 && kBlockTokens * d <= 65536, name(), "32·head_dim must fit a 16-bit outlier index", d);
   }
@@ -126,6 +128,7 @@ class Kvquant4Value final : public KvScheme {
  public:
   std::string_view name() const override { return "kvquant-4"; }
   int tokens_per_block() const override { return 1; }
+  PackedLayout layout() const override { return PackedLayout::kvquant4_token; }
   void check_head_dim(int d) const override {
     require(d > 0 && d <= 65536, name(), "head_dim must fit a 16-bit outlier index", d);
   }

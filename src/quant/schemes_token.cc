@@ -148,6 +148,7 @@ class Rtn2bit final : public Grouped {
  public:
   explicit Rtn2bit(std::string_view name) : name_(name) {}
   std::string_view name() const override { return name_; }
+  PackedLayout layout() const override { return PackedLayout::rtn_2bit; }
 
  protected:
   std::size_t record_bytes() const override { return asymmetric_bytes(kChannelGroup, 2); }
@@ -163,6 +164,7 @@ class Rtn2bit final : public Grouped {
 class Sign1bit final : public Grouped {
  public:
   std::string_view name() const override { return "sign-1bit"; }
+  PackedLayout layout() const override { return PackedLayout::sign_1bit; }
 
  protected:
   std::size_t record_bytes() const override { return 2 + packed_bytes(kChannelGroup, 1); }
@@ -191,6 +193,7 @@ class Sign1bit final : public Grouped {
 class Rot4bit final : public Grouped {
  public:
   std::string_view name() const override { return "rot-4bit"; }
+  PackedLayout layout() const override { return PackedLayout::rot_4bit; }
   void check_head_dim(int d) const override {
     require(d >= kChannelGroup && (d & (d - 1)) == 0, name(), "head_dim must be a power of two, at least 32", d);
   }
