@@ -105,11 +105,11 @@ T* at_least(std::vector<T>& v, std::int64_t n) {
 // pass and grown only when a pass runs more tokens or rows, so that a decode step allocates
 // nothing once warm. Every element a pass reads it has written first.
 struct LlamaModel::RunState {
-  std::mutex busy;  // held by the pass using the state
-  std::vector<float> x, xb;  // the residual stream and a normed copy (or a block's output): n × d
-  std::vector<float> q, att;  // queries and attention outputs: n × heads·head_dim
-  std::vector<float> k, v;    // keys and values: n × kv_heads·head_dim
-  std::vector<float> gate, up;  // the MLP's hidden activations: n × d_ff
+  std::mutex busy;                  // held by the pass using the state
+  std::vector<float> x, xb;         // the residual stream and a normed copy (or a block's output): n × d
+  std::vector<float> q, att;        // queries and attention outputs: n × heads·head_dim
+  std::vector<float> k, v;          // keys and values: n × kv_heads·head_dim
+  std::vector<float> gate, up;      // the MLP's hidden activations: n × d_ff
   std::vector<std::int64_t> first;  // row r's tokens are [first[r], first[r + 1])
   // An attention job: a (row, KV head, run) triple, or a row's KV head taking its runs in order,
   // or a whole row, as the row's cache asks (KvCache::attend_concurrency).
