@@ -4,7 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
-scripts/install-deps.sh
-CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install -q .
+[ -n "${WITCERT_SETUP_DONE:-}" ] || scripts/install-deps.sh
+# The package's library is compiled with BUILD_DIR's compiler, launcher and warnings: through ccache
+# (scripts/build.sh) that gives it BUILD_DIR's objects instead of compiling them again.
+defines=()
+for var in CMAKE_CXX_COMPILER CMAKE_CXX_COMPILER_LAUNCHER WITCERT_WERROR; do
+  value=$(sed -n "s/^$var:[A-Z]*=//p" "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+  if [ -n "$value" ]; then defines+=(-C "cmake.define.$var=$value"); fi
+done
+CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install -q "${defines[@]}" .
 WITCERT_BIN=$build_dir/witcert WITCERT_LIB=$build_dir/libwitcert.so \
   WITCERT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf .venv/bin/python -m pytest -q python/tests
