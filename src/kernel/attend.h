@@ -40,7 +40,8 @@ void attend_range(Workspace& work, cache::KvStore::Reader& reader, const float* 
                   std::vector<attn::HeadPartial>& partials, bool meter = true);
 
 // One token of a packed scheme (quant::PackedLayout, not opaque) decoded by the kernel's SIMD
-// decoder (exposed for its test against quant::KvScheme::decode). d: the head dimension.
+// decoder (exposed for its test against quant::KvScheme::decode). d: the head dimension, at most
+// 1,024 for rot-4bit (beyond, the kernel takes its black-box decode).
 void decode_packed_row(quant::PackedLayout layout, const std::uint8_t* in, int d, float* out);
 
 // Tokens [first, first + count) of a group scheme's block (quant::GroupLayout, not opaque) decoded
