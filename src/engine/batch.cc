@@ -181,7 +181,7 @@ void BatchEngine::admit() {
       if (!s.telemetry)
         s.telemetry = std::make_unique<gate::Telemetry>(
             cfg.layers, cfg.heads,
-            gate::Telemetry::Options{s.req.coverage_tau, s.req.coverage_tau_v, s.req.cache.bound, s.prompt_len, 1});
+            gate::Telemetry::Options{s.req.coverage_tau, s.req.coverage_tau_v, s.req.cache.bound, s.prompt_len});
       s.sink = std::make_unique<FromPosition>(*s.telemetry);
       sinks.push_back(s.sink.get());
     }

@@ -14,11 +14,15 @@ nlohmann::json number(double v) {
   return v;
 }
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return NAN;
-  const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + i, v.end());
-  return v[i];
+// The order of the worst cells: the larger raw score first, then the earlier (position, layer,
+// head), so that the kept cells do not depend on which thread served which.
+bool worse(const MeterCell& a, const MeterCell& b) {
+  const bool a_nan = std::isnan(a.raw_before), b_nan = std::isnan(b.raw_before);
+  if (a_nan != b_nan) return a_nan;  // NaN (no guarantee) ranks first
+  if (!a_nan && a.raw_before != b.raw_before) return a.raw_before > b.raw_before;
+  if (a.pos != b.pos) return a.pos < b.pos;
+  if (a.layer != b.layer) return a.layer < b.layer;
+  return a.q_head < b.q_head;
 }
 
 nlohmann::json coverage_json(const Coverage& c) {
@@ -27,7 +31,59 @@ nlohmann::json coverage_json(const Coverage& c) {
 
 }  // namespace
 
+double LogHistogram::upper_edge(int b) {
+  if (b <= 0) return 0.0;
+  if (b == 1) return kLow;
+  if (b >= kBuckets - 1) return INFINITY;
+  if (b == kBuckets - 2) return kHigh;  // exactly, whatever pow's rounding
+  return kLow * std::pow(10.0, static_cast<double>(b - 1) / kPerDecade);
+}
+
+int LogHistogram::bucket_of(double x) {
+  if (!(x <= kHigh)) return kBuckets - 1;  // above, +inf or NaN
+  if (x <= 0.0) return 0;
+  if (x <= kLow) return 1;
+  // The log gives the bucket to within rounding; the edges, computed one way, decide.
+  int b = 1 + static_cast<int>(std::ceil(std::log10(x / kLow) * kPerDecade));
+  b = std::clamp(b, 2, kBuckets - 2);
+  while (b < kBuckets - 2 && x > upper_edge(b)) ++b;
+  while (b > 2 && x <= upper_edge(b - 1)) --b;
+  return b;
+}
+
+void LogHistogram::add(double x) {
+  ++counts_[bucket_of(x)];
+  ++n_;
+  if (std::isnan(x)) x = INFINITY;
+  max_ = std::max(max_, x);
+}
+
+void LogHistogram::merge(const LogHistogram& o) {
+  for (int b = 0; b < kBuckets; ++b) counts_[b] += o.counts_[b];
+  n_ += o.n_;
+  max_ = std::max(max_, o.max_);
+}
+
+double LogHistogram::quantile(double q) const {
+  if (n_ == 0) return NAN;
+  const std::int64_t rank = std::min(n_ - 1, static_cast<std::int64_t>(q * static_cast<double>(n_)));
+  std::int64_t below = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    below += counts_[b];
+    if (below > rank) return std::min(upper_edge(b), max_);
+  }
+  return max_;
+}
+
 nlohmann::json TelemetrySummary::to_json() const {
+  nlohmann::json worst_cells = nlohmann::json::array();
+  for (const MeterCell& c : worst)
+    worst_cells.push_back({{"layer", c.layer},
+                           {"q_head", c.q_head},
+                           {"step", c.pos - first_pos},
+                           {"raw", number(c.raw_before)},
+                           {"meter", number(c.meter_before)},
+                           {"repaired", c.repaired}});
   return {{"cells", cells},
           {"bound", cert::bound_shape_name(bound)},
           {"bound_label", cert::bound_shape_label(bound)},
@@ -39,6 +95,8 @@ nlohmann::json TelemetrySummary::to_json() const {
           {"raw_p90", number(raw_p90)},
           {"raw_p99", number(raw_p99)},
           {"raw_max", number(raw_max)},
+          {"v_meter_p50", number(v_meter_p50)},
+          {"worst", worst_cells},
           {"overflow", overflow},
           {"repaired", repaired},
           {"soundness_checked", checked},
@@ -73,7 +131,7 @@ std::size_t heat_cells(int layers, int heads, double tau_k, double tau_v, int st
   if (layers <= 0 || heads <= 0) throw std::invalid_argument("telemetry needs at least one layer and head");
   if (!(tau_k > 0.0) || !std::isfinite(tau_k) || !(tau_v > 0.0) || !std::isfinite(tau_v))
     throw std::invalid_argument("the coverage thresholds tau and tau_v must be finite and positive");
-  if (stride < 1) throw std::invalid_argument("the sampling stride must be at least 1");
+  if (stride < 0) throw std::invalid_argument("the sampling stride must not be negative");
   return static_cast<std::size_t>(layers) * heads;
 }
 
@@ -90,6 +148,18 @@ Telemetry::Telemetry(int layers, int heads, const Options& opts)
         return s;
       }()) {}
 
+void Telemetry::Shard::keep_if_worst(const MeterCell& c) {
+  if (n_worst < kWorstCells) {
+    worst[n_worst++] = c;
+  } else {
+    MeterCell* least = std::min_element(worst.begin(), worst.end(), [](const MeterCell& a, const MeterCell& b) {
+      return worse(b, a);
+    });
+    if (!worse(c, *least)) return;
+    *least = c;
+  }
+}
+
 void Telemetry::record(std::span<const MeterCell> cells) {
   Shard& s = shards_.local();
   for (const MeterCell& c : cells) {
@@ -105,13 +175,20 @@ void Telemetry::record(std::span<const MeterCell> cells) {
     s.overflow += std::isinf(c.raw_before);
     s.repaired += c.repaired;
     s.raw_max = std::max(s.raw_max, c.raw_before);
+    s.raw.add(c.raw_before);
+    s.v_meter.add(c.v_meter);
+    const double r = c.raw_before;
+    s.raw_buckets[std::lower_bound(std::begin(kRawScoreBounds), std::end(kRawScoreBounds), r) - std::begin(kRawScoreBounds)] += 1;
+    if (std::isfinite(r)) s.raw_finite_sum += r;
+    s.keep_if_worst(c);
     if (!std::isnan(c.tv)) {
       ++s.checked;
       s.violations += violates(c);
+      if (c.meter > 0) s.worst_tv_ratio = std::max(s.worst_tv_ratio, c.tv / c.meter);
     }
     s.sum_meter[at] += c.meter;
     ++s.count[at];
-    if ((c.pos - opts_.first_pos) % opts_.stride == 0) s.samples.push_back(c);
+    if (opts_.stride > 0 && (c.pos - opts_.first_pos) % opts_.stride == 0) s.samples.push_back(c);
   }
 }
 
@@ -120,8 +197,9 @@ TelemetrySummary Telemetry::summary() const {
   s.bound = opts_.bound;
   s.tau_k = opts_.tau_k;
   s.tau_v = opts_.tau_v;
+  s.first_pos = opts_.first_pos;
   Covered covered, before;
-  std::vector<double> raw;
+  LogHistogram raw, v_meter;
   shards_.for_each([&](const Shard& t) {
     s.cells += t.cells;
     covered.merge(t.covered);
@@ -131,13 +209,19 @@ TelemetrySummary Telemetry::summary() const {
     s.repaired += t.repaired;
     s.checked += t.checked;
     s.violations += t.violations;
-    for (const MeterCell& c : t.samples) raw.push_back(c.raw_before);  // quantiles need no order
+    s.worst_tv_ratio = std::max(s.worst_tv_ratio, t.worst_tv_ratio);
+    raw.merge(t.raw);
+    v_meter.merge(t.v_meter);
+    s.worst.insert(s.worst.end(), t.worst.begin(), t.worst.begin() + t.n_worst);
   });
   s.coverage = covered.over(s.cells);
   s.coverage_before = before.over(s.cells);
-  s.raw_p50 = quantile(raw, 0.5);
-  s.raw_p90 = quantile(raw, 0.9);
-  s.raw_p99 = quantile(raw, 0.99);
+  s.raw_p50 = raw.quantile(0.5);
+  s.raw_p90 = raw.quantile(0.9);
+  s.raw_p99 = raw.quantile(0.99);
+  s.v_meter_p50 = v_meter.quantile(0.5);
+  std::sort(s.worst.begin(), s.worst.end(), worse);
+  if (s.worst.size() > static_cast<std::size_t>(kWorstCells)) s.worst.resize(kWorstCells);
   return s;
 }
 
@@ -165,11 +249,8 @@ Telemetry::RawHistogram Telemetry::raw_histogram() const {
   RawHistogram h;
   h.counts.assign(std::size(kRawScoreBounds) + 1, 0);
   shards_.for_each([&](const Shard& t) {
-    for (const MeterCell& c : t.samples) {
-      const double r = c.raw_before;
-      h.counts[std::lower_bound(std::begin(kRawScoreBounds), std::end(kRawScoreBounds), r) - std::begin(kRawScoreBounds)] += 1;
-      if (std::isfinite(r)) h.finite_sum += r;
-    }
+    for (std::size_t b = 0; b < t.raw_buckets.size(); ++b) h.counts[b] += t.raw_buckets[b];
+    h.finite_sum += t.raw_finite_sum;
   });
   return h;
 }

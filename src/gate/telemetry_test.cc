@@ -1,10 +1,14 @@
 // Telemetry aggregated in place: known answers for coverage, overflow, repairs, violations, the
-// sampling stride and the quantiles; concurrent recording; the JSON lines.
+// histogram quantiles, the worst cells and the sampling stride; concurrent recording; the JSON lines.
 #include "gate/telemetry.h"
+
+#include "base/alloc_counter.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,7 +24,7 @@ MeterCell cell(int layer, int head, std::int64_t pos, double raw, double meter, 
   return {layer, head, pos, raw, meter, 0.0, tv, raw, std::min(1.0, raw), 0.0, repaired};
 }
 
-Telemetry::Options options(double tau, std::int64_t first_pos = 0, int stride = 1) {
+Telemetry::Options options(double tau, std::int64_t first_pos = 0, int stride = 0) {
   Telemetry::Options o;
   o.tau_k = tau;
   o.first_pos = first_pos;
@@ -100,9 +104,141 @@ TEST(Telemetry, StrideKeepsEveryNthStepForQuantilesAndCountsAll) {
   const std::vector<MeterCell> kept = t.samples();
   ASSERT_EQ(kept.size(), 25u);
   for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i].pos, 100 + 4 * static_cast<std::int64_t>(i));
-  // Samples are 0, 0.04, …, 0.96: the median is the 13th (index 12), 0.48.
-  EXPECT_DOUBLE_EQ(s.raw_p50, 0.48);
-  EXPECT_DOUBLE_EQ(s.raw_max, 0.99);  // from every cell, not only the samples
+  // The quantiles count every cell, 0, 0.01, …, 0.99: the median is index 50, 0.5, read as the
+  // upper edge of its bucket.
+  EXPECT_GE(s.raw_p50, 0.5);
+  EXPECT_LE(s.raw_p50, 0.5 * std::pow(10.0, 1.0 / LogHistogram::kPerDecade));
+  EXPECT_DOUBLE_EQ(s.raw_max, 0.99);
+  EXPECT_EQ(t.raw_histogram().counts.back(), 0);
+  std::int64_t counted = 0;
+  for (std::int64_t n : t.raw_histogram().counts) counted += n;
+  EXPECT_EQ(counted, 100);  // every cell, not only the samples
+}
+
+TEST(Telemetry, KeepsNoCellsUnlessAStrideIsAskedFor) {
+  Telemetry t(2, 3, options(0.2, /*first_pos=*/4));
+  for (int step = 0; step < 1000; ++step)
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 3; ++h) {
+        const MeterCell c = cell(l, h, 4 + step, 0.1, 0.1);
+        t.record({&c, 1});
+      }
+  EXPECT_TRUE(t.samples().empty());
+  EXPECT_EQ(t.summary().cells, 6000);
+  EXPECT_THROW(Telemetry(1, 1, options(0.2, 0, -1)), std::invalid_argument);
+}
+
+// A request's telemetry does not grow with its length: once a thread's shard exists, recording
+// allocates nothing, however many cells arrive (overflowing and non-finite ones included).
+TEST(Telemetry, RecordingAllocatesNothingOnceWarm) {
+  Telemetry t(3, 4, options(0.2, /*first_pos=*/10));
+  std::vector<MeterCell> step;
+  for (int l = 0; l < 3; ++l)
+    for (int h = 0; h < 4; ++h) step.push_back(cell(l, h, 10, 0.1 * (l + h), 0.1, h == 3, l == 1 ? 0.01 : NAN));
+  t.record(step);  // makes this thread's shard
+  const long before = testing_util::thread_allocations();
+  for (int pos = 11; pos < 5000; ++pos) {
+    for (MeterCell& c : step) {
+      c.pos = pos;
+      c.raw_before = pos % 97 == 0 ? INFINITY : (pos % 89 == 0 ? NAN : 1e-6 * pos * (c.q_head + 1));
+    }
+    t.record(step);
+  }
+  EXPECT_EQ(testing_util::thread_allocations(), before);
+  EXPECT_EQ(t.summary().cells, 12 * 4990);
+}
+
+TEST(LogHistogram, BucketsAndEdgesWithKnownAnswers) {
+  EXPECT_EQ(LogHistogram::bucket_of(0.0), 0);
+  EXPECT_EQ(LogHistogram::bucket_of(-1.0), 0);
+  EXPECT_EQ(LogHistogram::bucket_of(1e-300), 1);
+  EXPECT_EQ(LogHistogram::bucket_of(LogHistogram::kLow), 1);
+  EXPECT_EQ(LogHistogram::bucket_of(LogHistogram::kHigh), LogHistogram::kBuckets - 2);
+  EXPECT_EQ(LogHistogram::bucket_of(LogHistogram::kHigh * 1.000001), LogHistogram::kBuckets - 1);
+  EXPECT_EQ(LogHistogram::bucket_of(INFINITY), LogHistogram::kBuckets - 1);
+  EXPECT_EQ(LogHistogram::bucket_of(NAN), LogHistogram::kBuckets - 1);
+  EXPECT_DOUBLE_EQ(LogHistogram::upper_edge(0), 0.0);
+  EXPECT_TRUE(std::isinf(LogHistogram::upper_edge(LogHistogram::kBuckets - 1)));
+  // Every value lies in (edge(b − 1), edge(b)] of its bucket, at the edges themselves too.
+  for (int b = 2; b < LogHistogram::kBuckets - 1; ++b) {
+    const double lo = LogHistogram::upper_edge(b - 1), hi = LogHistogram::upper_edge(b);
+    ASSERT_LT(lo, hi);
+    EXPECT_EQ(LogHistogram::bucket_of(hi), b);
+    EXPECT_EQ(LogHistogram::bucket_of(std::nextafter(lo, INFINITY)), b);
+    EXPECT_EQ(LogHistogram::bucket_of(std::sqrt(lo * hi)), b);
+  }
+  LogHistogram h;
+  EXPECT_TRUE(std::isnan(h.quantile(0.5)));
+  for (int i = 0; i < 3; ++i) h.add(0.0);
+  h.add(INFINITY);
+  EXPECT_EQ(h.quantile(0.5), 0.0);  // ranks 0..2 are zeros
+  EXPECT_TRUE(std::isinf(h.quantile(1.0)));
+}
+
+// Against the exact quantile of the same scores: never below it, at most one bucket above it, and
+// never above the largest score, over spread, clustered, zero-heavy and overflowing samples.
+TEST(LogHistogram, QuantilesBoundTheExactOnesWithinOneBucket) {
+  std::mt19937_64 rng(7);
+  const double bucket = std::pow(10.0, 1.0 / LogHistogram::kPerDecade);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<double> v;
+    const int n = 1 + static_cast<int>(rng() % 3000);
+    std::uniform_real_distribution<double> exponent(-14.0, 12.0), unit(0.0, 1.0);
+    for (int i = 0; i < n; ++i) {
+      const double u = unit(rng);
+      if (trial % 4 == 1 && u < 0.3) v.push_back(0.0);
+      else if (trial % 4 == 2 && u < 0.05) v.push_back(INFINITY);
+      else if (trial % 4 == 3) v.push_back(0.2 + 1e-3 * u);
+      else v.push_back(std::pow(10.0, exponent(rng)));
+    }
+    LogHistogram h, left, right;
+    for (std::size_t i = 0; i < v.size(); ++i) (i % 2 ? left : right).add(v[i]), h.add(v[i]);
+    left.merge(right);
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    for (double q : {0.0, 0.1, 0.5, 0.9, 0.99, 1.0}) {
+      const std::size_t rank = std::min(sorted.size() - 1, static_cast<std::size_t>(q * sorted.size()));
+      const double exact = sorted[rank], got = h.quantile(q);
+      EXPECT_EQ(got, left.quantile(q)) << "merged shards read as one";
+      EXPECT_GE(got, exact) << trial << " q " << q;
+      EXPECT_LE(got, sorted.back());
+      if (exact <= LogHistogram::kLow) {
+        EXPECT_LE(got, std::max(exact, LogHistogram::kLow));
+      } else if (exact <= LogHistogram::kHigh) {
+        EXPECT_LE(got, exact * bucket * (1 + 1e-12)) << trial << " q " << q;
+      }
+    }
+  }
+}
+
+// The worst cells are the largest raw scores before repair whichever thread served them, ties to
+// the earlier (position, layer, head); their step counts from the first decode position.
+TEST(Telemetry, WorstCellsAreTheLargestRawScoresIndependentOfThreads) {
+  Telemetry t(4, 2, options(0.2, /*first_pos=*/100));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&t, w] {
+      for (int i = 0; i < 500; ++i) {
+        const double raw = (i == 250 + w) ? 10.0 + w : (i == 7 ? 50.0 : 0.01 * (i % 10));
+        const MeterCell c[2] = {cell(w, 0, 100 + i, raw, std::min(1.0, raw)), cell(w, 1, 100 + i, 0.0, 0.0)};
+        t.record(c);
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  const TelemetrySummary s = t.summary();
+  ASSERT_EQ(s.worst.size(), static_cast<std::size_t>(kWorstCells));
+  // Four cells of 50 at step 7 (layers 0..3 in order), then the 13 of layer 3 at step 253.
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_EQ(s.worst[l].raw_before, 50.0);
+    EXPECT_EQ(s.worst[l].layer, l);
+    EXPECT_EQ(s.worst[l].pos, 107);
+  }
+  EXPECT_EQ(s.worst[4].raw_before, 13.0);
+  EXPECT_EQ(s.worst[4].layer, 3);
+  const nlohmann::json j = s.to_json();
+  ASSERT_EQ(j["worst"].size(), static_cast<std::size_t>(kWorstCells));
+  EXPECT_EQ(j["worst"][4]["step"], 253);
+  EXPECT_EQ(j["worst"][0]["q_head"], 0);
 }
 
 TEST(Telemetry, ConcurrentRecordingLosesNothing) {
@@ -162,7 +298,7 @@ TEST(Telemetry, RejectsImpossibleArgumentsAndForeignCells) {
   EXPECT_THROW(Telemetry(1, 1, options(0.0)), std::invalid_argument);
   EXPECT_THROW(Telemetry(1, 1, options(NAN)), std::invalid_argument);
   EXPECT_THROW(Telemetry(1, 1, options(INFINITY)), std::invalid_argument);
-  EXPECT_THROW(Telemetry(1, 1, options(0.2, 0, 0)), std::invalid_argument);
+  EXPECT_THROW(Telemetry(1, 1, options(0.2, 0, -1)), std::invalid_argument);
   Telemetry::Options bad_v = options(0.2);
   for (double tau_v : {0.0, -1.0, double(NAN), double(INFINITY)}) {
     bad_v.tau_v = tau_v;

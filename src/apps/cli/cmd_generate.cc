@@ -19,23 +19,10 @@
 namespace witcert::apps {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // The meter summary of a run: its decode-step cells, as the telemetry aggregated them.
 void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const engine::CacheOptions& opts,
                const model::LlamaConfig& cfg, std::ostream& err) {
   const gate::TelemetrySummary s = tel.summary();
-  const std::vector<gate::MeterCell> cells = tel.samples();
-  std::vector<double> v_meter;
-  double worst_ratio = 0.0;
-  for (const gate::MeterCell& c : cells) {
-    v_meter.push_back(c.v_meter);
-    if (!std::isnan(c.tv) && c.meter > 0) worst_ratio = std::max(worst_ratio, c.tv / c.meter);
-  }
   const cache::KvStore& st = cache.store();
   const double k_bytes = st.bytes_per_token_head(quant::KvSide::key), v_bytes = st.bytes_per_token_head(quant::KvSide::value);
   const double per_token = (k_bytes + v_bytes) * cfg.layers * cfg.kv_heads;
@@ -46,7 +33,7 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
     err << fmt::format("  coverage at tau_K={} tau_V={}: joint {:.4f}, K {:.4f}, V {:.4f}, e-form K {:.4f}\n", s.tau_k,
                        s.tau_v, s.coverage.joint, s.coverage.k, s.coverage.v, s.coverage.eform);
     err << fmt::format("  raw score median {:.4g}, max {:.4g}, overflow {:.2f}%; V meter median {:.4g}\n", s.raw_p50,
-                       s.raw_max, 100.0 * s.overflow / s.cells, median(v_meter));
+                       s.raw_max, 100.0 * s.overflow / s.cells, s.v_meter_p50);
   }
   if (opts.gate.on()) {
     const cache::KvStore::PageInStats pi = st.page_in_stats();
@@ -59,7 +46,7 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
                      per_token, k_bytes, v_bytes, fp16_per_token, fp16_per_token / per_token);
   if (opts.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
-                       s.checked, s.violations, worst_ratio);
+                       s.checked, s.violations, s.worst_tv_ratio);
   if (st.config().k_format.kind() == quant::FormatKind::dither_int8 && st.config().dither == cache::DitherMode::none)
     err << "  (keys rounded without dither: their bound is deterministic, for any query)\n";
   else if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
@@ -85,7 +72,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
   gate::Telemetry tel(cfg.layers, cfg.heads,
                       gate::Telemetry::Options{args.cache.coverage_tau, args.cache.tau_v, cache_opts.bound,
-                                               static_cast<std::int64_t>(prompt.size()), 1});
+                                               static_cast<std::int64_t>(prompt.size())});
   gate::CellLog log;
   std::vector<gate::MeterSink*> sinks = {&tel};
   if (!args.meter_json.empty()) sinks.push_back(&log);

@@ -186,7 +186,7 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
           engine::CacheOptions c = engine::CacheOptions::from_json({{"kv", kv}, {"bound", b}});
           c.check_soundness = true;
           if (gated) c.gate.tau_k = tau;
-          gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first, 1});
+          gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first});
           SoundnessSink sound;
           const cache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound}).page_in;
           checked += sound.checked;
