@@ -21,7 +21,7 @@ using witcert::apps::RequestSpec;
 const std::vector<RequestDefaults>& pools() {
   static const std::vector<RequestDefaults> p = [] {
     std::vector<RequestDefaults> v;
-    for (const char* cache : {R"({})", R"({"kv": "dither-int8"})", R"({"kv": "q8_0", "kv_v": "q4_0", "gate": 0.2})"}) {
+    for (const char* cache : {R"({})", R"({"kv": "dither-int8"})", R"({"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.2})"}) {
       RequestDefaults d;
       d.model_name = "smollm2";
       d.cache = witcert::engine::CacheOptions::from_json(nlohmann::json::parse(cache));

@@ -186,7 +186,7 @@ typedef struct witcert_geometry {
 } witcert_geometry;
 
 /* A pool for sequences of `g`. options_json is a JSON object (docs/c-api.md): "kv" (the key
- * scheme, e.g. "q4_0", "dither-int8"), "kv_v", "gate" (τ_K; a gate keeps the exact tier),
+ * scheme, e.g. "q4_0", "dither-int8"), "kv_v", "tau_k" (τ_K of the gate; a gate keeps the exact tier),
  * "tau_v", "granularity", "delta", "bound", "page_size", ... as `witcert generate` takes them;
  * "{}" is the plain fp16 cache without a meter. pool_bytes bounds the pool's measured bytes; 0:
  * room for one sequence of capacity. */
@@ -204,7 +204,7 @@ WITCERT_EXPORT witcert_status witcert_pool_stats_get(const witcert_pool* pool, w
 WITCERT_EXPORT void witcert_pool_free(witcert_pool* pool);
 
 /* A new, empty sequence over the pool, with the pool's policy or, from policy_json (may be NULL),
- * its own: "gate", "tau_v", "granularity", "delta", "bound". decode_budget is T of δ_loc. */
+ * its own: "tau_k", "tau_v", "granularity", "delta", "bound". decode_budget is T of δ_loc. */
 WITCERT_EXPORT witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json, int64_t decode_budget,
                                                    witcert_cache** cache);
 /* Stores the post-RoPE key and value (head_dim floats each) of position pos < capacity. */
@@ -288,7 +288,7 @@ typedef struct witcert_generation {
 
 /* Generates from `prompt`. request_json (may be NULL) holds the request and its cache: "chat",
  * "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v" and the cache's
- * keys as witcert_pool_create takes them ("kv", "gate", ...). The text goes to text[0 ..
+ * keys as witcert_pool_create takes them ("kv", "tau_k", ...). The text goes to text[0 ..
  * text_capacity) NUL-terminated (text may be NULL with capacity 0); *text_needed (may be NULL)
  * receives its length + 1. A text buffer too small still runs the generation and fills result,
  * then returns WITCERT_ERROR_BUFFER_TOO_SMALL. */

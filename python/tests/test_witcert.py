@@ -148,7 +148,7 @@ def test_dither_int8_round_trip_and_radius():
 @pytest.mark.parametrize("kv,gate", [("q4_0", None), ("q8_0", 0.2), ("kivi-2bit", 0.1), ("dither-int8", None)])
 def test_cache_outputs_within_their_bounds(kv, gate):
     rng = np.random.default_rng(3)
-    cache = witcert.Cache(2, 4, 2, 64, 200, kv=kv, gate=gate, layout="neox")
+    cache = witcert.Cache(2, 4, 2, 64, 200, kv=kv, tau_k=gate, layout="neox")
     keys, vals = [], []
     for pos in range(200):
         for layer in range(2):
@@ -201,7 +201,7 @@ def engine():
 
 def test_engine_generates_with_a_meter(engine):
     steps = []
-    r = engine.generate("The capital of France is", kv="q4_0", gate=0.2, max_tokens=8,
+    r = engine.generate("The capital of France is", kv="q4_0", tau_k=0.2, max_tokens=8,
                         on_token=lambda t, piece, m: steps.append(m))
     assert "Paris" in r["text"]
     assert r["completion_tokens"] == len(r["tokens"]) == len(steps) <= 8
@@ -366,7 +366,7 @@ def run_value_bound(arg, v):
     return no_guarantee_unless(math.isfinite(bound) and math.isfinite(v_meter))
 
 
-CACHES = {"fp16": {}, "q4_0": {"kv": "q4_0"}, "dither-int8": {"kv": "dither-int8"}, "q8_0 gated": {"kv": "q8_0", "gate": 0.2}}
+CACHES = {"fp16": {}, "q4_0": {"kv": "q4_0"}, "dither-int8": {"kv": "dither-int8"}, "q8_0 gated": {"kv": "q8_0", "tau_k": 0.2}}
 
 
 def row(p):

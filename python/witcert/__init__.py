@@ -150,22 +150,22 @@ class Cache:
     """One sequence of the certified paged cache, over its own pool.
 
     ``kv`` and ``kv_v`` name the key and value schemes (``"q4_0"``, ``"dither-int8"``, ...; ``None``:
-    the plain fp16 cache, which is exact); ``gate`` is the gate's tau_K (a gated cache keeps an
+    the plain fp16 cache, which is exact); ``tau_k`` is the gate's τ_K (a gated cache keeps an
     exact tier and repairs pages until each served cell is within it); further keyword options
     (``tau_v``, ``granularity``, ``delta``, ``bound``, ``page_size``, ...) are those of
     ``witcert generate``. ``pool_bytes`` bounds the pool (0: room for ``capacity`` positions).
     """
 
     def __init__(self, layers: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int, *,
-                 kv: Optional[str] = None, kv_v: Optional[str] = None, gate: Optional[float] = None,
+                 kv: Optional[str] = None, kv_v: Optional[str] = None, tau_k: Optional[float] = None,
                  pool_bytes: int = 0, decode_budget: int = 256, layout: str = "interleaved", **options: Any):
         opts: Dict[str, Any] = dict(options)
         if kv is not None:
             opts["kv"] = kv
         if kv_v is not None:
             opts["kv_v"] = kv_v
-        if gate is not None:
-            opts["gate"] = gate
+        if tau_k is not None:
+            opts["tau_k"] = tau_k
         self.group = q_heads // kv_heads if kv_heads > 0 else 0
         self._c = _witcert.Cache(int(layers), int(q_heads), int(kv_heads), int(head_dim), int(capacity),
                                  json.dumps(opts), int(pool_bytes), int(decode_budget), layout)
@@ -198,9 +198,9 @@ class Engine:
         """The token ids of ``text`` (``chat``: wrapped as one user turn of the chat template)."""
         return self._e.tokenize(text, bool(chat))
 
-    def generate(self, prompt: str, *, kv: Optional[str] = None, gate: Optional[float] = None,
+    def generate(self, prompt: str, *, kv: Optional[str] = None, tau_k: Optional[float] = None,
                  max_tokens: int = 64, on_token: Optional[TokenCallback] = None, **options: Any) -> Dict[str, Any]:
-        """Generates from ``prompt``. ``kv``/``gate`` and further options (``kv_v``, ``tau_v``,
+        """Generates from ``prompt``. ``kv``/``tau_k`` and further options (``kv_v``, ``tau_v``,
         ``granularity``, ``chat``, ``temperature``, ``top_p``, ``seed``, ``coverage_tau``, ...)
         are those of ``witcert generate``. ``on_token(token, piece, step_meter)`` sees each token;
         returning True cancels. Returns ``text``, ``tokens``, ``prompt_tokens``,
@@ -210,6 +210,6 @@ class Engine:
         req["max_tokens"] = int(max_tokens)
         if kv is not None:
             req["kv"] = kv
-        if gate is not None:
-            req["gate"] = gate
+        if tau_k is not None:
+            req["tau_k"] = tau_k
         return self._e.generate(prompt, json.dumps(req), on_token)

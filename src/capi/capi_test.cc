@@ -493,7 +493,7 @@ std::vector<Call> poisonable_calls() {
   // followed by a clean write and an attend over both: its cells are the certificate.
   for (const std::string& options :
        {std::string("{}"), std::string(R"({"kv": "q4_0"})"), std::string(R"({"kv": "dither-int8"})"),
-        std::string(R"({"kv": "q8_0", "gate": 0.2})")}) {
+        std::string(R"({"kv": "q8_0", "tau_k": 0.2})")}) {
     calls.push_back({"witcert_cache_write " + options, {"k[1]", "v[1]"}, [=](std::size_t arg, double v) {
                        SmallCache sc(options, 0);
                        std::vector<float> k = SmallCache::row(0, 1), val = SmallCache::row(100, 1);
@@ -671,9 +671,9 @@ TEST(CApi, CacheOutputsStayWithinTheirMeters) {
     const char* options;
     bool gated;
   };
-  for (const Case& cs : {Case{R"({"kv": "q4_0"})", false}, Case{R"({"kv": "q8_0", "kv_v": "q4_0", "gate": 0.2})", true},
-                         Case{R"({"kv": "dither-int8"})", false}, Case{R"({"kv": "kivi-2bit", "gate": 0.1})", true},
-                         Case{R"({"kv": "fp8-e4m3", "gate": 0.3, "granularity": "head"})", true},
+  for (const Case& cs : {Case{R"({"kv": "q4_0"})", false}, Case{R"({"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.2})", true},
+                         Case{R"({"kv": "dither-int8"})", false}, Case{R"({"kv": "kivi-2bit", "tau_k": 0.1})", true},
+                         Case{R"({"kv": "fp8-e4m3", "tau_k": 0.3, "granularity": "head"})", true},
                          Case{R"({"kv": "rtn-int4", "page_size": 1})", false}, Case{"{}", false}})
     for (std::int64_t n : {5, 300}) {
       SCOPED_TRACE(std::string(cs.options) + " n " + std::to_string(n));
@@ -730,7 +730,7 @@ TEST(CApi, CacheOutputsStayWithinTheirMeters) {
             << "head " << h << " meter " << cell.meter << " v_meter " << cell.v_meter;
         EXPECT_GE(cell.output_bound, (2 * cell.meter + cell.v_meter) * vmax * (1 - 1e-9));
         if (cs.gated) {
-          EXPECT_LE(cell.meter, nlohmann::json::parse(cs.options).at("gate").get<double>() + 1e-12);
+          EXPECT_LE(cell.meter, nlohmann::json::parse(cs.options).at("tau_k").get<double>() + 1e-12);
         }
       }
       witcert_cache_stats st{};
@@ -758,7 +758,7 @@ TEST(CApi, CacheAndPoolRefuseBadArgumentsAndStaleHandles) {
   expect_refused(witcert_pool_create(&g, "{\"kv\": ", 0, &pool), A, "options_json");
   expect_refused(witcert_pool_create(&g, "[1]", 0, &pool), A, "options_json");
   expect_refused(witcert_pool_create(&g, R"({"kv": "q5_9"})", 0, &pool), A, "q5_9");
-  expect_refused(witcert_pool_create(&g, R"({"kv": "q4_0", "gate": -1})", 0, &pool), A, "");
+  expect_refused(witcert_pool_create(&g, R"({"kv": "q4_0", "tau_k": -1})", 0, &pool), A, "");
   expect_refused(witcert_pool_create(&g, R"({"kv": "q4_0", "delta": 2})", 0, &pool), A, "");
   expect_refused(witcert_pool_create(&g, R"({"kv": "q4_0"})", 10, &pool), A, "");  // not one page
   for (auto bad : {witcert_geometry{0, 4, 2, 64, 64, WITCERT_ROPE_NEOX}, witcert_geometry{2, 3, 2, 64, 64, WITCERT_ROPE_NEOX},
@@ -782,7 +782,7 @@ TEST(CApi, CacheAndPoolRefuseBadArgumentsAndStaleHandles) {
   expect_refused(witcert_cache_create(pool, nullptr, 16, nullptr), A, "cache");
   expect_refused(witcert_cache_create(pool, nullptr, 0, &cache), A, "decode_budget");
   expect_refused(witcert_cache_create(pool, R"({"kv": "q8_0"})", 16, &cache), A, "kv");
-  expect_refused(witcert_cache_create(pool, R"({"gate": 0.2})", 16, &cache), A, "exact");  // the pool keeps no exact tier
+  expect_refused(witcert_cache_create(pool, R"({"tau_k": 0.2})", 16, &cache), A, "exact");  // the pool keeps no exact tier
   ASSERT_EQ(witcert_cache_create(pool, R"({"bound": "tanh-half"})", 16, &cache), WITCERT_OK) << witcert_last_error();
   std::vector<float> k(64, 0.5f), v(64, 0.25f), q(128, 1.0f), out(128);
   witcert_cell cells[2];
@@ -882,8 +882,8 @@ TEST(CApi, TheEngineGeneratesWhatTheLibraryGenerates) {
   const int max_tokens = model::kSanitized ? 4 : 12;
   for (const char* kv : {"q4_0", "dither-int8"}) {
     SCOPED_TRACE(kv);
-    const nlohmann::json req = {{"max_tokens", max_tokens}, {"kv", kv}, {"gate", 0.2}};
-    engine::CacheOptions co = engine::CacheOptions::from_json({{"kv", kv}, {"gate", 0.2}});
+    const nlohmann::json req = {{"max_tokens", max_tokens}, {"kv", kv}, {"tau_k", 0.2}};
+    engine::CacheOptions co = engine::CacheOptions::from_json({{"kv", kv}, {"tau_k", 0.2}});
     const model::LlamaConfig& cfg = m.model->config();
     const engine::Cache c = engine::make_cache(cfg, static_cast<std::int64_t>(ids.size()) + max_tokens, max_tokens, co);
     ThreadPool threads(2);
@@ -932,7 +932,7 @@ TEST(CApi, TheEngineGeneratesWhatTheLibraryGenerates) {
   expect_refused(witcert_engine_generate(e, prompt.c_str(), "{", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "request_json");
   expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"max_tokens": -1})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "");
   expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"temperature": -1})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "temperature");
-  expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"kv": "q4_0", "gate": -0.5})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "");
+  expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"kv": "q4_0", "tau_k": -0.5})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "");
   expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"tools": []})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "tools");
   expect_refused(witcert_engine_generate(e, prompt.c_str(), R"({"prompt": "x"})", nullptr, nullptr, &r, nullptr, 0, nullptr), A, "prompt");
   expect_refused(witcert_engine_generate(e, "", nullptr, nullptr, nullptr, &r, nullptr, 0, nullptr), A, "empty");

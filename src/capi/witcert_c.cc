@@ -46,8 +46,14 @@ struct Refusal {
   std::string message;
 };
 
-void require(bool ok, const std::string& message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
-  if (!ok) throw Refusal{status, message};
+[[noreturn]] void refuse(std::string message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
+  throw Refusal{status, std::move(message)};
+}
+
+// A check whose message is a literal, so that a passing check builds nothing (the per-token entry
+// points run their checks on every call); a formatted message is built under `if (!ok) refuse(…)`.
+void require(bool ok, const char* message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
+  if (!ok) refuse(message, status);
 }
 
 // Runs f, turning every exception into a status; the error message is cleared on success.
@@ -84,7 +90,9 @@ witcert_status guarded(const char* fn, F&& f) {
   }
 }
 
-void not_null(const void* p, const char* name) { require(p != nullptr, std::string(name) + " is NULL"); }
+void not_null(const void* p, const char* name) {
+  if (!p) refuse(std::string(name) + " is NULL");
+}
 
 // x as a message shows it: "NaN", "+inf", "-inf", "100000".
 std::string show(double x) {
@@ -142,7 +150,8 @@ void check_probabilities(const double* p, std::size_t n) {
     if (!(p[t] >= 0.0 && p[t] <= 1.0)) refuse_entry("p_tilde", t, show(p[t]) + ", outside [0, 1]");
     total += p[t];
   }
-  require(std::fabs(total - 1.0) <= 1e-9, "p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
+  if (!(std::fabs(total - 1.0) <= 1e-9))
+    refuse("p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
 }
 
 witcert_bounds to_c(const cert::Bounds& b) {
@@ -161,7 +170,8 @@ std::vector<std::uint8_t> outlier_mask(const std::uint8_t* outlier, std::size_t 
   *ones = 0;
   if (outlier)
     for (std::size_t i = 0; i < d; ++i) {
-      require(outlier[i] <= 1, "outlier[" + std::to_string(i) + "] is neither 0 nor 1");
+      if (outlier[i] > 1)
+        refuse("outlier[" + std::to_string(i) + "] is neither 0 nor 1");
       m[i] = outlier[i];
       *ones += outlier[i];
     }
@@ -169,9 +179,10 @@ std::vector<std::uint8_t> outlier_mask(const std::uint8_t* outlier, std::size_t 
 }
 
 void check_group(std::size_t d, int group) {
-  require(d >= 1 && d <= 1 << 16, "d must be in [1, 65536], got " + std::to_string(d));
-  require(group >= 1 && d % static_cast<std::size_t>(group) == 0,
-          "group must be positive and divide d (" + std::to_string(d) + "), got " + std::to_string(group));
+  if (!(d >= 1 && d <= 1 << 16))
+    refuse("d must be in [1, 65536], got " + std::to_string(d));
+  if (!(group >= 1 && d % static_cast<std::size_t>(group) == 0))
+    refuse("group must be positive and divide d (" + std::to_string(d) + "), got " + std::to_string(group));
 }
 
 // The outlier mask of a dither-int8 token after checking the shape: group divides d, the mask
@@ -181,8 +192,9 @@ std::vector<std::uint8_t> dither_layout(std::size_t d, int group, const std::uin
   check_group(d, group);
   std::size_t ones = 0;
   std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
-  require(n_outliers == ones, "n_outliers is " + std::to_string(n_outliers) + ", the mask has " + std::to_string(ones) +
-                                  " outlier channels");
+  if (n_outliers != ones)
+    refuse("n_outliers is " + std::to_string(n_outliers) + ", the mask has " + std::to_string(ones)
+           + " outlier channels");
   require(ones == 0 || outlier_values, "outlier_values is NULL");
   return mask;
 }
@@ -190,7 +202,8 @@ std::vector<std::uint8_t> dither_layout(std::size_t d, int group, const std::uin
 // A dither: every value on [−½, ½).
 void check_dither(const float* xi, std::size_t d) {
   for (std::size_t i = 0; i < d; ++i)
-    require(xi[i] >= -0.5f && xi[i] < 0.5f, "xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
+    if (!(xi[i] >= -0.5f && xi[i] < 0.5f))
+      refuse("xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
 }
 
 // Every live handle, so that a freed or foreign pointer is refused without being read (its
@@ -210,10 +223,11 @@ void unregister_handle(const void* h) {
 
 template <class H>
 H* live(H* h, const char* name) {
-  require(h != nullptr, std::string(name) + " is NULL");
+  if (!h)
+    refuse(std::string(name) + " is NULL");
   std::lock_guard lock(g_handles_mu);
-  require(g_handles.count(h) == 1, std::string(name) + " is not a live handle (freed, or not one of ours)",
-          WITCERT_ERROR_INVALID_HANDLE);
+  if (g_handles.count(h) != 1)
+    refuse(std::string(name) + " is not a live handle (freed, or not one of ours)", WITCERT_ERROR_INVALID_HANDLE);
   return h;
 }
 
@@ -227,7 +241,8 @@ nlohmann::json parse_object(const char* text, const char* name) {
   } catch (const std::invalid_argument& e) {
     throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + ": " + e.what()};
   }
-  require(j.is_object(), std::string(name) + " must be a JSON object");
+  if (!j.is_object())
+    refuse(std::string(name) + " must be a JSON object");
   return j;
 }
 
@@ -343,7 +358,8 @@ witcert_status witcert_bounds_meter(const witcert_bounds* b, witcert_bound_shape
                   {"b->tanh", b->tanh},   {"b->tanh_half", b->tanh_half}, {"b->raw", b->raw},
                   {"b->meter", b->meter}};
     for (const auto& f : fields)
-      require(f.value >= 0.0, std::string(f.name) + " is " + show(f.value) + ", not a bound (>= 0, not NaN)");
+      if (!(f.value >= 0.0))
+        refuse(std::string(f.name) + " is " + show(f.value) + ", not a bound (>= 0, not NaN)");
     const cert::Bounds x{b->eform, b->two_sided, b->retention, b->tanh, b->tanh_half};
     *meter = x.meter(static_cast<cert::BoundShape>(shape));
   });
@@ -366,7 +382,8 @@ witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t 
 witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, const float* k_hat, const float* k,
                                uint16_t* witness) {
   return guarded(__func__, [&] {
-    require(d >= 2 && d <= 65536, "d must be in [2, 65536], got " + std::to_string(d));
+    if (!(d >= 2 && d <= 65536))
+      refuse("d must be in [2, 65536], got " + std::to_string(d));
     const cert::BandLayout bl(d, bands, rope(layout));
     not_null(k_hat, "k_hat");
     not_null(k, "k");
@@ -384,7 +401,8 @@ witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, con
 witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layout, const float* q,
                                      const uint16_t* witnesses, size_t n_tokens, double sm, double* c) {
   return guarded(__func__, [&] {
-    require(d >= 2 && d <= 65536, "d must be in [2, 65536], got " + std::to_string(d));
+    if (!(d >= 2 && d <= 65536))
+      refuse("d must be in [2, 65536], got " + std::to_string(d));
     const cert::BandLayout bl(d, bands, rope(layout));
     not_null(q, "q");
     not_null(witnesses, "witnesses");
@@ -527,7 +545,8 @@ void witcert_pool_free(witcert_pool* pool) {
   const witcert_status s = guarded(__func__, [&] {
     if (!pool) return;
     witcert_pool* p = live(pool, "pool");
-    require(p->caches.load() == 0, std::to_string(p->caches.load()) + " caches over the pool are not freed");
+    if (p->caches.load() != 0)
+      refuse(std::to_string(p->caches.load()) + " caches over the pool are not freed");
     unregister_handle(p);
     delete p;
   });
@@ -545,10 +564,11 @@ witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json,
     nlohmann::json merged = p->options;
     for (const auto& item : policy.items()) {
       const std::string& key = item.key();
-      require(key == "gate" || key == "tau_v" || key == "granularity" || key == "delta" || key == "bound" ||
-                  key == "check_soundness",
-              "policy_json: '" + key + "' is not a sequence's setting (gate, tau_v, granularity, delta, bound, "
-              "check_soundness); the pool fixes the formats");
+      if (key != "tau_k" && key != "tau_v" && key != "granularity" && key != "delta" && key != "bound" &&
+          key != "check_soundness")
+        refuse("policy_json: '" + key +
+               "' is not a sequence's setting (tau_k, tau_v, granularity, delta, bound, check_soundness); the pool "
+               "fixes the formats");
       merged[key] = item.value();
     }
     const engine::CacheOptions opts = engine::CacheOptions::from_json(merged);
@@ -569,21 +589,22 @@ witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head,
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");
     const model::LlamaConfig& g = c->pool->geometry;
-    require(layer >= 0 && layer < g.layers, "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
-    require(kv_head >= 0 && kv_head < g.kv_heads,
-            "kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
-    require(pos >= 0 && pos < c->pool->capacity,
-            "pos " + std::to_string(pos) + " is outside the capacity [0, " + std::to_string(c->pool->capacity) + ")",
-            WITCERT_ERROR_OUT_OF_RANGE);
+    if (!(layer >= 0 && layer < g.layers))
+      refuse("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+    if (!(kv_head >= 0 && kv_head < g.kv_heads))
+      refuse("kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
+    if (!(pos >= 0 && pos < c->pool->capacity))
+      refuse("pos " + std::to_string(pos) + " is outside the capacity [0, " + std::to_string(c->pool->capacity)
+             + ")", WITCERT_ERROR_OUT_OF_RANGE);
     not_null(k, "k");
     not_null(v, "v");
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
     check_activations(k, d, "k");
     check_activations(v, d, "v");
     std::int64_t& written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
-    require(pos == written,
-            "positions of a (layer, kv_head) are written in order: expected pos " + std::to_string(written) + ", got " +
-                std::to_string(pos));
+    if (pos != written)
+      refuse("positions of a (layer, kv_head) are written in order: expected pos " + std::to_string(written)
+             + ", got " + std::to_string(pos));
     c->cache.kv->write(layer, kv_head, pos, k, v);
     written += 1;
   });
@@ -594,23 +615,24 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");
     const model::LlamaConfig& g = c->pool->geometry;
-    require(layer >= 0 && layer < g.layers, "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
-    require(kv_head >= 0 && kv_head < g.kv_heads,
-            "kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
-    require(group == g.heads / g.kv_heads,
-            "group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got " + std::to_string(group));
-    require(n_ctx >= 1 && n_ctx <= c->pool->capacity,
-            "n_ctx " + std::to_string(n_ctx) + " is outside [1, " + std::to_string(c->pool->capacity) + "]",
-            WITCERT_ERROR_OUT_OF_RANGE);
+    if (!(layer >= 0 && layer < g.layers))
+      refuse("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+    if (!(kv_head >= 0 && kv_head < g.kv_heads))
+      refuse("kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
+    if (group != g.heads / g.kv_heads)
+      refuse("group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got "
+             + std::to_string(group));
+    if (!(n_ctx >= 1 && n_ctx <= c->pool->capacity))
+      refuse("n_ctx " + std::to_string(n_ctx) + " is outside [1, " + std::to_string(c->pool->capacity)
+             + "]", WITCERT_ERROR_OUT_OF_RANGE);
     not_null(q, "q");
     not_null(out, "out");
     const std::size_t n = static_cast<std::size_t>(group) * static_cast<std::size_t>(g.head_dim);
     check_activations(q, n, "q");
     const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
-    require(n_ctx <= written,
-            "n_ctx is " + std::to_string(n_ctx) + " but only " + std::to_string(written) +
-                " positions of this (layer, kv_head) are written",
-            WITCERT_ERROR_OUT_OF_RANGE);
+    if (n_ctx > written)
+      refuse("n_ctx is " + std::to_string(n_ctx) + " but only " + std::to_string(written)
+             + " positions of this (layer, kv_head) are written", WITCERT_ERROR_OUT_OF_RANGE);
     c->cells.cells_.clear();
     c->cache.kv->attend(layer, kv_head, q, group, n_ctx, out);
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
@@ -635,9 +657,9 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
       }
     }
     const auto bad = std::find(finite.begin(), finite.end(), 0);
-    require(bad == finite.end(),
-            "the output of q_head " + std::to_string(kv_head * group + (bad - finite.begin())) + " is not finite",
-            WITCERT_ERROR_NON_FINITE);
+    if (bad != finite.end())
+      refuse("the output of q_head " + std::to_string(kv_head * group + (bad - finite.begin()))
+             + " is not finite", WITCERT_ERROR_NON_FINITE);
   });
 }
 
@@ -671,7 +693,8 @@ witcert_status witcert_engine_load(const char* gguf_path, int threads, witcert_e
     not_null(gguf_path, "gguf_path");
     not_null(out, "engine");
     *out = nullptr;
-    require(threads >= 1 && threads <= 256, "threads must be in [1, 256], got " + std::to_string(threads));
+    if (!(threads >= 1 && threads <= 256))
+      refuse("threads must be in [1, 256], got " + std::to_string(threads));
     auto e = std::make_unique<witcert_engine>();
     try {
       e->model = engine::Model::load(gguf_path);
@@ -703,9 +726,9 @@ witcert_status witcert_engine_tokenize(const witcert_engine* engine, const char*
     require(tokens || capacity == 0, "tokens is NULL with a capacity");
     const std::vector<std::int32_t> ids = e->model.prompt_tokens(text, chat != 0);
     *n = ids.size();
-    require(ids.size() <= capacity,
-            "the text has " + std::to_string(ids.size()) + " tokens; the buffer holds " + std::to_string(capacity),
-            WITCERT_ERROR_BUFFER_TOO_SMALL);
+    if (ids.size() > capacity)
+      refuse("the text has " + std::to_string(ids.size()) + " tokens; the buffer holds "
+             + std::to_string(capacity), WITCERT_ERROR_BUFFER_TOO_SMALL);
     std::copy(ids.begin(), ids.end(), tokens);
   });
 }
@@ -792,7 +815,7 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     const std::int64_t capacity =
         std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(tokens.size()) + ro.max_new_tokens);
     const std::int64_t first = static_cast<std::int64_t>(tokens.size());
-    gate::Telemetry tel(cfg.layers, cfg.heads, gate::Telemetry::Options{ro.coverage_tau, ro.coverage_tau_v, co.bound, first, 1});
+    gate::Telemetry tel(cfg.layers, cfg.heads, gate::Telemetry::Options{ro.coverage_tau, ro.coverage_tau_v, co.bound, first});
     StepMeter step(first - 1, ro.coverage_tau, ro.coverage_tau_v);
     const engine::Cache c = engine::make_cache(cfg, capacity, ro.max_new_tokens, co, {&tel, &step});
     engine::Session session(*e->model.model, *c.kv, *e->threads);
@@ -829,10 +852,9 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     }
     if (text_needed) *text_needed = out.size() + 1;
     if (!text) return;
-    require(out.size() < text_capacity,
-            "the text has " + std::to_string(out.size()) + " bytes and its NUL; the buffer holds " +
-                std::to_string(text_capacity),
-            WITCERT_ERROR_BUFFER_TOO_SMALL);
+    if (out.size() >= text_capacity)
+      refuse("the text has " + std::to_string(out.size()) + " bytes and its NUL; the buffer holds "
+             + std::to_string(text_capacity), WITCERT_ERROR_BUFFER_TOO_SMALL);
     std::memcpy(text, out.c_str(), out.size() + 1);
   });
 }

@@ -89,12 +89,12 @@ void CacheOptions::validate() const {
   require(delta > 0 && delta < 1, "delta must be in (0, 1), got " + std::to_string(delta));
   gate.validate();
   require(backing.path.empty() || gate.on() || check_soundness,
-          "--backing-file: nothing reads the exact tier without --gate or --check-soundness");
+          "backing file: nothing reads the exact tier without a gate (tau_k) or the soundness check");
 }
 
 CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
   check_keys(j,
-             {"kv", "kv_v", "page_size", "outliers", "dither", "dither_seed", "delta", "bound", "gate", "tau_v",
+             {"kv", "kv_v", "page_size", "outliers", "dither", "dither_seed", "delta", "bound", "tau_k", "tau_v",
               "granularity", "check_soundness", "exact_tier"},
              "cache");
   CacheOptions o;
@@ -115,7 +115,7 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
   read_json(j, "dither_seed", o.dither_seed);
   read_json(j, "delta", o.delta);
   if (read_json(j, "bound", bound), !bound.empty()) o.bound = cert::parse_bound_shape(bound);
-  read_json(j, "gate", o.gate.tau_k);
+  read_json(j, "tau_k", o.gate.tau_k);
   read_json(j, "tau_v", o.gate.tau_v);
   if (read_json(j, "granularity", granularity), !granularity.empty()) o.gate.granularity = gate::parse_granularity(granularity);
   read_json(j, "check_soundness", o.check_soundness);
@@ -136,11 +136,10 @@ void RequestOptions::validate() const {
   require(sampler.top_p > 0 && sampler.top_p <= 1, "top_p must be in (0, 1], got " + std::to_string(sampler.top_p));
   require(coverage_tau > 0 && coverage_tau <= 1, "coverage_tau must be in (0, 1], got " + std::to_string(coverage_tau));
   require(finite_positive(coverage_tau_v), "coverage_tau_v must be finite and > 0, got " + std::to_string(coverage_tau_v));
-  require(stride >= 1, "stride must be at least 1, got " + std::to_string(stride));
 }
 
 RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
-  check_keys(j, {"prompt", "chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v", "stride"},
+  check_keys(j, {"prompt", "chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v"},
              "request");
   require(j.contains("prompt"), "request: prompt is required");
   RequestOptions o;
@@ -152,7 +151,6 @@ RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
   read_json(j, "seed", o.sampler.seed);
   read_json(j, "coverage_tau", o.coverage_tau);
   read_json(j, "coverage_tau_v", o.coverage_tau_v);
-  read_json(j, "stride", o.stride);
   o.validate();
   return o;
 }

@@ -102,7 +102,7 @@ struct CacheOptions {
   std::string format_name(quant::KvSide side) const;
   void validate() const;
   // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
-  // bound, gate (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
+  // bound, tau_k (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
   // ("ram" or "file"). Unknown keys, wrong types and bad values throw std::invalid_argument.
   static CacheOptions from_json(const nlohmann::json& j);
 };
@@ -115,13 +115,12 @@ struct RequestOptions {
   model::SamplerConfig sampler;
   double coverage_tau = kDefaultCoverageTau;  // τ_K of the coverage figures
   double coverage_tau_v = 0.05;  // τ_V of the coverage figures
-  int stride = 1;             // telemetry: keep the cells of every stride-th decode step
 
   // Throws std::invalid_argument: an empty prompt, a budget outside [0, 1e6], a temperature not
-  // finite and ≥ 0, top_p ∉ (0, 1], a coverage τ ∉ (0, 1], τ_V not finite and > 0, stride < 1.
+  // finite and ≥ 0, top_p ∉ (0, 1], a coverage τ ∉ (0, 1], τ_V not finite and > 0.
   void validate() const;
   // Keys: prompt (required), chat, max_tokens, temperature, top_p, seed, coverage_tau,
-  // coverage_tau_v, stride; as CacheOptions::from_json for anything else.
+  // coverage_tau_v; as CacheOptions::from_json for anything else.
   static RequestOptions from_json(const nlohmann::json& j);
 };
 

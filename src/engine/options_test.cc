@@ -23,7 +23,7 @@ TEST(EngineOptions, JsonGivesTypedValues) {
   const EngineOptions o = EngineOptions::from_json(json::parse(R"({
     "model": "m.gguf", "threads": 3,
     "cache": {"kv": "q8_0", "kv_v": "rtn-int4", "page_size": 32, "outliers": 2, "dither": "per-slot",
-              "dither_seed": 18446744073709551615, "delta": 0.001, "bound": "retention", "gate": 0.2,
+              "dither_seed": 18446744073709551615, "delta": 0.001, "bound": "retention", "tau_k": 0.2,
               "tau_v": 0.1, "granularity": "head", "check_soundness": true, "exact_tier": "ram"}})"));
   EXPECT_EQ(o.model, "m.gguf");
   EXPECT_EQ(o.threads, 3);
@@ -64,9 +64,9 @@ TEST(EngineOptions, BadJsonNamesTheSetting) {
   fails(R"({"threads": "2"})", "threads must be a whole number");
   fails(R"({"threads": 4294967297})", "threads must be a whole number");
   fails(R"({"cache": {"kv": "q9"}})", "unknown KV-cache format 'q9'");
-  fails(R"({"cache": {"gate": 0.2}})", "gate needs kv");
-  fails(R"({"cache": {"kv": "q8_0", "gate": -1}})", "tau must be finite and positive");
-  fails(R"({"cache": {"kv": "q8_0", "gate": 0.2, "tau_v": 0}})", "tau_v must be finite and positive");
+  fails(R"({"cache": {"tau_k": 0.2}})", "tau_k needs kv");
+  fails(R"({"cache": {"kv": "q8_0", "tau_k": -1}})", "tau_k must be finite and positive");
+  fails(R"({"cache": {"kv": "q8_0", "tau_k": 0.2, "tau_v": 0}})", "tau_v must be finite and positive");
   fails(R"({"cache": {"kv": "q8_0", "delta": 1}})", "delta must be in (0, 1)");
   fails(R"({"cache": {"kv": "q8_0", "page_size": 0}})", "page_size must be in [1, 4096]");
   fails(R"({"cache": {"kv": "dither-int8", "outliers": 32}})", "outliers must be in [0, 31]");
@@ -84,14 +84,13 @@ TEST(EngineOptions, BadJsonNamesTheSetting) {
 
 TEST(RequestOptions, JsonAndValidation) {
   const RequestOptions r = RequestOptions::from_json(json::parse(
-      R"({"prompt": "hi", "chat": true, "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stride": 2})"));
+      R"({"prompt": "hi", "chat": true, "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3})"));
   EXPECT_EQ(r.prompt, "hi");
   EXPECT_TRUE(r.chat);
   EXPECT_EQ(r.max_new_tokens, 7);
   EXPECT_FLOAT_EQ(r.sampler.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.sampler.top_p, 0.9f);
   EXPECT_EQ(r.sampler.seed, 3u);
-  EXPECT_EQ(r.stride, 2);
   for (const char* bad : {R"({})", R"({"prompt": ""})", R"({"prompt": "x", "max_tokens": -1})",
                           R"({"prompt": "x", "max_tokens": 1000001})", R"({"prompt": "x", "temperature": -0.1})",
                           R"({"prompt": "x", "top_p": 0})", R"({"prompt": "x", "top_p": 1.5})",
@@ -224,8 +223,8 @@ TEST(CoverageTau, GenerateAndBatchAgree) {
   EXPECT_EQ(generate_tau("--gate 2"), kDefaultCoverageTau);
   EXPECT_EQ(batch_taus("--gate 0.1 --coverage-tau 0.5", {line + "}"}), std::vector<double>{0.5});
   // A batch line's own gate and coverage τ, as a server request's.
-  EXPECT_EQ(batch_taus("", {line + R"(, "tau": 0.1})", line + R"(, "tau": 0.1, "coverage_tau": 0.5})",
-                            line + R"(, "tau": 2})", line + "}"}),
+  EXPECT_EQ(batch_taus("", {line + R"(, "tau_k": 0.1})", line + R"(, "tau_k": 0.1, "coverage_tau": 0.5})",
+                            line + R"(, "tau_k": 2})", line + "}"}),
             (std::vector<double>{0.1, 0.5, kDefaultCoverageTau, kDefaultCoverageTau}));
 }
 

@@ -23,10 +23,10 @@ Granularity parse_granularity(std::string_view name) {
 
 void Policy::validate() const {
   if (!(tau_k >= 0.0) || std::isinf(tau_k))
-    throw std::invalid_argument("the gate threshold tau must be finite and positive");
+    throw std::invalid_argument("tau_k must be finite and positive (0: no gate)");
   // Checked with the gate off too: a τ_V out of range is a mistake even where nothing reads it yet.
   if (!(tau_v > 0.0 && std::isfinite(tau_v)))
-    throw std::invalid_argument("the gate threshold tau_v must be finite and positive");
+    throw std::invalid_argument("tau_v must be finite and positive");
 }
 
 bool Policy::triggered(std::span<const attn::HeadResult> heads) const {

@@ -425,8 +425,8 @@ TEST(CliEngine, BatchWritesEveryLineInOrderAndBadLinesAlone) {
                     << "not json\n"
                     << "\n"
                     << "{\"prompt\": \"\"}\n"
-                    << "{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"tau\": 0.3}\n"
-                    << "{\"prompt\": \"One, two, three,\", \"max_tokens\": 4, \"tau\": -1}\n"
+                    << "{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"tau_k\": 0.3}\n"
+                    << "{\"prompt\": \"One, two, three,\", \"max_tokens\": 4, \"tau_k\": -1}\n"
                     << "{\"prompt\": \"\xc3\"}\n";  // not UTF-8: its error quotes the byte
   Result r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --kv q4_0 --max-seqs 2");
   ASSERT_EQ(r.exit_code, 1) << r.out;  // the results are written; some lines failed
@@ -496,10 +496,10 @@ TEST(CliEngine, BatchBadLinesFailAloneWhateverTheField) {
       {R"("seed": -1)", "seed"},
       {R"("seed": 0.5)", "seed"},
       {R"("seed": 18446744073709551616)", "seed"},
-      {R"("tau": -1)", "tau"},
-      {R"("tau": "high")", "tau"},
-      {R"("tau": 0.3, "tau_v": 0)", "tau_v"},
-      {R"("tau": 0.3, "tau_v": -1)", "tau_v"},
+      {R"("tau_k": -1)", "tau"},
+      {R"("tau_k": "high")", "tau"},
+      {R"("tau_k": 0.3, "tau_v": 0)", "tau_v"},
+      {R"("tau_k": 0.3, "tau_v": -1)", "tau_v"},
       {R"("granularity": "page")", "page"},
       {R"("granularity": 3)", "granularity"},
       {R"("delta": 0)", "delta"},
@@ -535,7 +535,7 @@ TEST(CliEngine, BatchBadLinesFailAloneWhateverTheField) {
   input.push_back({"[1, 2]", "", "object"});
   input.push_back({R"({"prompt": "Hi")", "", "JSON"});
   input.push_back({"{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"max_tokens\": 2, "
-                   "\"temperature\": 0.7, \"top_p\": 0.9, \"seed\": 3, \"tau\": 0.3, \"tau_v\": 0.1, "
+                   "\"temperature\": 0.7, \"top_p\": 0.9, \"seed\": 3, \"tau_k\": 0.3, \"tau_v\": 0.1, "
                    "\"granularity\": \"head\", \"delta\": 0.05, \"bound\": \"eform\", \"coverage_tau\": 0.5, "
                    "\"coverage_tau_v\": 0.1, \"id\": \"good-every-field\"}",
                    "good-every-field", ""});

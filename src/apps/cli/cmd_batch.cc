@@ -35,13 +35,13 @@ void require(bool ok, const std::string& what) {
 
 // One input line as a request. Keys: prompt (text) or messages ([{role, content}], rendered by
 // the model's chat template), max_tokens, temperature, top_p, seed, and with a certified cache
-// the request's policy: tau (τ_K of the gate), tau_v, granularity, delta, bound, coverage_tau,
+// the request's policy: tau_k (τ_K of the gate), tau_v, granularity, delta, bound, coverage_tau,
 // coverage_tau_v. id is echoed. Anything else is an error naming the key.
 engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model& m, const engine::CacheOptions& base,
                                    const BatchArgs& args) {
   require(j.is_object(), "a request is a JSON object");
   static const std::vector<std::string> known = {"id",  "prompt", "messages", "max_tokens", "temperature", "top_p",
-                                                 "seed", "tau",   "tau_v",    "granularity", "delta",      "bound",
+                                                 "seed", "tau_k", "tau_v",    "granularity", "delta",      "bound",
                                                  "coverage_tau", "coverage_tau_v"};
   for (const auto& [key, value] : j.items())
     require(std::find(known.begin(), known.end(), key) != known.end(), "unknown key '" + key + "'");

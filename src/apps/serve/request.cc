@@ -175,11 +175,11 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
   if (body.contains("witcert") && !body.at("witcert").is_null()) {
     w = body.at("witcert");
     require(w.is_object(), "'witcert' must be an object", "witcert", "invalid_type");
-    static const std::vector<std::string> keys = {"tau", "tau_v", "granularity", "delta", "bound",
+    static const std::vector<std::string> keys = {"tau_k", "tau_v", "granularity", "delta", "bound",
                                                   "coverage_tau", "coverage_tau_v", "detail"};
     for (const auto& [key, value] : w.items())
       require(std::find(keys.begin(), keys.end(), key) != keys.end(),
-              fmt::format("'witcert.{}' is not a setting (tau, tau_v, granularity, delta, bound, coverage_tau, "
+              fmt::format("'witcert.{}' is not a setting (tau_k, tau_v, granularity, delta, bound, coverage_tau, "
                           "coverage_tau_v, detail)",
                           key),
               "witcert." + key, "unsupported_parameter");
@@ -198,10 +198,10 @@ void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, dou
                   double coverage_tau_v, engine::BatchRequest& r) {
   r.cache = base;
   r.coverage_tau_v = coverage_tau_v;
-  const bool policy = j.contains("tau") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
+  const bool policy = j.contains("tau_k") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
                       j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
-  require_arg(!policy || base.certified, "tau, tau_v, granularity, delta, bound and coverage figures need --kv");
-  engine::read_json(j, "tau", r.cache.gate.tau_k);
+  require_arg(!policy || base.certified, "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (the server's --kv)");
+  engine::read_json(j, "tau_k", r.cache.gate.tau_k);
   engine::read_json(j, "tau_v", r.cache.gate.tau_v);
   if (j.contains("granularity")) {
     std::string g;
@@ -218,7 +218,7 @@ void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, dou
   // gate's τ_K, else the pool's.
   std::optional<double> asked;
   if (j.contains("coverage_tau")) engine::read_json(j, "coverage_tau", asked.emplace());
-  r.coverage_tau = engine::coverage_tau(j.contains("tau") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
+  r.coverage_tau = engine::coverage_tau(j.contains("tau_k") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
   engine::read_json(j, "coverage_tau_v", r.coverage_tau_v);
   require_arg(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
   require_arg(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");

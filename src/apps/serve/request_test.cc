@@ -43,7 +43,7 @@ ApiError refused(const std::string& body, bool chat, const RequestDefaults& d = 
 TEST(Request, AWellFormedBodyGivesEveryField) {
   const json body = {{"prompt", "The capital of France is"}, {"max_tokens", 8}, {"temperature", 0.5}, {"top_p", 0.9},
                      {"seed", 7}, {"stop", {"\n", "."}}, {"stream", true}, {"stream_options", {{"include_usage", false}}},
-                     {"logprobs", 2}, {"model", "smollm2"}, {"witcert", {{"tau", 0.3}, {"granularity", "block"}, {"detail", true}}}};
+                     {"logprobs", 2}, {"model", "smollm2"}, {"witcert", {{"tau_k", 0.3}, {"granularity", "block"}, {"detail", true}}}};
   const RequestSpec s = parse_request(body.dump(), false, certified());
   EXPECT_FALSE(s.chat);
   EXPECT_EQ(s.prompt, "The capital of France is");
@@ -159,15 +159,15 @@ TEST(Request, UnsupportedFieldsAreNamedNotIgnored) {
 
 TEST(Request, TheMeterPolicyIsValidatedAgainstThePool) {
   const RequestDefaults plain = pool("{}");
-  const RequestDefaults gated = pool(R"({"kv": "q8_0", "kv_v": "q4_0", "gate": 0.2})");
-  for (const char* w : {R"({"tau": 0.1})", R"({"tau_v": 0.1})", R"({"granularity": "head"})", R"({"delta": 0.001})",
+  const RequestDefaults gated = pool(R"({"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.2})");
+  for (const char* w : {R"({"tau_k": 0.1})", R"({"tau_v": 0.1})", R"({"granularity": "head"})", R"({"delta": 0.001})",
                         R"({"bound": "tanh"})", R"({"coverage_tau": 0.5})", R"({"coverage_tau_v": 0.5})"}) {
     const std::string body = std::string(R"({"prompt": "x", "witcert": )") + w + "}";
     EXPECT_NO_THROW(parse_request(body, false, certified())) << body;
     EXPECT_NO_THROW(parse_request(body, false, gated)) << body;
     EXPECT_EQ(refused(body, false, plain).param, "witcert") << body;  // a plain pool has no meter
   }
-  for (const char* w : {R"({"tau": -0.1})", R"({"tau": "0.1"})", R"({"tau_v": -1})", R"({"granularity": "page"})",
+  for (const char* w : {R"({"tau_k": -0.1})", R"({"tau_k": "0.1"})", R"({"tau_v": -1})", R"({"granularity": "page"})",
                         R"({"delta": 0})", R"({"delta": 1})", R"({"bound": "max"})", R"({"coverage_tau": 0})",
                         R"({"coverage_tau": 1.5})", R"({"coverage_tau_v": 0})", R"({"detail": 1})", R"(0.2)"}) {
     const std::string body = std::string(R"({"prompt": "x", "witcert": )") + w + "}";
@@ -257,9 +257,9 @@ TEST(Request, CoverageTauFollowsTheEngineRule) {
   const auto tau = [&](const std::string& witcert) {
     return parse_request(R"({"prompt": "x", "witcert": )" + witcert + "}", false, d).req.coverage_tau;
   };
-  EXPECT_EQ(tau(R"({"tau": 0.1})"), 0.1);
-  EXPECT_EQ(tau(R"({"tau": 0.1, "coverage_tau": 0.5})"), 0.5);
-  EXPECT_EQ(tau(R"({"tau": 2})"), engine::kDefaultCoverageTau);
+  EXPECT_EQ(tau(R"({"tau_k": 0.1})"), 0.1);
+  EXPECT_EQ(tau(R"({"tau_k": 0.1, "coverage_tau": 0.5})"), 0.5);
+  EXPECT_EQ(tau(R"({"tau_k": 2})"), engine::kDefaultCoverageTau);
   EXPECT_EQ(tau("{}"), engine::kDefaultCoverageTau);
 }
 

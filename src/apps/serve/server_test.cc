@@ -256,7 +256,7 @@ TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
 
   // A per-request gate: labelled, and what it serves meets τ (repairs make every cell pass).
   const json gated = post(r, "/v1/completions",
-                          {{"prompt", prompt}, {"max_tokens", 6}, {"witcert", {{"tau", 0.05}, {"detail", true}}}});
+                          {{"prompt", prompt}, {"max_tokens", 6}, {"witcert", {{"tau_k", 0.05}, {"detail", true}}}});
   const json& g = gated.at("witcert");
   EXPECT_EQ(g.at("gate").at("label"), "certified");
   EXPECT_EQ(g.at("tau_k"), 0.05);
@@ -312,7 +312,7 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
   expect_error("/v1/chat/completions", json{{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}, {"tools", json::array()}}.dump(), 400, "tools", auth);
   expect_error("/v1/chat/completions", json{{"messages", json::array()}}.dump(), 400, "messages", auth);
   expect_error("/v1/chat/completions", json{{"messages", json::array({{{"role", "robot"}, {"content", "Hi"}}})}}.dump(), 400, "messages", auth);
-  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"tau", -0.1}}}}.dump(), 400, "witcert", auth);
+  expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"tau_k", -0.1}}}}.dump(), 400, "witcert", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"delta", 2}}}}.dump(), 400, "witcert", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"granularity", "page"}}}}.dump(), 400, "witcert", auth);
   expect_error("/v1/completions", json{{"prompt", "Hi"}, {"witcert", {{"tua", 0.1}}}}.dump(), 400, "witcert.tua", auth);

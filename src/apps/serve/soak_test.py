@@ -39,7 +39,7 @@ def valid_specs() -> list:
             else:
                 specs.append(("/v1/completions", {**body, "prompt": p}))
             if i % 4 == 3:
-                specs.append(("/v1/completions", {**body, "prompt": p, "witcert": {"tau": 0.2, "detail": True}}))
+                specs.append(("/v1/completions", {**body, "prompt": p, "witcert": {"tau_k": 0.2, "detail": True}}))
     return specs
 
 
@@ -59,7 +59,7 @@ def invalid_body(rng: random.Random) -> bytes:
     if kind == 5:
         return json.dumps({"prompt": "x", rng.choice(["tools", "logit_bias", "best_of"]): 1}).encode()
     if kind == 6:
-        return json.dumps({"prompt": "x", "witcert": {"tau": rng.choice([-1, 0, "x"]), "bogus": 1}}).encode()
+        return json.dumps({"prompt": "x", "witcert": {"tau_k": rng.choice([-1, 0, "x"]), "bogus": 1}}).encode()
     if kind == 7:
         depth = rng.randrange(65, 5000)
         return b'{"prompt": "x", "user": ' + b"[" * depth + b"]" * depth + b"}"
