@@ -17,6 +17,7 @@
 #include "attn/certified_attention.h"
 #include "base/alloc_counter.h"
 #include "cert/subgaussian.h"
+#include "kernel/warm_attend_check.h"
 #include "quant/schemes.h"
 
 namespace witcert::kernel {
@@ -670,24 +671,7 @@ TEST(CertifiedFast, NoAllocationsOnceWarm) {
     if ((!packed(f.k) && decode_allocates(f.k)) || (!packed(f.v) && decode_allocates(f.v))) continue;
     Store s(f, d, n, 16, 5);
     cache::KvStore::Reader r(s.store, 0, 0);
-    std::vector<float> q(group * d);
-    for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
-    const BoundContext ctx{0.125, n, 1e-6};
-    for_each_target([&](std::int64_t) {
-      Workspace work;
-      std::vector<HeadPartial> partials;
-      for (bool meter : {true, false}) {
-        attend_range(work, r, q.data(), group, d, 0, n, ctx, partials, meter);  // grows work and partials
-        for (const auto& [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {17, 250}, {n - 1, n}}) {
-          const HeadPartial fresh;
-          for (HeadPartial& p : partials) p = fresh;  // a copy keeps each acc's capacity
-          const long before = testing_util::thread_allocations();
-          attend_range(work, r, q.data(), group, d, b, e, ctx, partials, meter);
-          EXPECT_EQ(testing_util::thread_allocations() - before, 0)
-              << f.name() << " meter " << meter << " [" << b << ", " << e << ")";
-        }
-      }
-    });
+    for_each_target([&](std::int64_t) { expect_warm_attend_allocates_nothing(r, group, d, n, f.name()); });
   }
 }
 

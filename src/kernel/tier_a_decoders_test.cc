@@ -17,8 +17,10 @@
 
 #include "attn/certified_attention.h"
 #include "base/alloc_counter.h"
+#include "cache/test_config.h"
 #include "cert/subgaussian.h"
 #include "kernel/attend.h"
+#include "kernel/warm_attend_check.h"
 #include "quant/schemes.h"
 
 namespace witcert::kernel {
@@ -128,15 +130,7 @@ TEST(TierADecoders, PerTokenDecodersMatchSchemeDecodeAtEveryHeadDim) {
 // `outliers` a pair of massive channels and a few massive single entries; values of varied norms.
 std::unique_ptr<cache::KvStore> filled_store(const std::string& k, const std::string& v, int d, std::int64_t n, int page,
                                              bool outliers, std::uint64_t seed) {
-  cache::CacheConfig c;
-  c.layers = 1;
-  c.kv_heads = 2;
-  c.head_dim = d;
-  c.capacity = n;
-  c.page_size = page;
-  c.k_format = quant::KvFormat::parse(k);
-  c.v_format = quant::KvFormat::parse(v);
-  c.shuffle_pages = seed;
+  cache::CacheConfig c = cache::test_config(1, 2, d, n, page, k, v, seed);
   c.exact_tier = true;  // the true TV reads it
   c.backing = cache::BackingPlace::in_ram();
   auto store = std::make_unique<cache::KvStore>(c);
@@ -248,23 +242,7 @@ TEST(TierADecoders, NoAllocationsOnceWarm) {
     for (const auto& [k, v] : {std::pair<std::string, std::string>{name, name}, {name, "fp16"}, {"fp16", name}}) {
       const auto store = filled_store(k, v, d, n, 16, true, 9);
       cache::KvStore::Reader r(*store, 0, 0);
-      std::vector<float> q(group * d);
-      for (int c = 0; c < group * d; ++c) q[c] = 0.05f * static_cast<float>((c * 7) % 11) - 0.2f;
-      const BoundContext ctx{0.125, n, 1e-6};
-      for_each_target([&] {
-        Workspace work;
-        std::vector<HeadPartial> partials;
-        for (bool meter : {true, false}) {
-          attend_range(work, r, q.data(), group, d, 0, n, ctx, partials, meter);  // grows work and partials
-          for (const auto& [b, e] : {std::pair<std::int64_t, std::int64_t>{0, n}, {17, 250}, {n - 1, n}}) {
-            const HeadPartial fresh;
-            for (HeadPartial& p : partials) p = fresh;  // a copy keeps each acc's capacity
-            const long before = testing_util::thread_allocations();
-            attend_range(work, r, q.data(), group, d, b, e, ctx, partials, meter);
-            EXPECT_EQ(testing_util::thread_allocations() - before, 0) << k << "/" << v << " meter " << meter << " [" << b << ", " << e << ")";
-          }
-        }
-      });
+      for_each_target([&] { expect_warm_attend_allocates_nothing(r, group, d, n, k + "/" + v); });
     }
   }
 }
