@@ -32,11 +32,17 @@ nlohmann::json coverage_json(const Coverage& c) {
 }  // namespace
 
 double LogHistogram::upper_edge(int b) {
-  if (b <= 0) return 0.0;
-  if (b == 1) return kLow;
-  if (b >= kBuckets - 1) return INFINITY;
-  if (b == kBuckets - 2) return kHigh;  // exactly, whatever pow's rounding
-  return kLow * std::pow(10.0, static_cast<double>(b - 1) / kPerDecade);
+  // Computed once: bucket_of reads them for every cell the attention path records.
+  static const std::array<double, kBuckets> edges = [] {
+    std::array<double, kBuckets> e{};
+    e[0] = 0.0;
+    e[1] = kLow;
+    for (int i = 2; i < kBuckets - 2; ++i) e[i] = kLow * std::pow(10.0, static_cast<double>(i - 1) / kPerDecade);
+    e[kBuckets - 2] = kHigh;  // exactly, whatever pow's rounding
+    e[kBuckets - 1] = INFINITY;
+    return e;
+  }();
+  return edges[std::clamp(b, 0, kBuckets - 1)];
 }
 
 int LogHistogram::bucket_of(double x) {
