@@ -35,14 +35,14 @@
 #include <string_view>
 #include <vector>
 
-#include "attn/certified_attention.h"
-#include "kernel/attend.h"
-#include "attn/exact_attention_fast.h"
-#include "attn/exact_cache.h"
-#include "cache/kv_store.h"
+#include "attention/cpu/attend.h"
+#include "attention/cpu/exact_attention_fast.h"
+#include "attention/cpu/exact_cache.h"
+#include "attention/reference/certified_attention.h"
 #include "cert/subgaussian.h"
+#include "kvcache/kv_store.h"
 
-namespace witcert::attn {
+namespace witcert::attention {
 namespace {
 
 enum class Path {
@@ -54,32 +54,32 @@ enum class Path {
 struct Variant {
   const char* name;
   const char* format;  // both sides
-  cache::DitherMode dither;
+  kvcache::DitherMode dither;
   bool meter;
   Path path;
 };
 
 // Variants of one format are adjacent, so that consecutive benchmarks share the store.
 constexpr Variant kVariants[] = {
-    {"fp16", "fp16", cache::DitherMode::per_slot, false, Path::exact_group},
-    {"fp16/scalar", "fp16", cache::DitherMode::per_slot, false, Path::exact_scalar},
-    {"fp16/fast-kernel", "fp16", cache::DitherMode::per_slot, false, Path::fast},
-    {"rtn-int8/meter-off", "rtn-int8", cache::DitherMode::per_slot, false, Path::fast},
-    {"rtn-int8", "rtn-int8", cache::DitherMode::per_slot, true, Path::fast},
-    {"q8_0/meter-off", "q8_0", cache::DitherMode::per_slot, false, Path::fast},
-    {"q8_0", "q8_0", cache::DitherMode::per_slot, true, Path::fast},
-    {"dither-int8/per-slot/meter-off", cache::kDitherInt8, cache::DitherMode::per_slot, false, Path::fast},
-    {"dither-int8/per-slot", cache::kDitherInt8, cache::DitherMode::per_slot, true, Path::fast},
-    {"dither-int8/shared/meter-off", cache::kDitherInt8, cache::DitherMode::shared_page, false, Path::fast},
-    {"dither-int8/shared", cache::kDitherInt8, cache::DitherMode::shared_page, true, Path::fast},
+    {"fp16", "fp16", kvcache::DitherMode::per_slot, false, Path::exact_group},
+    {"fp16/scalar", "fp16", kvcache::DitherMode::per_slot, false, Path::exact_scalar},
+    {"fp16/fast-kernel", "fp16", kvcache::DitherMode::per_slot, false, Path::fast},
+    {"rtn-int8/meter-off", "rtn-int8", kvcache::DitherMode::per_slot, false, Path::fast},
+    {"rtn-int8", "rtn-int8", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"q8_0/meter-off", "q8_0", kvcache::DitherMode::per_slot, false, Path::fast},
+    {"q8_0", "q8_0", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"dither-int8/per-slot/meter-off", kvcache::kDitherInt8, kvcache::DitherMode::per_slot, false, Path::fast},
+    {"dither-int8/per-slot", kvcache::kDitherInt8, kvcache::DitherMode::per_slot, true, Path::fast},
+    {"dither-int8/shared/meter-off", kvcache::kDitherInt8, kvcache::DitherMode::shared_page, false, Path::fast},
+    {"dither-int8/shared", kvcache::kDitherInt8, kvcache::DitherMode::shared_page, true, Path::fast},
     // The Tier-A formats whose fast paths came last, against fp16 through the kernel with its meter
     // (what `--kv fp16` runs): only in the last pairs of paired_args.
-    {"fp16/meter", "fp16", cache::DitherMode::per_slot, true, Path::fast},
-    {"kivi-2bit", "kivi-2bit", cache::DitherMode::per_slot, true, Path::fast},
-    {"kvquant-4", "kvquant-4", cache::DitherMode::per_slot, true, Path::fast},
-    {"rot-4bit", "rot-4bit", cache::DitherMode::per_slot, true, Path::fast},
-    {"rtn-2bit", "rtn-2bit", cache::DitherMode::per_slot, true, Path::fast},
-    {"sign-1bit", "sign-1bit", cache::DitherMode::per_slot, true, Path::fast},
+    {"fp16/meter", "fp16", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"kivi-2bit", "kivi-2bit", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"kvquant-4", "kvquant-4", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"rot-4bit", "rot-4bit", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"rtn-2bit", "rtn-2bit", kvcache::DitherMode::per_slot, true, Path::fast},
+    {"sign-1bit", "sign-1bit", kvcache::DitherMode::per_slot, true, Path::fast},
 };
 // The variants of attention_args' full grid: the first kGridVariants.
 constexpr std::int64_t kGridVariants = 11;
@@ -111,8 +111,8 @@ std::int64_t cold_streams(int d, std::int64_t S) {
 // bytes: the dither and the pages differ).
 // The last two stores are kept (BM_PairedRatio reads two formats at once); at most one is built
 // while two are held.
-cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t streams) {
-  static std::unique_ptr<cache::KvStore> stores[2];
+kvcache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t streams) {
+  static std::unique_ptr<kvcache::KvStore> stores[2];
   static std::string keys[2];
   const std::string want = std::string(v.format) + "/" + std::to_string(static_cast<int>(v.dither)) + "/" +
                            std::to_string(d) + "/" + std::to_string(S) + "/" + std::to_string(streams);
@@ -126,15 +126,15 @@ cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t 
   keys[1].clear();
   std::swap(stores[0], stores[1]);
   std::swap(keys[0], keys[1]);
-  std::unique_ptr<cache::KvStore>& store = stores[0];
-  cache::CacheConfig c;
+  std::unique_ptr<kvcache::KvStore>& store = stores[0];
+  kvcache::CacheConfig c;
   c.layers = static_cast<int>(streams);
   c.kv_heads = 1;
   c.head_dim = d;
   c.capacity = S;
-  c.k_format = c.v_format = quant::KvFormat::parse(v.format);
+  c.k_format = c.v_format = formats::KvFormat::parse(v.format);
   c.dither = v.dither;
-  store = std::make_unique<cache::KvStore>(c);
+  store = std::make_unique<kvcache::KvStore>(c);
   std::mt19937_64 rng(1);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> gain(d), k(static_cast<std::size_t>(S) * d), val(k.size());
@@ -153,10 +153,10 @@ cache::KvStore& store_for(const Variant& v, int d, std::int64_t S, std::int64_t 
 
 // One decode attention call of variant v on stream `next` of the store, which then moves on to the
 // next stream of the rotation.
-void decode_call(const Variant& v, cache::KvStore& store, std::int64_t streams, std::int64_t& next,
+void decode_call(const Variant& v, kvcache::KvStore& store, std::int64_t streams, std::int64_t& next,
                  const std::vector<float>& q, int group, int d, std::int64_t S, const BoundContext& ctx,
                  std::vector<float>& out) {
-  cache::KvStore::Reader reader(store, static_cast<int>(next), 0);
+  kvcache::KvStore::Reader reader(store, static_cast<int>(next), 0);
   next = next + 1 == streams ? 0 : next + 1;
   if (v.path == Path::exact_group) {
     std::vector<const f16*> keys(S), values(S);
@@ -184,7 +184,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   const std::int64_t S = state.range(1);
   const int d = static_cast<int>(state.range(2)), group = static_cast<int>(state.range(3));
   const std::int64_t streams = state.range(4) ? cold_streams(d, S) : 1;
-  cache::KvStore& store = store_for(v, d, S, streams);
+  kvcache::KvStore& store = store_for(v, d, S, streams);
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> q(static_cast<std::size_t>(group) * d), out(q.size());
@@ -195,7 +195,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   static std::int64_t next = 0;
   next %= streams;
   for (auto _ : state) decode_call(v, store, streams, next, q, group, d, S, ctx, out);
-  const double per_token = store.bytes_per_token_head(quant::KvSide::key) + store.bytes_per_token_head(quant::KvSide::value);
+  const double per_token = store.bytes_per_token_head(formats::KvSide::key) + store.bytes_per_token_head(formats::KvSide::value);
   state.counters["GB/s"] =
       benchmark::Counter(per_token * static_cast<double>(S) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["B/tok/head"] = per_token;
@@ -217,7 +217,7 @@ void attention_args(benchmark::internal::Benchmark* b) {
   for (std::int64_t d : {64, 128})
     for (std::int64_t v = 0; v < kGridVariants; ++v)
       if (kVariants[v].path != Path::exact_scalar &&
-          !(kVariants[v].format == std::string_view(cache::kDitherInt8) && kVariants[v].dither == cache::DitherMode::per_slot))
+          !(kVariants[v].format == std::string_view(kvcache::kDitherInt8) && kVariants[v].dither == kvcache::DitherMode::per_slot))
         for (std::int64_t group : {3, 7}) b->Args({v, 32768, d, group, 1});
 }
 BENCHMARK(BM_DecodeAttention)->Apply(attention_args)->Unit(benchmark::kMicrosecond);
@@ -240,8 +240,8 @@ void BM_PairedRatio(benchmark::State& state) {
   const std::int64_t S = state.range(2);
   const int d = static_cast<int>(state.range(3)), group = static_cast<int>(state.range(4));
   const std::int64_t streams = state.range(5) ? cold_streams(d, S) : 1;
-  cache::KvStore& store_a = store_for(a, d, S, streams);
-  cache::KvStore& store_b = store_for(b, d, S, streams);  // store_a stays: two are kept
+  kvcache::KvStore& store_a = store_for(a, d, S, streams);
+  kvcache::KvStore& store_b = store_for(b, d, S, streams);  // store_a stays: two are kept
   std::mt19937_64 rng(2);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> q(static_cast<std::size_t>(group) * d), out(q.size());
@@ -251,7 +251,7 @@ void BM_PairedRatio(benchmark::State& state) {
   std::vector<double> ratios, time_a, time_b;
   for (auto _ : state) {
     double ta = 0.0, tb = 0.0;
-    const auto time = [&](const Variant& v, cache::KvStore& st, std::int64_t& next) {
+    const auto time = [&](const Variant& v, kvcache::KvStore& st, std::int64_t& next) {
       const double t0 = thread_seconds();
       decode_call(v, st, streams, next, q, group, d, S, ctx, out);
       return thread_seconds() - t0;
@@ -309,18 +309,18 @@ BENCHMARK(BM_PairedRatio)->Apply(paired_args)->Unit(benchmark::kMicrosecond)->Mi
 // amortized over S = 32768) and the capacity at equal memory relative to fp16, for dither-int8
 // with m outlier pairs (m = 0: no bypass). Args: head dim, m. Times nothing.
 void BM_KvBytes(benchmark::State& state) {
-  cache::CacheConfig c;
+  kvcache::CacheConfig c;
   c.layers = c.kv_heads = 1;
   c.head_dim = static_cast<int>(state.range(0));
   c.capacity = 32768;
-  c.k_format = c.v_format = quant::KvFormat::dither_int8();
+  c.k_format = c.v_format = formats::KvFormat::dither_int8();
   c.outlier_pairs = static_cast<int>(state.range(1));
-  const cache::KvStore store(c);
+  const kvcache::KvStore store(c);
   for (auto _ : state) benchmark::DoNotOptimize(store.compressed_bytes());
-  const double per_token = store.bytes_per_token_head(quant::KvSide::key) + store.bytes_per_token_head(quant::KvSide::value);
+  const double per_token = store.bytes_per_token_head(formats::KvSide::key) + store.bytes_per_token_head(formats::KvSide::value);
   state.counters["B/tok/head"] = per_token;
-  state.counters["K_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::key);
-  state.counters["V_B/tok/head"] = store.bytes_per_token_head(quant::KvSide::value);
+  state.counters["K_B/tok/head"] = store.bytes_per_token_head(formats::KvSide::key);
+  state.counters["V_B/tok/head"] = store.bytes_per_token_head(formats::KvSide::value);
   state.counters["capacity_x"] = 4.0 * c.head_dim / per_token;
 }
 BENCHMARK(BM_KvBytes)->ArgNames({"d", "m"})->Args({64, 0})->Args({64, 4})->Args({128, 0})->Args({128, 4});
@@ -341,4 +341,4 @@ void BM_StreamRead(benchmark::State& state) {
 BENCHMARK(BM_StreamRead)->ArgName("bytes")->Arg(4 << 20)->Arg(16 << 20)->Arg(256 << 20)->Arg(1 << 30)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
-}  // namespace witcert::attn
+}  // namespace witcert::attention

@@ -31,7 +31,7 @@ engine::CacheOptions options(const std::string& name, int outliers) {
   engine::CacheOptions o;
   if (name == "plain") return o;
   o.certified = true;
-  o.k_format = o.v_format = quant::KvFormat::parse(name);
+  o.k_format = o.v_format = formats::KvFormat::parse(name);
   o.outliers = outliers;
   return o;
 }

@@ -32,7 +32,7 @@
 #include <tuple>
 #include <vector>
 
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/model.h"
 #include "engine/session.h"
@@ -48,12 +48,19 @@ struct Args {
   std::string model, prompts;
   std::vector<int> select;  // prompt indices; empty: all
   std::vector<std::string> modes{"per-slot", "shared-page"};
-  int seeds = 4, n = 32, threads = 2, chunk = 64;
+  int seeds = 4, first_seed = 0, n = 32, threads = 2, chunk = 64;
   float temperature = 0.8f;
   std::uint64_t sample_seed = 1;
   double tau = 0.2, delta = 1e-2;
   bool check_prefill = false, replay_check = false;
+  bool cross_mode = false;  // the forced control under the other dither mode (cross_mode_of)
 };
+
+// The mode a forced control runs under with --cross-mode: a free run's trajectory fed under the
+// other mode's dither, which shows whether its high-meter cells come with the trajectory.
+kvcache::DitherMode cross_mode_of(kvcache::DitherMode mode) {
+  return mode == kvcache::DitherMode::per_slot ? kvcache::DitherMode::shared_page : kvcache::DitherMode::per_slot;
+}
 
 // The tokens after the prompt and, when kept, the next-token log-probabilities at every
 // position of prompt + continuation.
@@ -74,7 +81,7 @@ void log_softmax(std::span<const float> logits, float* out) {
 // token the sampler picks from the previous logits. Free and forced runs take this one path,
 // so a trajectory fed back under the dither that produced it reproduces the free run exactly.
 // on_decode runs once, between the prompt and the first step.
-Pass run_pass(const model::LlamaModel& m, attn::KvCache& cache, ThreadPool& pool, const std::vector<std::int32_t>& prompt,
+Pass run_pass(const model::LlamaModel& m, kvcache::KvCache& cache, ThreadPool& pool, const std::vector<std::int32_t>& prompt,
               int n, const std::vector<std::int32_t>* forced, const model::SamplerConfig& sampling, bool keep_log_probs,
               int chunk, const std::function<void()>& on_decode = {}) {
   const int V = m.config().vocab;
@@ -156,8 +163,8 @@ int run(const Args& args) {
   std::vector<json> prompts;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) prompts.push_back(json::parse(line));
-  std::vector<cache::DitherMode> modes;
-  for (const std::string& mode : args.modes) modes.push_back(cache::parse_dither_mode(mode));
+  std::vector<kvcache::DitherMode> modes;
+  for (const std::string& mode : args.modes) modes.push_back(kvcache::parse_dither_mode(mode));
   ThreadPool pool(args.threads);
   const int V = cfg.vocab;
 
@@ -166,14 +173,14 @@ int run(const Args& args) {
       continue;
     const std::vector<std::int32_t> prompt = engine.prompt_tokens(prompts[pi].at("prompt").get<std::string>(), true);
     const std::int64_t P = static_cast<std::int64_t>(prompt.size()), capacity = P + args.n;
-    attn::ExactKvCache exact(cfg.kv_geometry(capacity));
+    attention::ExactKvCache exact(cfg.kv_geometry(capacity));
 
     // The decode steps' soundness check reads the exact tier: built with the check on, which is
     // then off for the prompt unless --check-prefill (set_check_soundness before each decode).
-    const auto certified = [&](cache::DitherMode mode, std::uint64_t seed, gate::CellLog& log) {
+    const auto certified = [&](kvcache::DitherMode mode, std::uint64_t seed, gate::CellLog& log) {
       engine::CacheOptions o;
       o.certified = true;
-      o.k_format = o.v_format = quant::KvFormat::dither_int8();
+      o.k_format = o.v_format = formats::KvFormat::dither_int8();
       o.dither_seed = seed;
       o.dither = mode;
       o.delta = args.delta;
@@ -183,11 +190,11 @@ int run(const Args& args) {
       return c;
     };
 
-    for (int k = 0; k < args.seeds; ++k) {
+    for (int k = args.first_seed; k < args.first_seed + args.seeds; ++k) {
       const model::SamplerConfig sampling{args.temperature, 1.0f, args.sample_seed + static_cast<std::uint64_t>(k)};
       exact.clear();
       const Pass fp16 = run_pass(m, exact, pool, prompt, args.n, nullptr, sampling, false, args.chunk);
-      for (const cache::DitherMode mode : modes) {
+      for (const kvcache::DitherMode mode : modes) {
         const auto t0 = std::chrono::steady_clock::now();
         const std::uint64_t free_seed = 0x5EED0000ull + k, forced_seed = 0xF0CED000ull + k;
         gate::CellLog free_log;
@@ -197,7 +204,7 @@ int run(const Args& args) {
                                    check_decode(*free_cache.certified));
         const auto diverged = std::mismatch(free.continuation.begin(), free.continuation.end(), fp16.continuation.begin());
         json rec = {{"prompt", prompts[pi].value("name", std::to_string(pi))},
-                    {"mode", cache::dither_mode_name(mode)},
+                    {"mode", kvcache::dither_mode_name(mode)},
                     {"prompt_tokens", P},
                     {"decode_steps", args.n},
                     {"temperature", args.temperature},
@@ -208,7 +215,7 @@ int run(const Args& args) {
                     {"diverged_at", diverged.first == free.continuation.end()
                                         ? json(nullptr)
                                         : json(diverged.first - free.continuation.begin())}};
-        if (args.replay_check && k == 0) {
+        if (args.replay_check && k == args.first_seed) {
           // The free run is the forced run of its own trajectory under its own dither: the
           // premise of the union over trajectories in docs/dither-cost.md.
           gate::CellLog replay_log;
@@ -222,7 +229,9 @@ int run(const Args& args) {
         exact.clear();
         const Pass ref = run_pass(m, exact, pool, prompt, args.n, &free.continuation, sampling, true, args.chunk);
         gate::CellLog forced_log;
-        auto forced_cache = certified(mode, forced_seed, forced_log);
+        const kvcache::DitherMode forced_mode = args.cross_mode ? cross_mode_of(mode) : mode;
+        rec["forced_mode"] = kvcache::dither_mode_name(forced_mode);
+        auto forced_cache = certified(forced_mode, forced_seed, forced_log);
         const Pass forced = run_pass(m, *forced_cache.kv, pool, prompt, args.n, &free.continuation, sampling, true,
                                      args.chunk, check_decode(*forced_cache.certified));
         double kl_sum = 0.0, kl_max = 0.0;
@@ -243,7 +252,7 @@ int run(const Args& args) {
         rec["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::cout << rec.dump() << std::endl;
         std::cerr << fmt::format("{} {} seed {}: free {} / {} cells violated (diverged at {}), forced {} / {}, {:.0f} s\n",
-                                 rec["prompt"].get<std::string>(), cache::dither_mode_name(mode), k, rec["free"]["violations"].get<long>(),
+                                 rec["prompt"].get<std::string>(), kvcache::dither_mode_name(mode), k, rec["free"]["violations"].get<long>(),
                                  rec["free"]["cells"].get<long>(), rec["diverged_at"].dump(),
                                  rec["forced"]["violations"].get<long>(), rec["forced"]["cells"].get<long>(),
                                  rec["seconds"].get<double>());
@@ -264,6 +273,10 @@ int main(int argc, char** argv) {
   app.add_option("--select", args.select, "prompt indices to run (default: all)");
   app.add_option("--modes", args.modes, "dither modes: per-slot, shared-page, shared-prompt");
   app.add_option("--seeds", args.seeds, "dither seeds per prompt and mode")->check(CLI::PositiveNumber);
+  app.add_option("--first-seed", args.first_seed, "the first seed index k (seeds k, k + 1, ...; disjoint runs take disjoint ranges)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--cross-mode", args.cross_mode,
+               "run the forced control under the other dither mode (per-slot <-> shared-page; shared-prompt -> per-slot)");
   app.add_option("--n", args.n, "decode steps per request")->check(CLI::PositiveNumber);
   app.add_option("--temp", args.temperature, "sampling temperature of the free runs (0: greedy)");
   app.add_option("--sample-seed", args.sample_seed,

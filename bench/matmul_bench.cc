@@ -15,7 +15,7 @@
 namespace witcert::model {
 namespace {
 
-using quant::GgmlType;
+using formats::GgmlType;
 
 struct Matrix {
   std::vector<std::uint8_t> bytes;
@@ -24,13 +24,13 @@ struct Matrix {
 
 Matrix make_matrix(GgmlType t, std::int64_t rows, std::int64_t cols, std::mt19937_64& rng) {
   Matrix m;
-  const std::size_t row_bytes = quant::ggml_row_bytes(t, cols);
+  const std::size_t row_bytes = formats::ggml_row_bytes(t, cols);
   m.bytes.resize(rows * row_bytes);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   std::vector<float> row(cols);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (float& v : row) v = normal(rng);
-    quant::quantize_row(t, row.data(), m.bytes.data() + r * row_bytes, cols);
+    formats::quantize_row(t, row.data(), m.bytes.data() + r * row_bytes, cols);
   }
   m.w = {t, m.bytes.data(), rows, cols};
   return m;
@@ -57,7 +57,7 @@ void BM_Matmul(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_counters(state, 2.0 * rows * cols * tokens, static_cast<double>(m.bytes.size()));
-  state.SetLabel(quant::ggml_type_info(type)->name);
+  state.SetLabel(formats::ggml_type_info(type)->name);
 }
 
 void matmul_args(benchmark::internal::Benchmark* b) {

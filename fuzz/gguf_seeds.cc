@@ -11,7 +11,7 @@ using witcert::model::GgufArray;
 using witcert::model::GgufType;
 using witcert::model::GgufValue;
 using witcert::model::GgufWriter;
-using witcert::quant::GgmlType;
+using witcert::formats::GgmlType;
 
 namespace {
 

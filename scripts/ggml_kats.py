@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the expected bytes and values embedded in src/quant/ggml_types_test.cc.
+"""Prints the expected bytes and values embedded in src/formats/ggml/ggml_types_test.cc.
 
 Independent of the C++ code under test: quantization and dequantization come from the PyPI
 package `gguf` (gguf.quants, numpy ports of llama.cpp's reference code; F16 is numpy's

@@ -61,14 +61,12 @@ fi
 cpu_sources=(
   src/base/fp16.cc
   src/cert/meter.cc src/cert/subgaussian.cc src/cert/witness.cc
-  src/quant/dither_int8.cc src/quant/fp8.cc src/quant/ggml_types.cc src/quant/hadamard.cc src/quant/kv_format.cc
-  src/quant/scheme_kit.cc src/quant/schemes.cc src/quant/schemes_block.cc src/quant/schemes_ggml.cc
-  src/quant/schemes_token.cc
-  src/cache/backing_tier.cc src/cache/kv_store.cc src/cache/page_pool.cc
-  src/attn/certified_attention.cc
-  src/attn/cuda/mirror.cc
+  $(find src/formats -name '*.cc' ! -name '*_test.cc' | sort)
+  src/kvcache/backing_tier.cc src/kvcache/kv_store.cc src/kvcache/page_pool.cc
+  src/attention/reference/certified_attention.cc
+  src/attention/cuda/mirror.cc
 )
-cuda_sources=(src/attn/cuda/attention.cu src/attn/cuda/cuda_check.cu src/attn/cuda/cuda_bench.cu)
+cuda_sources=(src/attention/cuda/attention.cu src/attention/cuda/cuda_check.cu src/attention/cuda/cuda_bench.cu)
 
 echo "gpu-check: building with $nvcc (${arch[*]}) and $cxx, $jobs jobs"
 {

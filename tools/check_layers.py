@@ -1,40 +1,28 @@
 #!/usr/bin/env python3
 """Fails when a file includes a layer it may not (docs/design.md, "The layers").
 
-A file under src/<layer>/ may include "<other>/..." headers only of the layers MAY_INCLUDE lists for
-its own, itself among them; bench/ includes as engine does. Run by ctest
+A file under src/<layer>/ (src/attention/<part>/ for the attention layers) may include headers of its
+own layer and of the layers below it in ORDER; bench/ includes as engine does. Run by ctest
 (Layers.NoFileIncludesALayerItMayNot) or on its own.
 """
 import pathlib
 import re
 import sys
 
-# Per layer, lowest first, the layers its files may include, siblings named explicitly.
-MAY_INCLUDE = {
-    "base": {"base"},
-    "cert": {"base", "cert"},
-    "quant": {"base", "cert", "quant"},
-    "cache": {"base", "cert", "quant", "cache"},
-    "attn": {"base", "cert", "quant", "cache", "attn"},
-    "kernel": {"base", "cert", "quant", "cache", "attn", "kernel"},
-    "attn/cuda": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda"},
-    "model": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model"},
-    "gate": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate"},
-    "engine": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate", "engine"},
-    "capi": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate", "engine", "capi"},
-    "python": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate", "engine", "capi",
-               "python"},
-    "apps": {"base", "cert", "quant", "cache", "attn", "kernel", "attn/cuda", "model", "gate", "engine", "capi",
-             "python", "apps"},
-}
-# src/attn/cuda/ (the CUDA kernel) is a layer of its own, above the CPU kernel.
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+(?:/cuda(?=/))?)/', re.M)
+# The layers, lowest first: a file may include its own layer and those below it. The attention
+# layer is three, side by side in one folder: the scalar reference, the CPU kernels above it and
+# the CUDA kernel above those.
+ORDER = ["base", "cert", "formats", "kvcache", "attention/reference", "attention/cpu", "attention/cuda", "model",
+         "gate", "engine", "capi", "python", "apps"]
+MAY_INCLUDE = {layer: set(ORDER[: i + 1]) for i, layer in enumerate(ORDER)}
+# The layer an include names: its first folder, or attention/<part>.
+INCLUDE = re.compile(r'^\s*#\s*include\s+"((?:attention/[a-z_]+)|[a-z_]+)/', re.M)
 
 
 def layer_of(rel: pathlib.Path) -> str:
     if rel.parts[0] != "src":
         return "engine"
-    return "attn/cuda" if rel.parts[1:3] == ("attn", "cuda") else rel.parts[1]
+    return "/".join(rel.parts[1:3]) if rel.parts[1] == "attention" else rel.parts[1]
 
 
 def main() -> int:

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "cache/page_pool.h"
 #include "cert/meter.h"
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
@@ -28,11 +27,12 @@
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/session.h"
+#include "formats/dither/dither_int8.h"
 #include "gate/meter_cell.h"
 #include "gate/telemetry.h"
+#include "kvcache/page_pool.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "quant/dither_int8.h"
 
 using namespace witcert;
 
@@ -69,7 +69,7 @@ witcert_status guarded(const char* fn, F&& f) {
     return WITCERT_OK;
   } catch (const Refusal& r) {
     return fail(r.status, r.message);
-  } catch (const cache::PoolExhausted& e) {
+  } catch (const kvcache::PoolExhausted& e) {
     return fail(WITCERT_ERROR_OUT_OF_RANGE, e.what());
   } catch (const model::NonFiniteError& e) {
     return fail(WITCERT_ERROR_NON_FINITE, e.what());
@@ -423,7 +423,7 @@ witcert_status witcert_dither_values(uint64_t seed, uint32_t layer, uint32_t kv_
   return guarded(__func__, [&] {
     not_null(xi, "xi");
     require(d >= 1, "d must be at least 1");
-    quant::dither_values(quant::DitherStream{seed, layer, kv_head}, slot, {xi, d});
+    formats::dither_values(formats::DitherStream{seed, layer, kv_head}, slot, {xi, d});
   });
 }
 
@@ -437,7 +437,7 @@ witcert_status witcert_dither_encode(const float* x, const float* xi, const uint
     const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
     check_activations(x, d, "x");
     check_dither(xi, d);
-    quant::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
+    formats::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
                               {outlier_values, n_outliers});
   });
 }
@@ -454,7 +454,7 @@ witcert_status witcert_dither_decode(const int8_t* codes, const uint16_t* scales
     check_f16(scales, d / static_cast<std::size_t>(group), "scales", true, false);
     check_f16(outlier_values, n_outliers, "outlier_values", false, false);
     check_dither(xi, d);
-    quant::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
+    formats::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
                               {outlier_values, n_outliers}, group, {out, d});
   });
 }
@@ -669,7 +669,7 @@ witcert_status witcert_cache_stats_get(const witcert_cache* cache, witcert_cache
     not_null(stats, "stats");
     *stats = {0, 0, 0};
     if (c->cache.certified) {
-      const cache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
+      const kvcache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
       *stats = {pi.page_ins, pi.page_in_bytes, c->cache.certified->store().sequence().bytes()};
     }
   });
@@ -839,7 +839,7 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     result->cancelled = r.cancelled;
     if (c.certified) {
       const gate::TelemetrySummary s = tel.summary();
-      const cache::KvStore::PageInStats pi = c.certified->store().page_in_stats();
+      const kvcache::KvStore::PageInStats pi = c.certified->store().page_in_stats();
       result->has_meter = 1;
       result->cells = s.cells;
       result->coverage_k = s.coverage.k;

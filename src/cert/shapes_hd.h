@@ -1,7 +1,7 @@
 // The bound shapes' arithmetic (Theorem 1's e-form, Proposition 1's two-sided form, tanh(c_max),
 // tanh(c_max/2)) and how a set of them reads as a meter, written once for the host and the GPU:
 // cert/meter.cc's eform_raw, two_sided_raw, tanh_shape, tanh_half_shape, clamp_meter and
-// Bounds::meter are these functions, and the CUDA kernel's attn/cuda/meter_stats.h calls them
+// Bounds::meter are these functions, and the CUDA kernel's attention/cuda/meter_stats.h calls them
 // from device code (nvcc compiles them __host__ __device__). Plain arithmetic and the C library's
 // double functions only, no <cmath> classification macros (they differ between the host library
 // and CUDA), so both compilers read the same source; the host results are bit for bit the CPU

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -38,6 +40,29 @@ class FromPosition final : public gate::MeterSink {
 };
 
 }  // namespace
+
+void apply_policy(const nlohmann::json& j, const CacheOptions& base, double coverage_tau, double coverage_tau_v,
+                  BatchRequest& r) {
+  const auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument(what);
+  };
+  r.cache = base;
+  r.coverage_tau_v = coverage_tau_v;
+  bool policy = j.contains("coverage_tau") || j.contains("coverage_tau_v");
+  for (const char* key : CacheOptions::kPolicyKeys) policy = policy || j.contains(key);
+  require(!policy || base.certified,
+          "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
+  r.cache.read_policy(j);
+  // The request's coverage τ, by the rule of every entry point: its own, else its own certified
+  // gate's τ_K, else the pool's.
+  std::optional<double> asked;
+  if (j.contains("coverage_tau")) read_json(j, "coverage_tau", asked.emplace());
+  r.coverage_tau = engine::coverage_tau(j.contains("tau_k") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
+  read_json(j, "coverage_tau_v", r.coverage_tau_v);
+  require(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
+  require(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
+  r.cache.validate();
+}
 
 const char* finish_name(Finish f) {
   switch (f) {
@@ -119,7 +144,7 @@ std::optional<RequestSnapshot> BatchEngine::snapshot(std::uint64_t id) const {
 
 void BatchEngine::page_ins(const Seq& s, BatchResult& r) {
   if (!s.cache.certified) return;
-  const cache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
+  const kvcache::KvStore::PageInStats pi = s.cache.certified->store().page_in_stats();
   r.page_ins = pi.page_ins;
   r.page_in_bytes = pi.page_in_bytes;
   r.shared_page_ins = pi.shared_page_ins;
@@ -200,14 +225,14 @@ void BatchEngine::share_prefix(Seq& s) {
   // whole pages and group blocks are what a cache can share.
   std::int64_t unit = std::lcm<std::int64_t>(opts_.prefill_chunk, cache_.page_size);
   if (cache_.certified)
-    for (const quant::KvSide side : {quant::KvSide::key, quant::KvSide::value}) {
-      const quant::KvFormat& f = side == quant::KvSide::key ? cache_.k_format : cache_.v_format;
-      if (f.kind() == quant::FormatKind::scheme) unit = std::lcm<std::int64_t>(unit, f.scheme(side)->tokens_per_block());
+    for (const formats::KvSide side : {formats::KvSide::key, formats::KvSide::value}) {
+      const formats::KvFormat& f = side == formats::KvSide::key ? cache_.k_format : cache_.v_format;
+      if (f.kind() == formats::FormatKind::scheme) unit = std::lcm<std::int64_t>(unit, f.scheme(side)->tokens_per_block());
     }
   // Longest first; a donor whose repairs differ from this sequence's refuses, and the next is tried.
-  std::vector<std::pair<std::int64_t, const attn::KvCache*>> donors;
+  std::vector<std::pair<std::int64_t, const kvcache::KvCache*>> donors;
   const auto consider = [&](const std::vector<std::int32_t>& tokens, std::int64_t prompt_len, std::int64_t fed,
-                            const attn::KvCache* cache) {
+                            const kvcache::KvCache* cache) {
     const std::int64_t limit = std::min({s.prompt_len - 1, prompt_len, fed});
     std::int64_t common = 0;
     while (common < limit && s.all[common] == tokens[common]) ++common;

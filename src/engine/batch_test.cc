@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/session.h"
 #include "model/real_model_fixture.h"
@@ -38,11 +38,11 @@ CacheOptions format(const std::string& k, const std::string& v, double tau, gate
   CacheOptions o;
   if (k.empty()) return o;
   o.certified = true;
-  o.k_format = quant::KvFormat::parse(k);
-  o.v_format = quant::KvFormat::parse(v);
+  o.k_format = formats::KvFormat::parse(k);
+  o.v_format = formats::KvFormat::parse(v);
   o.gate.tau_k = tau;
   o.gate.granularity = g;
-  o.backing = cache::BackingPlace::in_ram();
+  o.backing = kvcache::BackingPlace::in_ram();
   return o;
 }
 
@@ -373,7 +373,7 @@ TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   all[2].prompt.assign(static_cast<std::size_t>(model_->config().context) + 1, 1);
   all[3].cache.delta = 2.0;
   all[4].max_tokens = -1;
-  all[5].cache.k_format = quant::KvFormat::parse("q8_0");
+  all[5].cache.k_format = formats::KvFormat::parse("q8_0");
   all[8].sampler.temperature = -1.0;  // the sampler refuses it: this request fails, not the run
   all[9].sampler.top_p = 1.5;
   BatchEngine engine(*model_, pool, cache, BatchOptions{});
@@ -450,7 +450,7 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
 
   // Writing commits about what was written: 64 pages of every (layer, KV head).
-  cache::KvStore seq(pool.certified);
+  kvcache::KvStore seq(pool.certified);
   write_pages(seq, g, 64 * opts.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;
@@ -484,7 +484,7 @@ TEST(PoolMemory, ThePlainCachesBudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   ASSERT_TRUE(pool.exact);
   EXPECT_GT(pool.bytes(), static_cast<std::size_t>(budget) / 10 * 9);
   EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
-  attn::ExactKvCache seq(pool.exact);
+  attention::ExactKvCache seq(pool.exact);
   write_pages(seq, g, 64 * plain.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;
@@ -510,7 +510,7 @@ TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {
   }
   // The exact tier counts when it lives in RAM; a file-backed one does not.
   EXPECT_THROW(check_kv_memory(g, opts, gib, pages, true, m), std::invalid_argument);
-  opts.backing = cache::BackingPlace{};
+  opts.backing = kvcache::BackingPlace{};
   EXPECT_NO_THROW(check_kv_memory(g, opts, gib, pages, true, m));
   // Unknown memory refuses nothing.
   EXPECT_NO_THROW(check_kv_memory(g, opts, std::int64_t{1} << 50, pages, false, AvailableMemory{}));

@@ -6,12 +6,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 
 namespace witcert::engine {
 
-cache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts) {
-  cache::CacheConfig c;
+kvcache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts) {
+  kvcache::CacheConfig c;
   c.layers = model.layers;
   c.kv_heads = model.kv_heads;
   c.head_dim = model.head_dim;
@@ -61,7 +61,7 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
   opts.validate();
   Cache c;
   if (!opts.certified) {
-    c.kv = std::make_unique<attn::ExactKvCache>(model.kv_geometry(capacity));
+    c.kv = std::make_unique<attention::ExactKvCache>(model.kv_geometry(capacity));
     return c;
   }
   auto certified = std::make_unique<gate::CertifiedKvCache>(
@@ -79,7 +79,7 @@ std::size_t Pool::bytes() const { return certified ? certified->bytes() : exact 
 std::size_t Pool::backing_bytes() const { return certified ? certified->backing_bytes() : 0; }
 bool Pool::has_exact_tier() const { return !certified || certified->has_exact_tier(); }
 std::size_t Pool::sequence_bytes(std::int64_t capacity) const {
-  if (certified) return cache::KvStore(certified).sequence().bytes();
+  if (certified) return kvcache::KvStore(certified).sequence().bytes();
   return static_cast<std::size_t>((capacity + page_size() - 1) / page_size()) * sizeof(std::int64_t);
 }
 
@@ -89,13 +89,13 @@ Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int6
   if (pages < 0) throw std::invalid_argument("the pool's page count is negative");
   Pool p;
   if (!opts.certified) {
-    p.exact = std::make_shared<attn::ExactPool>(model.kv_geometry(capacity), opts.page_size, pages);
+    p.exact = std::make_shared<attention::ExactPool>(model.kv_geometry(capacity), opts.page_size, pages);
     return p;
   }
-  cache::CacheConfig cfg = cache_config(model, capacity, opts);
+  kvcache::CacheConfig cfg = cache_config(model, capacity, opts);
   cfg.pool_pages = pages;
   cfg.exact_tier = keeps_exact_tier(opts, exact_tier);
-  p.certified = std::make_shared<cache::KvPool>(cfg);
+  p.certified = std::make_shared<kvcache::KvPool>(cfg);
   return p;
 }
 
@@ -160,7 +160,7 @@ Cache make_sequence_cache(const Pool& pool, const model::LlamaConfig& model, std
   opts.validate();
   Cache c;
   if (pool.exact) {
-    c.kv = std::make_unique<attn::ExactKvCache>(pool.exact);
+    c.kv = std::make_unique<attention::ExactKvCache>(pool.exact);
     return c;
   }
   if (!pool.certified) throw std::invalid_argument("make_sequence_cache: no pool");

@@ -6,22 +6,22 @@
 #include <memory>
 #include <vector>
 
-#include "attn/exact_cache.h"
-#include "attn/kv_cache.h"
-#include "cache/kv_store.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/options.h"
 #include "gate/certified_cache.h"
+#include "kvcache/kv_cache.h"
+#include "kvcache/kv_store.h"
 #include "model/llama.h"
 
 namespace witcert::engine {
 
 struct Cache {
-  std::unique_ptr<attn::KvCache> kv;
+  std::unique_ptr<kvcache::KvCache> kv;
   gate::CertifiedKvCache* certified = nullptr;  // kv as the certified cache; null for the plain exact cache
 };
 
 // The store's settings for `capacity` positions of the model's geometry and RoPE layout.
-cache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts);
+kvcache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t capacity, const CacheOptions& opts);
 
 // decode_budget is T of δ_loc = δ_req/(L·H·T); sinks receive every served cell (not owned).
 // Throws std::invalid_argument for options validate() rejects or a format the geometry cannot hold.
@@ -30,8 +30,8 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
 
 // A pool of pages that many sequences share: the certified store's or the plain exact cache's.
 struct Pool {
-  std::shared_ptr<cache::KvPool> certified;
-  std::shared_ptr<attn::ExactPool> exact;
+  std::shared_ptr<kvcache::KvPool> certified;
+  std::shared_ptr<attention::ExactPool> exact;
 
   std::int64_t pages() const;
   std::int64_t free_pages() const;

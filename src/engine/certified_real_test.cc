@@ -34,12 +34,12 @@ class CertifiedRealModel : public model::RealModelFixture {
   };
 
   Outcome run(const std::string& k_fmt, const std::string& v_fmt,
-              cache::DitherMode dither = cache::DitherMode::per_slot) {
+              kvcache::DitherMode dither = kvcache::DitherMode::per_slot) {
     const model::LlamaConfig& cfg = model_->config();
     CacheOptions opts;
     opts.certified = true;
-    opts.k_format = quant::KvFormat::parse(k_fmt);
-    opts.v_format = quant::KvFormat::parse(v_fmt);
+    opts.k_format = formats::KvFormat::parse(k_fmt);
+    opts.v_format = formats::KvFormat::parse(v_fmt);
     opts.dither = dither;
     opts.check_soundness = true;
     gate::CellLog log;
@@ -60,7 +60,7 @@ class CertifiedRealModel : public model::RealModelFixture {
 };
 
 TEST_F(CertifiedRealModel, EveryTierASchemeHasZeroViolations) {
-  for (const std::string& scheme : quant::kv_scheme_names()) {
+  for (const std::string& scheme : formats::kv_scheme_names()) {
     const Outcome o = run(scheme, scheme);
     std::printf("[certified-real] %-16s %ld cells, coverage@0.2 %.3f, violations %ld, worst TV/meter %.3f\n",
                 scheme.c_str(), o.cells, static_cast<double>(o.covered) / o.cells, o.violations, o.worst);
@@ -72,7 +72,7 @@ TEST_F(CertifiedRealModel, EveryTierASchemeHasZeroViolations) {
 }
 
 TEST_F(CertifiedRealModel, DitherInt8HasZeroViolationsTeacherForced) {
-  const Outcome o = run(cache::kDitherInt8, cache::kDitherInt8);
+  const Outcome o = run(kvcache::kDitherInt8, kvcache::kDitherInt8);
   std::printf("[certified-real] dither-int8      %ld cells, coverage@0.2 %.3f, violations %ld, worst TV/meter %.3f\n",
               o.cells, static_cast<double>(o.covered) / o.cells, o.violations, o.worst);
   EXPECT_EQ(o.violations, 0);
@@ -82,7 +82,7 @@ TEST_F(CertifiedRealModel, DitherInt8HasZeroViolationsTeacherForced) {
 TEST_F(CertifiedRealModel, SharedPageDitherHasZeroViolationsTeacherForced) {
   // One ξ per page and channel: within the same non-adaptive scope, the same certificate
   // (docs/dither-cost.md).
-  const Outcome o = run(cache::kDitherInt8, cache::kDitherInt8, cache::DitherMode::shared_page);
+  const Outcome o = run(kvcache::kDitherInt8, kvcache::kDitherInt8, kvcache::DitherMode::shared_page);
   std::printf("[certified-real] dither-int8 shared-page %ld cells, coverage@0.2 %.3f, violations %ld, worst TV/meter %.3f\n",
               o.cells, static_cast<double>(o.covered) / o.cells, o.violations, o.worst);
   EXPECT_EQ(o.violations, 0);
@@ -107,7 +107,7 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
     const auto prefill = [&](int threads) {
       CacheOptions opts;
       opts.certified = true;
-      opts.k_format = opts.v_format = quant::KvFormat::parse("q4_0");
+      opts.k_format = opts.v_format = formats::KvFormat::parse("q4_0");
       opts.gate = {0.3, gran};
       gate::CellLog log;
       const Cache cache = make_cache(cfg, static_cast<std::int64_t>(prompt.size()), 256, opts, {&log});

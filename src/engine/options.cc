@@ -77,9 +77,9 @@ double coverage_tau(const gate::Policy& gate, std::optional<double> asked, doubl
   return otherwise;
 }
 
-std::string CacheOptions::format_name(quant::KvSide side) const {
+std::string CacheOptions::format_name(formats::KvSide side) const {
   if (!certified) return "exact";
-  return std::string(side == quant::KvSide::key ? k_format.name() : v_format.name());
+  return std::string(side == formats::KvSide::key ? k_format.name() : v_format.name());
 }
 
 void CacheOptions::validate() const {
@@ -98,7 +98,7 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
               "granularity", "check_soundness", "exact_tier"},
              "cache");
   CacheOptions o;
-  std::string kv, kv_v, dither, bound, granularity, exact_tier;
+  std::string kv, kv_v, dither, exact_tier;
   read_json(j, "kv", kv);
   read_json(j, "kv_v", kv_v);
   o.certified = !kv.empty();
@@ -106,18 +106,14 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
     for (const auto& [key, value] : j.items())
       require(key == "kv", key + " needs kv: without it the engine keeps a plain exact cache");
   if (o.certified) {
-    o.k_format = quant::KvFormat::parse(kv);
-    o.v_format = quant::KvFormat::parse(kv_v.empty() ? kv : kv_v);
+    o.k_format = formats::KvFormat::parse(kv);
+    o.v_format = formats::KvFormat::parse(kv_v.empty() ? kv : kv_v);
   }
   read_json(j, "page_size", o.page_size);
   read_json(j, "outliers", o.outliers);
-  if (read_json(j, "dither", dither), !dither.empty()) o.dither = cache::parse_dither_mode(dither);
+  if (read_json(j, "dither", dither), !dither.empty()) o.dither = kvcache::parse_dither_mode(dither);
   read_json(j, "dither_seed", o.dither_seed);
-  read_json(j, "delta", o.delta);
-  if (read_json(j, "bound", bound), !bound.empty()) o.bound = cert::parse_bound_shape(bound);
-  read_json(j, "tau_k", o.gate.tau_k);
-  read_json(j, "tau_v", o.gate.tau_v);
-  if (read_json(j, "granularity", granularity), !granularity.empty()) o.gate.granularity = gate::parse_granularity(granularity);
+  o.read_policy(j);
   read_json(j, "check_soundness", o.check_soundness);
   read_json(j, "exact_tier", exact_tier);
   require(exact_tier.empty() || exact_tier == "ram" || exact_tier == "file",
@@ -136,6 +132,22 @@ void RequestOptions::validate() const {
   require(sampler.top_p > 0 && sampler.top_p <= 1, "top_p must be in (0, 1], got " + std::to_string(sampler.top_p));
   require(coverage_tau > 0 && coverage_tau <= 1, "coverage_tau must be in (0, 1], got " + std::to_string(coverage_tau));
   require(finite_positive(coverage_tau_v), "coverage_tau_v must be finite and > 0, got " + std::to_string(coverage_tau_v));
+}
+
+void CacheOptions::read_policy(const nlohmann::json& j) {
+  read_json(j, "tau_k", gate.tau_k);
+  read_json(j, "tau_v", gate.tau_v);
+  if (j.contains("granularity")) {
+    std::string name;
+    read_json(j, "granularity", name);
+    gate.granularity = gate::parse_granularity(name);
+  }
+  read_json(j, "delta", delta);
+  if (j.contains("bound")) {
+    std::string name;
+    read_json(j, "bound", name);
+    bound = cert::parse_bound_shape(name);
+  }
 }
 
 RequestOptions RequestOptions::from_json(const nlohmann::json& j) {

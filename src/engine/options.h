@@ -12,12 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cache/backing_tier.h"
-#include "cache/kv_store.h"
 #include "cert/meter.h"
+#include "formats/kv_format.h"
 #include "gate/policy.h"
+#include "kvcache/backing_tier.h"
+#include "kvcache/kv_store.h"
 #include "model/sampler.h"
-#include "quant/kv_format.h"
 
 namespace witcert::engine {
 
@@ -85,26 +85,33 @@ double coverage_tau(const gate::Policy& gate, std::optional<double> asked, doubl
 // The KV cache: the plain exact cache, or the certified cache with its formats, meter and gate.
 struct CacheOptions {
   bool certified = false;  // false: the plain exact fp16 cache (no meter); everything below is ignored
-  quant::KvFormat k_format, v_format;
+  formats::KvFormat k_format, v_format;
   int page_size = 16;
   int outliers = 4;  // m, dither-int8 keys
-  cache::DitherMode dither = cache::DitherMode::shared_prompt;
+  kvcache::DitherMode dither = kvcache::DitherMode::shared_prompt;
   std::uint64_t dither_seed = 0x5EED;
   double delta = 1e-2;  // δ_req of Tier B
   cert::BoundShape bound = cert::BoundShape::min;
   gate::Policy gate;
   bool check_soundness = false;
-  cache::BackingPlace backing;  // where the exact tier lives when the gate or the check keeps one
+  kvcache::BackingPlace backing;  // where the exact tier lives when the gate or the check keeps one
 
   // Throws std::invalid_argument naming the setting: page size not in [1, 4096], outliers not in
   // [0, 31], δ not in (0, 1), an impossible τ_K or τ_V, a named backing file nothing reads.
   // The format of one side as the reports name it: its KvFormat name, or "exact" for the plain cache.
-  std::string format_name(quant::KvSide side) const;
+  std::string format_name(formats::KvSide side) const;
   void validate() const;
   // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
   // bound, tau_k (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
   // ("ram" or "file"). Unknown keys, wrong types and bad values throw std::invalid_argument.
   static CacheOptions from_json(const nlohmann::json& j);
+  // The settings a request may give over its pool's options, from JSON: tau_k, tau_v,
+  // granularity, delta and bound, each optional (absent keys leave the field as it is). The one
+  // reader of these keys: from_json, the server's `witcert` object and batch lines all use it.
+  // Throws std::invalid_argument naming the key for a wrong type or an unknown name; the ranges
+  // are validate()'s.
+  void read_policy(const nlohmann::json& j);
+  static constexpr const char* kPolicyKeys[] = {"tau_k", "tau_v", "granularity", "delta", "bound"};
 };
 
 // One request: the prompt, the token budget, sampling, and how its meter is summarised.

@@ -33,7 +33,7 @@ TEST(EngineOptions, JsonGivesTypedValues) {
   EXPECT_EQ(c.v_format.name(), "rtn-int4");
   EXPECT_EQ(c.page_size, 32);
   EXPECT_EQ(c.outliers, 2);
-  EXPECT_EQ(c.dither, cache::DitherMode::per_slot);
+  EXPECT_EQ(c.dither, kvcache::DitherMode::per_slot);
   EXPECT_EQ(c.dither_seed, 18446744073709551615ull);
   EXPECT_EQ(c.delta, 0.001);
   EXPECT_EQ(c.bound, cert::BoundShape::retention);
@@ -77,9 +77,43 @@ TEST(EngineOptions, BadJsonNamesTheSetting) {
   fails(R"({"cache": {"kv": "q8_0", "check_soundness": 1}})", "check_soundness must be true or false");
   fails(R"({"cache": {"kv": "dither-int8", "dither": "off"}})", "per-slot, shared-page, shared-prompt or none");
   // Every dither mode reads back by its name.
-  for (cache::DitherMode d : {cache::DitherMode::per_slot, cache::DitherMode::shared_page,
-                              cache::DitherMode::shared_prompt, cache::DitherMode::none})
-    EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int8"}, {"dither", cache::dither_mode_name(d)}}).dither, d);
+  for (kvcache::DitherMode d : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page,
+                              kvcache::DitherMode::shared_prompt, kvcache::DitherMode::none})
+    EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int8"}, {"dither", kvcache::dither_mode_name(d)}}).dither, d);
+}
+
+// The request-level settings have one reader (the cache options' JSON, the server's `witcert`
+// object and batch lines): each key sets its field, an absent key leaves the pool's value, and a
+// wrong type or unknown name is an error naming the key.
+TEST(CacheOptions, ReadPolicyIsTheOneReaderOfTheRequestSettings) {
+  CacheOptions base = CacheOptions::from_json(json::parse(R"({"kv": "q4_0", "tau_k": 0.3, "delta": 0.001})"));
+  CacheOptions o = base;
+  o.read_policy(json::object());
+  EXPECT_EQ(o.gate, base.gate);
+  EXPECT_EQ(o.delta, base.delta);
+  o.read_policy(json::parse(R"({"tau_k": 0.1, "tau_v": 0.02, "granularity": "head", "delta": 0.05, "bound": "eform"})"));
+  EXPECT_EQ(o.gate.tau_k, 0.1);
+  EXPECT_EQ(o.gate.tau_v, 0.02);
+  EXPECT_EQ(o.gate.granularity, gate::Granularity::head);
+  EXPECT_EQ(o.delta, 0.05);
+  EXPECT_EQ(o.bound, cert::BoundShape::eform);
+  const CacheOptions from_json = CacheOptions::from_json(
+      json::parse(R"({"kv": "q4_0", "tau_k": 0.1, "tau_v": 0.02, "granularity": "head", "delta": 0.05, "bound": "eform"})"));
+  EXPECT_EQ(from_json.gate, o.gate);
+  EXPECT_EQ(from_json.bound, o.bound);
+  for (const char* key : CacheOptions::kPolicyKeys) {
+    CacheOptions bad = base;
+    try {
+      bad.read_policy(json{{key, json::array()}});
+      ADD_FAILURE() << key << ": an array was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  for (const char* body : {R"({"granularity": "page"})", R"({"bound": "loose"})"}) {
+    CacheOptions bad = base;
+    EXPECT_THROW(bad.read_policy(json::parse(body)), std::invalid_argument) << body;
+  }
 }
 
 TEST(RequestOptions, JsonAndValidation) {

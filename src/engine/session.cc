@@ -15,7 +15,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Session::Session(const model::LlamaModel& model, attn::KvCache& cache, ThreadPool& pool, int prefill_chunk)
+Session::Session(const model::LlamaModel& model, kvcache::KvCache& cache, ThreadPool& pool, int prefill_chunk)
     : model_(model), cache_(cache), pool_(pool), chunk_(prefill_chunk), logits_(model.config().vocab) {
   if (prefill_chunk <= 0) throw std::invalid_argument("the prefill chunk must be positive");
 }

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "attn/kv_cache.h"
 #include "base/thread_pool.h"
+#include "kvcache/kv_cache.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 
@@ -23,7 +23,7 @@ using LogitsSink = std::function<void(std::int64_t pos, std::span<const float> l
 class Session {
  public:
   // The model, cache and pool must outlive the session; the cache should be empty.
-  Session(const model::LlamaModel& model, attn::KvCache& cache, ThreadPool& pool, int prefill_chunk = 64);
+  Session(const model::LlamaModel& model, kvcache::KvCache& cache, ThreadPool& pool, int prefill_chunk = 64);
 
   // Announces the prompt to the cache and runs it in chunks; `rows` (when set) receives every
   // position's logits, `progress` the positions done after each chunk. Returns the last
@@ -45,7 +45,7 @@ class Session {
 
  private:
   const model::LlamaModel& model_;
-  attn::KvCache& cache_;
+  kvcache::KvCache& cache_;
   ThreadPool& pool_;
   int chunk_;
   std::int64_t pos_ = 0;

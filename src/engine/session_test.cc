@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "model/real_model_fixture.h"
 
 namespace witcert::engine {
@@ -23,7 +23,7 @@ TEST_F(RealModel, GreedyContinuationIsStableAcrossThreadCounts) {
   std::vector<std::vector<std::int32_t>> runs;
   for (int threads : {1, 2, 2}) {
     ThreadPool pool(threads);
-    attn::ExactKvCache cache(model_->config().kv_geometry(64));
+    attention::ExactKvCache cache(model_->config().kv_geometry(64));
     Session session(*model_, cache, pool);
     GenerateOptions opts;
     opts.max_new_tokens = 12;
@@ -46,7 +46,7 @@ TEST_F(RealModel, PerplexityOfAnEnglishParagraphIsSane) {
       "copies of the same text, and ideas travelled faster than ever before.";
   const std::vector<std::int32_t> tokens = tok_->encode(paragraph, false);
   ThreadPool pool(2);
-  attn::ExactKvCache cache(model_->config().kv_geometry(static_cast<std::int64_t>(tokens.size())));
+  attention::ExactKvCache cache(model_->config().kv_geometry(static_cast<std::int64_t>(tokens.size())));
   Session session(*model_, cache, pool);
   const double ppl = std::exp(teacher_forced_nll(session, tokens));
   std::printf("[real-model] perplexity %.3f over %zu tokens\n", ppl, tokens.size());
@@ -61,7 +61,7 @@ TEST_F(RealModel, PrefillChunksRowsStepsAndResumeAgreeBitForBit) {
   const std::int64_t n = static_cast<std::int64_t>(prompt.size());
   ThreadPool pool(2);
   const auto last_of = [&](int chunk, bool rows) {
-    attn::ExactKvCache cache(model_->config().kv_geometry(n + 1));
+    attention::ExactKvCache cache(model_->config().kv_geometry(n + 1));
     Session s(*model_, cache, pool, chunk);
     std::vector<std::vector<float>> kept;
     const std::span<const float> l =
@@ -83,11 +83,11 @@ TEST_F(RealModel, PrefillChunksRowsStepsAndResumeAgreeBitForBit) {
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << chunk << " " << rows;
     }
   // Stepping the last token after a prefill of the rest, and after resuming a copy.
-  attn::ExactKvCache cache(model_->config().kv_geometry(n + 1));
+  attention::ExactKvCache cache(model_->config().kv_geometry(n + 1));
   Session head(*model_, cache, pool);
   const std::span<const float> before = head.prefill(std::span(prompt).first(n - 1));
   const std::vector<float> before_copy(before.begin(), before.end());
-  attn::ExactKvCache copy = cache;
+  attention::ExactKvCache copy = cache;
   const std::span<const float> stepped = head.step(prompt.back());
   EXPECT_EQ(std::memcmp(stepped.data(), want.data(), want.size() * sizeof(float)), 0);
   Session resumed(*model_, copy, pool);
@@ -99,21 +99,21 @@ TEST_F(RealModel, PrefillChunksRowsStepsAndResumeAgreeBitForBit) {
 TEST_F(RealModel, SessionRejectsWhatCannotRun) {
   ThreadPool pool(1);
   const std::vector<std::int32_t> nine(9, 1), none;
-  attn::ExactKvCache cache(model_->config().kv_geometry(8));
+  attention::ExactKvCache cache(model_->config().kv_geometry(8));
   {
     Session s(*model_, cache, pool);
     EXPECT_THROW(s.prefill(none), std::invalid_argument);
     EXPECT_THROW(s.prefill(nine), std::out_of_range);  // beyond the cache
   }
   {
-    attn::ExactKvCache c(model_->config().kv_geometry(8));
+    attention::ExactKvCache c(model_->config().kv_geometry(8));
     Session s(*model_, c, pool);
     s.prefill(std::span(nine).first(8));
     EXPECT_THROW(s.prefill(std::span(nine).first(1)), std::logic_error);
     EXPECT_THROW(s.step(1), std::out_of_range);  // the ninth position
   }
   {
-    attn::ExactKvCache c(model_->config().kv_geometry(8));
+    attention::ExactKvCache c(model_->config().kv_geometry(8));
     Session s(*model_, c, pool);
     GenerateOptions opts;
     opts.sampler.top_p = 0.0f;
@@ -122,7 +122,7 @@ TEST_F(RealModel, SessionRejectsWhatCannotRun) {
   }
   EXPECT_THROW(Session(*model_, cache, pool, 0), std::invalid_argument);
   {
-    attn::ExactKvCache c(model_->config().kv_geometry(8));
+    attention::ExactKvCache c(model_->config().kv_geometry(8));
     Session s(*model_, c, pool);
     std::vector<float> short_logits(3);
     EXPECT_THROW(s.resume(4, short_logits), std::invalid_argument);
@@ -136,7 +136,7 @@ TEST_F(RealModel, GenerationStopsAtTheBudgetAndAtTheCache) {
   const std::int64_t n = static_cast<std::int64_t>(prompt.size());
   ThreadPool pool(2);
   for (int budget : {0, 1, 5}) {
-    attn::ExactKvCache cache(model_->config().kv_geometry(n + 16));
+    attention::ExactKvCache cache(model_->config().kv_geometry(n + 16));
     Session s(*model_, cache, pool);
     GenerateOptions opts;
     opts.max_new_tokens = budget;
@@ -147,7 +147,7 @@ TEST_F(RealModel, GenerationStopsAtTheBudgetAndAtTheCache) {
     EXPECT_EQ(s.position(), n + std::max(0, budget - 1));  // no forward pass after the last token
   }
   // A cache of n + 2 positions holds two generated tokens' keys: the third is the last chosen.
-  attn::ExactKvCache cache(model_->config().kv_geometry(n + 2));
+  attention::ExactKvCache cache(model_->config().kv_geometry(n + 2));
   Session s(*model_, cache, pool);
   GenerateOptions opts;
   opts.max_new_tokens = 10;

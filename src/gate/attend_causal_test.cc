@@ -10,20 +10,21 @@
 #include <string>
 #include <vector>
 
+#include "attention/cpu/exact_cache.h"
 #include "gate/certified_cache.h"
 #include "gate/test_log.h"
-#include "attn/exact_cache.h"
-#include "cache/test_config.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::gate {
 namespace {
 
-using namespace witcert::attn;
+using namespace witcert::attention;
+using kvcache::KvCache;
 
 constexpr int kGroup = 3, kDim = 64, kN = 80;
 
-cache::CacheConfig config(const std::string& fmt, int page_size) {
-  return cache::test_config(1, 1, kDim, kN, page_size, fmt, fmt, 5);
+kvcache::CacheConfig config(const std::string& fmt, int page_size) {
+  return kvcache::test_config(1, 1, kDim, kN, page_size, fmt, fmt, 5);
 }
 
 // kN tokens with one massive channel pair, and kN × group queries.

@@ -11,24 +11,24 @@
 #include <utility>
 #include <vector>
 
-#include "attn/certified_attention.h"
+#include "attention/cpu/exact_cache.h"
+#include "attention/reference/certified_attention.h"
+#include "formats/schemes.h"
 #include "gate/certified_cache.h"
 #include "gate/test_log.h"
-#include "attn/exact_cache.h"
-#include "cache/test_config.h"
-#include "quant/schemes.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::gate {
 namespace {
 
-using namespace witcert::attn;
+using namespace witcert::attention;
 
 constexpr int kLayers = 2, kKvHeads = 1, kGroup = 3, kDim = 64, kDecode = 4;
 constexpr std::int64_t kChunk = 8, kRun = 4;  // prefill chunks and attend_causal runs, as the model makes them
 
 std::vector<std::string> formats() {
-  std::vector<std::string> f = {"fp16", cache::kDitherInt8};
-  for (const std::string& s : quant::kv_scheme_names())
+  std::vector<std::string> f = {"fp16", kvcache::kDitherInt8};
+  for (const std::string& s : formats::kv_scheme_names())
     if (s != "fp16") f.push_back(s);
   return f;
 }
@@ -39,7 +39,7 @@ struct Case {
   std::string k, v;
   int page = 16;
   int prompt = 1;
-  cache::DitherMode dither = cache::DitherMode::per_slot;
+  kvcache::DitherMode dither = kvcache::DitherMode::per_slot;
   int outliers = 4;
   Policy gate;
   bool check = false;
@@ -47,7 +47,7 @@ struct Case {
 
   std::string name() const {
     return k + "/" + v + " page " + std::to_string(page) + " prompt " + std::to_string(prompt) + " " +
-           cache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k) +
+           kvcache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k) +
            (check ? " checked" : "") + " " + cert::bound_shape_name(bound);
   }
 };
@@ -56,7 +56,7 @@ struct Served {
   std::vector<float> out;          // every attention output, in call order
   std::vector<float> exact;        // the same calls on the plain exact cache
   std::vector<MeterCell> cells;
-  cache::KvStore::PageInStats page_in;
+  kvcache::KvStore::PageInStats page_in;
 };
 
 // Keys with a massive RoPE pair and a spread of channel scales, values of several norms, queries
@@ -80,10 +80,10 @@ struct Stream {
 // then kDecode decode steps, on the certified cache and on the exact cache with the same inputs.
 Served serve(const Case& c) {
   const std::int64_t n = c.prompt + kDecode;
-  cache::CacheConfig cfg = cache::test_config(kLayers, kKvHeads, kDim, n, c.page, c.k, c.v, 7);
+  kvcache::CacheConfig cfg = kvcache::test_config(kLayers, kKvHeads, kDim, n, c.page, c.k, c.v, 7);
   cfg.dither = c.dither;
   cfg.outlier_pairs = c.outliers;
-  cfg.backing = cache::BackingPlace::in_ram();
+  cfg.backing = kvcache::BackingPlace::in_ram();
   CertifiedOptions o;
   o.q_heads = kGroup * kKvHeads;
   o.decode_budget = kDecode;
@@ -149,11 +149,11 @@ TEST(CacheClasses, PrefillAndDecodeOverEveryFormatModeOutliersPromptAndPage) {
   for (const std::string& fmt : formats())
     for (int page : {1, 16})
       for (int prompt = 1; prompt <= 20; ++prompt) {
-        const bool dither = fmt == cache::kDitherInt8;
-        for (cache::DitherMode mode : {cache::DitherMode::per_slot, cache::DitherMode::shared_page,
-                                       cache::DitherMode::shared_prompt})
+        const bool dither = fmt == kvcache::kDitherInt8;
+        for (kvcache::DitherMode mode : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page,
+                                       kvcache::DitherMode::shared_prompt})
           for (int outliers : {0, 1, 4}) {
-            if (!dither && (mode != cache::DitherMode::per_slot || outliers != 4)) continue;
+            if (!dither && (mode != kvcache::DitherMode::per_slot || outliers != 4)) continue;
             Case c(fmt, fmt, page, prompt);
             c.dither = mode;
             c.outliers = outliers;
@@ -239,11 +239,11 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
     for (int page : {1, 16})
       for (int sides = 0; sides < 3; ++sides) {
         const std::string k = sides == 1 ? "fp16" : fmt, v = sides == 2 ? "fp16" : fmt;
-        cache::CacheConfig cfg = cache::test_config(kLayers, kKvHeads, kDim, n, page, k, v, 3);
+        kvcache::CacheConfig cfg = kvcache::test_config(kLayers, kKvHeads, kDim, n, page, k, v, 3);
         cfg.exact_tier = true;
-        cfg.backing = cache::BackingPlace::in_ram();
+        cfg.backing = kvcache::BackingPlace::in_ram();
         cfg.calibration_tokens = 8;
-        cache::KvStore store(cfg);
+        kvcache::KvStore store(cfg);
         ExactKvCache exact({kLayers, kKvHeads, kDim, n});
         Stream s(5);
         std::vector<float> kk(kDim), vv(kDim);
@@ -256,21 +256,21 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
           }
         const std::int64_t pages = (n + page - 1) / page;
         for (std::int64_t j = 0; j < pages; j += 2) store.promote(1, 0, j, n - 1);  // every other page of layer 1
-        cache::KvStore::Reader r(store, 1, 0);
+        kvcache::KvStore::Reader r(store, 1, 0);
         std::vector<float> got(kDim), want(kDim);
         for (std::int64_t p = 0; p < n; ++p) {
           if ((p / page) % 2 != 0) continue;
-          cache::KeyBound b;
+          kvcache::KeyBound b;
           double rho = -1.0;
           r.key(p, got.data(), b);
           r.exact_key(p, want.data());
           ASSERT_EQ(std::memcmp(got.data(), want.data(), kDim * sizeof(float)), 0) << k << "/" << v << " pos " << p;
-          ASSERT_EQ(b.kind, cache::KeyBound::exact);
+          ASSERT_EQ(b.kind, kvcache::KeyBound::exact);
           r.value(p, got.data(), rho);
           r.exact_value(p, want.data());
           ASSERT_EQ(std::memcmp(got.data(), want.data(), kDim * sizeof(float)), 0) << k << "/" << v << " pos " << p;
           ASSERT_EQ(rho, 0.0);
-          const cache::KvStore::Reader::RawPage raw = r.raw_page(p);
+          const kvcache::KvStore::Reader::RawPage raw = r.raw_page(p);
           ASSERT_EQ(raw.k.packed_end, raw.begin);
           ASSERT_EQ(raw.v.packed_end, raw.begin);
         }

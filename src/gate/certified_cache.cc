@@ -6,32 +6,32 @@
 #include <string>
 #include <vector>
 
-#include "attn/certified_attention.h"
-#include "attn/exact_attention_fast.h"
+#include "attention/cpu/attend.h"
+#include "attention/cpu/exact_attention_fast.h"
+#include "attention/reference/certified_attention.h"
 #include "cert/subgaussian.h"
 #include "gate/repair_plan.h"
-#include "kernel/attend.h"
 
 namespace witcert::gate {
 
-using attn::HeadPartial;
-using attn::HeadResult;
+using attention::HeadPartial;
+using attention::HeadResult;
 namespace {
 
 // The store's settings with the exact tier kept where the gate or the soundness check reads it.
-cache::CacheConfig with_tier(cache::CacheConfig cfg, const CertifiedOptions& opts) {
+kvcache::CacheConfig with_tier(kvcache::CacheConfig cfg, const CertifiedOptions& opts) {
   cfg.exact_tier = cfg.exact_tier || opts.gate.on() || opts.check_soundness;
   return cfg;
 }
 
 }  // namespace
 
-CertifiedKvCache::CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts)
-    : CertifiedKvCache(std::make_shared<cache::KvPool>(with_tier(cfg, opts)), opts) {}
+CertifiedKvCache::CertifiedKvCache(const kvcache::CacheConfig& cfg, const CertifiedOptions& opts)
+    : CertifiedKvCache(std::make_shared<kvcache::KvPool>(with_tier(cfg, opts)), opts) {}
 
-CertifiedKvCache::CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const CertifiedOptions& opts)
+CertifiedKvCache::CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const CertifiedOptions& opts)
     : opts_(opts), store_(std::move(pool)) {
-  const cache::CacheConfig& cfg = store_.config();
+  const kvcache::CacheConfig& cfg = store_.config();
   g_ = {cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity};
   delta_loc_ = cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget);
   if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
@@ -40,7 +40,7 @@ CertifiedKvCache::CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const Ce
     throw std::invalid_argument("the gate and the soundness check read the exact backing tier, and this pool keeps none");
 }
 
-attn::BoundContext CertifiedKvCache::context(std::int64_t S) const {
+attention::BoundContext CertifiedKvCache::context(std::int64_t S) const {
   return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_};
 }
 
@@ -76,7 +76,7 @@ void CertifiedKvCache::write(int layer, int kv_head, std::int64_t pos, const flo
 
 void CertifiedKvCache::clear() { store_.clear(); }
 
-bool CertifiedKvCache::share_prefix(const attn::KvCache& donor, std::int64_t n) {
+bool CertifiedKvCache::share_prefix(const kvcache::KvCache& donor, std::int64_t n) {
   const auto* d = dynamic_cast<const CertifiedKvCache*>(&donor);
   if (d == nullptr || d->store_.shared_pool() != store_.shared_pool()) return false;
   if (opts_.check_soundness) return false;
@@ -88,16 +88,16 @@ bool CertifiedKvCache::same_repairs(const CertifiedKvCache& other) const {
   const CertifiedOptions& o = other.opts_;
   if (opts_.gate != o.gate || opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
   // Tier B's radius u_t reads δ_loc = δ_req/(L·H·T); Tier A's bounds do not.
-  return store_.kind(quant::KvSide::key) != cache::FormatKind::dither_int8 || delta_loc_ == other.delta_loc_;
+  return store_.kind(formats::KvSide::key) != kvcache::FormatKind::dither_int8 || delta_loc_ == other.delta_loc_;
 }
 
-attn::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
-  if (!opts_.gate.on()) return attn::AttendConcurrency::any;
-  return opts_.gate.granularity == Granularity::request ? attn::AttendConcurrency::serial
-                                                        : attn::AttendConcurrency::per_head;
+kvcache::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
+  if (!opts_.gate.on()) return kvcache::AttendConcurrency::any;
+  return opts_.gate.granularity == Granularity::request ? kvcache::AttendConcurrency::serial
+                                                        : kvcache::AttendConcurrency::per_head;
 }
 
-void CertifiedKvCache::compute_step(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
+void CertifiedKvCache::compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
                                     Group& g) {
   if (!reader.served_exact(n_ctx)) {
     compute(reader, q, group, n_ctx, g);
@@ -114,15 +114,15 @@ void CertifiedKvCache::compute_step(cache::KvStore::Reader& reader, const float*
     values[t] = reader.exact_value_row(t);
   }
   g.out.resize(static_cast<std::size_t>(group) * d);
-  attn::exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, g.out.data());
+  attention::exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, g.out.data());
   g.partials.assign(group, HeadPartial{});
   g.results.assign(group, HeadResult{});
 }
 
-void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
+void CertifiedKvCache::compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
                                Group& g) {
   const int d = g_.head_dim;
-  const attn::BoundContext ctx = context(n_ctx);
+  const attention::BoundContext ctx = context(n_ctx);
   // Split-KV over page-aligned ranges; partials merge under the LSE weights.
   const std::int64_t page = store_.config().page_size;
   const std::int64_t pages = (n_ctx + page - 1) / page;
@@ -140,20 +140,20 @@ void CertifiedKvCache::compute(cache::KvStore::Reader& reader, const float* q, i
   finish_group(reader, q, n_ctx, g);
 }
 
-void CertifiedKvCache::finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx,
+void CertifiedKvCache::finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx,
                                     Group& g) {
   const int d = g_.head_dim;
   const std::size_t group = g.partials.size();
   g.out.resize(group * d);
   g.results.resize(group);
-  for (std::size_t h = 0; h < group; ++h) g.results[h] = attn::finish(g.partials[h], d, &g.out[h * d], opts_.bound);
+  for (std::size_t h = 0; h < group; ++h) g.results[h] = attention::finish(g.partials[h], d, &g.out[h * d], opts_.bound);
   if (opts_.bound != cert::BoundShape::retention) return;
-  const std::vector<double> retention = attn::retention_raw(reader, q, static_cast<int>(group), d, n_ctx, context(n_ctx));
+  const std::vector<double> retention = attention::retention_raw(reader, q, static_cast<int>(group), d, n_ctx, context(n_ctx));
   for (std::size_t h = 0; h < group; ++h)
     g.results[h].meter = std::min(g.results[h].meter, cert::clamp_meter(retention[h]));  // both sound
 }
 
-bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q,
+bool CertifiedKvCache::repair(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q,
                               std::int64_t n_ctx, const Group& g) {
   const std::int64_t page = store_.config().page_size;
   const std::int64_t pages = (n_ctx + page - 1) / page;
@@ -174,7 +174,7 @@ bool CertifiedKvCache::repair(cache::KvStore::Reader& reader, int layer, int kv_
   return true;
 }
 
-void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
+void CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
                              std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) {
   const int d = g_.head_dim;
   std::vector<HeadResult>& before = scratch().before;  // the step's results before its repair
@@ -189,7 +189,7 @@ void CertifiedKvCache::serve(cache::KvStore::Reader& reader, int layer, int kv_h
   for (int h = 0; h < group; ++h) {
     const HeadResult& r = g.results[h];
     const HeadResult& b = repaired ? before[h] : r;
-    const double tv = opts_.check_soundness ? attn::true_tv(reader, q + h * d, d, n_ctx) : NAN;
+    const double tv = opts_.check_soundness ? attention::true_tv(reader, q + h * d, d, n_ctx) : NAN;
     cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
                      b.v_meter, repaired, r.output_bound});
   }
@@ -201,7 +201,7 @@ void CertifiedKvCache::log(const std::vector<MeterCell>& cells) {
 
 void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
                               float* out) {
-  cache::KvStore::Reader reader(store_, layer, kv_head);
+  kvcache::KvStore::Reader reader(store_, layer, kv_head);
   Scratch& s = scratch();
   s.cells.clear();
   compute_step(reader, q, group, n_ctx, s.group);
@@ -211,7 +211,7 @@ void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group,
 
 void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
                                      std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
-  cache::KvStore::Reader reader(store_, layer, kv_head);
+  kvcache::KvStore::Reader reader(store_, layer, kv_head);
   if (n == 1 || reader.served_exact(pos0 + n)) {  // one position, or the plain exact path for each
     KvCache::attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
     return;
@@ -224,7 +224,7 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
   // each query (the per-position path takes S = its own n_ctx).
   std::vector<float> qs(n * row);
   for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
-  const attn::BoundContext ctx = context(pos0 + n);
+  const attention::BoundContext ctx = context(pos0 + n);
   std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
   if (pos0 > 0) kernel::attend_range(scratch().work, reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
   std::vector<MeterCell> local;

@@ -1,5 +1,5 @@
 // The certified KV cache behind the model's KvCache interface: it composes the store (packed
-// formats in a paged pool with an exact backing tier, cache/kv_store.h), the attention kernel whose
+// formats in a paged pool with an exact backing tier, kvcache/kv_store.h), the attention kernel whose
 // output and meter come from one pass, the gate's policy and repair plan, and the sinks that
 // receive every (layer, query head, position) meter.
 #pragma once
@@ -8,12 +8,12 @@
 #include <memory>
 #include <vector>
 
-#include "attn/certified_attention.h"
-#include "attn/kv_cache.h"
-#include "cache/kv_store.h"
+#include "attention/reference/certified_attention.h"
 #include "cert/meter.h"
 #include "gate/meter_cell.h"
 #include "gate/policy.h"
+#include "kvcache/kv_cache.h"
+#include "kvcache/kv_store.h"
 
 namespace witcert::gate {
 
@@ -28,18 +28,18 @@ struct CertifiedOptions {
   std::vector<MeterSink*> sinks;    // receive every served cell (not owned; must outlive the cache)
 };
 
-class CertifiedKvCache final : public attn::KvCache {
+class CertifiedKvCache final : public kvcache::KvCache {
  public:
   // Throws std::invalid_argument for an impossible δ or τ, an unknown format or a bad shape. The
   // exact backing tier is allocated only when the gate or the soundness check needs it
   // (cfg.exact_tier is then set to at least ExactTier::ram).
-  CertifiedKvCache(const cache::CacheConfig& cfg, const CertifiedOptions& opts);
+  CertifiedKvCache(const kvcache::CacheConfig& cfg, const CertifiedOptions& opts);
   // A new sequence over a shared pool, with its own options (gate, δ, bound, decode budget, sinks).
   // Throws std::invalid_argument as above, and when the gate or the soundness check needs an exact
   // tier the pool does not keep.
-  CertifiedKvCache(std::shared_ptr<cache::KvPool> pool, const CertifiedOptions& opts);
+  CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const CertifiedOptions& opts);
 
-  const attn::KvGeometry& geometry() const override { return g_; }
+  const kvcache::KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
   void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
   // Reads the shared prefix [0, pos0) once for the run's n positions; the gate then acts on each
@@ -48,17 +48,17 @@ class CertifiedKvCache final : public attn::KvCache {
                      std::int64_t n, float* out, std::int64_t out_stride) override;
   void clear() override;
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
-  // Shares [0, n) of a certified cache over the same pool (cache::KvStore::share_prefix), with
+  // Shares [0, n) of a certified cache over the same pool (kvcache::KvStore::share_prefix), with
   // the donor's repairs made while it computed [0, n). A repair changes the outputs and so the
   // keys and values of the layers above it: with a gate on either side, only a donor that repairs
   // as this cache would (same_repairs) gives the pages this sequence would have written. Never
   // for a cache with the soundness check, which checks every cell of its own prefill.
-  bool share_prefix(const attn::KvCache& donor, std::int64_t n) override;
+  bool share_prefix(const kvcache::KvCache& donor, std::int64_t n) override;
   // Repairs promote pages that later calls read: per_head when gated by head or block, serial
   // when a repair promotes every head (request granularity).
-  attn::AttendConcurrency attend_concurrency() const override;
+  kvcache::AttendConcurrency attend_concurrency() const override;
 
-  const cache::KvStore& store() const { return store_; }
+  const kvcache::KvStore& store() const { return store_; }
   // Turns the true-TV check on or off for the cells that follow (between forward passes, not
   // during one), so that a study can check only the cells it counts. Throws std::logic_error when
   // the cache was built without the exact tier (construct it with check_soundness).
@@ -68,13 +68,13 @@ class CertifiedKvCache final : public attn::KvCache {
   struct Group;    // the results of one attention call
   struct Scratch;  // the decode path's buffers, one set per thread, reused by every call
   static Scratch& scratch();
-  void compute(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
+  void compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
   // The step's attention over [0, n_ctx) from the stored formats, or the plain exact path when
   // every token of the (layer, KV head) is served exact.
-  void compute_step(cache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
+  void compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
   // Gates one position's computed attention (repairing and recomputing while triggered), writes
   // its output and appends its cells.
-  void serve(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+  void serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
              Group& g, float* out, std::vector<MeterCell>& cells);
   void log(const std::vector<MeterCell>& cells);
   // Whether `other` makes exactly this cache's repairs from the same queries: the same policy,
@@ -82,14 +82,14 @@ class CertifiedKvCache final : public attn::KvCache {
   bool same_repairs(const CertifiedKvCache& other) const;
   // The output and meters of every head from the group's merged partials (retention: with its
   // second pass).
-  void finish_group(cache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g);
+  void finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g);
   // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
-  bool repair(cache::KvStore::Reader& reader, int layer, int kv_head, const float* q, std::int64_t n_ctx, const Group& g);
-  attn::BoundContext context(std::int64_t S) const;
+  bool repair(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, std::int64_t n_ctx, const Group& g);
+  attention::BoundContext context(std::int64_t S) const;
 
-  attn::KvGeometry g_;
+  kvcache::KvGeometry g_;
   CertifiedOptions opts_;
-  cache::KvStore store_;
+  kvcache::KvStore store_;
   double delta_loc_ = 0.0;
 };
 

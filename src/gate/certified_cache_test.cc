@@ -10,15 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "attn/certified_attention.h"
-#include "attn/exact_cache.h"
-#include "cache/test_config.h"
-#include "quant/schemes.h"
+#include "attention/cpu/exact_cache.h"
+#include "attention/reference/certified_attention.h"
+#include "formats/schemes.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::gate {
 namespace {
 
-using namespace witcert::attn;
+using namespace witcert::attention;
+using kvcache::KvCache;
 
 constexpr int kLayers = 2, kKvHeads = 2, kGroup = 3, kDim = 64;
 
@@ -51,24 +52,24 @@ CertifiedOptions heads(int q_heads) {
 }
 
 std::vector<std::string> all_formats() {
-  std::vector<std::string> f = quant::kv_scheme_names();
-  f.push_back(cache::kDitherInt8);
+  std::vector<std::string> f = formats::kv_scheme_names();
+  f.push_back(kvcache::kDitherInt8);
   return f;
 }
 
-cache::CacheConfig config(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
+kvcache::CacheConfig config(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
                           std::uint64_t shuffle) {
-  cache::CacheConfig c = cache::test_config(kLayers, kKvHeads, kDim, cap, page, k_fmt, v_fmt, shuffle);
+  kvcache::CacheConfig c = kvcache::test_config(kLayers, kKvHeads, kDim, cap, page, k_fmt, v_fmt, shuffle);
   c.calibration_tokens = 8;
   return c;
 }
 
 // The same with the exact tier in RAM, for the tests that read it.
-cache::CacheConfig config_with_tier(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
+kvcache::CacheConfig config_with_tier(const std::string& k_fmt, const std::string& v_fmt, std::int64_t cap, int page,
                                     std::uint64_t shuffle) {
-  cache::CacheConfig c = config(k_fmt, v_fmt, cap, page, shuffle);
+  kvcache::CacheConfig c = config(k_fmt, v_fmt, cap, page, shuffle);
   c.exact_tier = true;
-  c.backing = cache::BackingPlace::in_ram();
+  c.backing = kvcache::BackingPlace::in_ram();
   return c;
 }
 
@@ -85,7 +86,7 @@ TEST(CertifiedCache, BackingTierIsWrittenOnEveryWrite) {
     fill(cache, t);
     for (int l = 0; l < kLayers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
-        cache::KvStore::Reader r(cache.store(), l, h);
+        kvcache::KvStore::Reader r(cache.store(), l, h);
         for (std::int64_t p = 0; p < t.n; ++p)
           for (int i = 0; i < kDim; ++i) {
             ASSERT_EQ(r.exact_key_row(p)[i], fp16_from_float(t.key(l, h, p)[i])) << fmt;
@@ -120,18 +121,18 @@ TEST(CertifiedCache, Fp16PathIsBitIdenticalToTheExactCache) {
 TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
   const Tokens t = draw_tokens(70, 4);
   for (int page : {1, 16})
-    for (cache::DitherMode mode :
-         {cache::DitherMode::per_slot, cache::DitherMode::shared_page, cache::DitherMode::shared_prompt}) {
-      cache::CacheConfig c = config_with_tier(cache::kDitherInt8, "fp16", 70, page, 77);
+    for (kvcache::DitherMode mode :
+         {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page, kvcache::DitherMode::shared_prompt}) {
+      kvcache::CacheConfig c = config_with_tier(kvcache::kDitherInt8, "fp16", 70, page, 77);
       c.dither = mode;
       CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
       cache.set_prompt_length(41);
       fill(cache, t);
       for (int l = 0; l < kLayers; ++l)
         for (int h = 0; h < kKvHeads; ++h) {
-          cache::KvStore::Reader r(cache.store(), l, h);
+          kvcache::KvStore::Reader r(cache.store(), l, h);
           std::vector<float> k(kDim), exact(kDim);
-          cache::KeyBound b;
+          kvcache::KeyBound b;
           int outliers = 0;
           for (int i = 0; i < kDim; ++i) outliers += r.outlier_mask()[i];
           EXPECT_EQ(outliers, 2 * c.outlier_pairs);
@@ -139,7 +140,7 @@ TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
           for (std::int64_t p = 0; p < t.n; ++p) {
             r.key(p, k.data(), b);
             r.exact_key(p, exact.data());
-            ASSERT_EQ(b.kind, cache::KeyBound::tier_b);
+            ASSERT_EQ(b.kind, kvcache::KeyBound::tier_b);
             for (int i = 0; i < kDim; ++i) {
               if (r.outlier_mask()[i]) {
                 ASSERT_EQ(k[i], exact[i]);
@@ -157,15 +158,15 @@ TEST(CertifiedCache, DitherReadStreamEqualsWriteStream) {
 // prompt length is fixed before the first write and reset by clear().
 TEST(CertifiedCache, SharedPromptDitherSharesOnlyThePrompt) {
   const Tokens t = draw_tokens(70, 4);
-  cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 70, 16, 78);
-  c.dither = cache::DitherMode::shared_prompt;
+  kvcache::CacheConfig c = config(kvcache::kDitherInt8, "fp16", 70, 16, 78);
+  c.dither = kvcache::DitherMode::shared_prompt;
   CertifiedKvCache cache(c, heads(kGroup * kKvHeads));
   cache.set_prompt_length(41);
   fill(cache, t);
   EXPECT_THROW(cache.set_prompt_length(10), std::logic_error);
-  cache::KvStore::Reader r(cache.store(), 1, 0);
+  kvcache::KvStore::Reader r(cache.store(), 1, 0);
   for (std::int64_t p = 0; p < t.n; ++p) {
-    const cache::KvStore::Reader::RawPage page = r.raw_page(p);
+    const kvcache::KvStore::Reader::RawPage page = r.raw_page(p);
     EXPECT_EQ(cache.store().shared_dither(p), p < 41) << p;
     EXPECT_EQ(page.shared_end, std::clamp<std::int64_t>(41, page.begin, page.end)) << p;
     const std::uint32_t word = page.counter(p);
@@ -198,7 +199,7 @@ TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
     for (int page : {1, 16}) {
       // The dither is a function of the physical slot: a different page layout is a different
       // draw, so dither-int8 is compared across split counts only.
-      if (fmt == cache::kDitherInt8) baseline_out.clear();
+      if (fmt == kvcache::kDitherInt8) baseline_out.clear();
       for (int splits : {1, 2, 8}) {
         CertifiedOptions o;
         o.q_heads = kGroup * kKvHeads;
@@ -248,16 +249,16 @@ TEST(CertifiedCache, MeterBoundsTrueTvForEveryFormatAndLayout) {
 
 TEST(CertifiedCache, OutputIsAttentionOverTheStoredKeysAndValues) {
   const Tokens t = draw_tokens(30, 8);
-  for (const std::string& fmt : {std::string("q4_0"), std::string("kivi-2bit"), std::string(cache::kDitherInt8)}) {
+  for (const std::string& fmt : {std::string("q4_0"), std::string("kivi-2bit"), std::string(kvcache::kDitherInt8)}) {
     CertifiedKvCache cache(config(fmt, fmt, 30, 16, 0), heads(kGroup * kKvHeads));
     fill(cache, t);
     std::vector<float> q(kGroup * kDim, 0.3f), out(kGroup * kDim);
     q[1] = -2.0f;
     cache.attend(1, 1, q.data(), kGroup, 30, out.data());
-    cache::KvStore::Reader r(cache.store(), 1, 1);
+    kvcache::KvStore::Reader r(cache.store(), 1, 1);
     std::vector<double> z(30), want(kDim, 0.0);
     std::vector<float> k(kDim), v(kDim);
-    cache::KeyBound b;
+    kvcache::KeyBound b;
     double rho, mx = -1e300, sum = 0.0;
     for (int p = 0; p < 30; ++p) {
       r.key(p, k.data(), b);
@@ -278,7 +279,7 @@ TEST(CertifiedCache, OutputIsAttentionOverTheStoredKeysAndValues) {
 TEST(CertifiedCache, NonFiniteKeyMeansNoGuarantee) {
   Tokens t = draw_tokens(20, 9);
   t.k[((1 * kKvHeads + 0) * t.n + 5) * kDim + 3] = NAN;  // layer 1, head 0, position 5
-  for (const std::string& fmt : {std::string("rtn-int8"), std::string(cache::kDitherInt8)}) {
+  for (const std::string& fmt : {std::string("rtn-int8"), std::string(kvcache::kDitherInt8)}) {
     CellLog log;
     CertifiedKvCache cache(config(fmt, "fp16", 20, 16, 0), logged(heads(kGroup * kKvHeads), log));
     fill(cache, t);
@@ -300,14 +301,14 @@ TEST(CertifiedCache, ANonFiniteKeyInOneSequenceLeavesTheOthersUnchanged) {
     return t;
   }();
   const Tokens good_tokens = draw_tokens(40, 10);
-  for (const std::string& fmt : {std::string("q4_0"), std::string(cache::kDitherInt8)})
+  for (const std::string& fmt : {std::string("q4_0"), std::string(kvcache::kDitherInt8)})
     for (double tau : {0.0, 0.2}) {
       SCOPED_TRACE(fmt + " tau " + std::to_string(tau));
       CertifiedOptions o = heads(kGroup * kKvHeads);
       o.gate.tau_k = tau;
-      cache::CacheConfig cfg = config_with_tier(fmt, fmt, 40, 16, 0);
+      kvcache::CacheConfig cfg = config_with_tier(fmt, fmt, 40, 16, 0);
       cfg.pool_pages = 6;
-      auto pool = std::make_shared<cache::KvPool>(cfg);
+      auto pool = std::make_shared<kvcache::KvPool>(cfg);
       CellLog bad_log, good_log, solo_log;
       CertifiedKvCache bad(pool, logged(o, bad_log)), good(pool, logged(o, good_log));
       cfg.pool_pages = 0;
@@ -351,7 +352,7 @@ TEST(CertifiedCache, RejectsBadConfiguration) {
   CertifiedOptions bad_delta;
   bad_delta.delta_req = 1.5;
   EXPECT_THROW(CertifiedKvCache(config("fp16", "fp16", 8, 16, 0), bad_delta), std::invalid_argument);
-  cache::CacheConfig c = config(cache::kDitherInt8, "fp16", 8, 16, 0);
+  kvcache::CacheConfig c = config(kvcache::kDitherInt8, "fp16", 8, 16, 0);
   c.outlier_pairs = 32;
   EXPECT_THROW(CertifiedKvCache(c, heads(6)), std::invalid_argument);
   CertifiedKvCache ok(config("q8_0", "fp16", 8, 16, 0), heads(6));
@@ -362,17 +363,17 @@ TEST(CertifiedCache, RejectsBadConfiguration) {
 
 TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   CertifiedKvCache fp16(config("fp16", "fp16", 4096, 16, 0), heads(6));
-  CertifiedKvCache dither(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), heads(6));
-  EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(quant::KvSide::key), 128.0);
+  CertifiedKvCache dither(config(kvcache::kDitherInt8, kvcache::kDitherInt8, 4096, 16, 0), heads(6));
+  EXPECT_DOUBLE_EQ(fp16.store().bytes_per_token_head(formats::KvSide::key), 128.0);
   // No gate and no soundness check: no exact tier; a packed side keeps a ring of one page of fp16
   // rows (16 · 128 B a stream: 0.5 B a token at capacity 4096) for the tokens not yet encoded.
   EXPECT_EQ(dither.store().backing_bytes(), 0u);
   EXPECT_EQ(fp16.store().backing_bytes(), 0u);
   // int8 codes (64) + two fp16 scales (4) + m = 4 pairs in fp16 (16) + the mask amortized; the
   // ring is a fixed buffer, counted in compressed_bytes but not per token.
-  EXPECT_NEAR(dither.store().bytes_per_token_head(quant::KvSide::key), 84.0, 0.1);
+  EXPECT_NEAR(dither.store().bytes_per_token_head(formats::KvSide::key), 84.0, 0.1);
   // Values: codes (64) + two fp16 scales (4) + the page's float max_t(‖v̂_t‖ + ρ_t) over 16 tokens.
-  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(quant::KvSide::value), 68.25);
+  EXPECT_DOUBLE_EQ(dither.store().bytes_per_token_head(formats::KvSide::value), 68.25);
   const double streams = kLayers * kKvHeads, ring = 2 * streams * 16 * 128;  // one page of fp16 rows a side
   EXPECT_NEAR(static_cast<double>(dither.store().compressed_bytes()),
               streams * 4096 * (84.0 + 68.25) + ring, streams * 4096 * 0.1);
@@ -381,12 +382,12 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   // A gate keeps the tier: 2 · 128 B a token and KV head, in a file unless asked for RAM.
   CertifiedOptions gated = heads(6);
   gated.gate = {0.2, Granularity::block};
-  CertifiedKvCache with_tier(config(cache::kDitherInt8, cache::kDitherInt8, 4096, 16, 0), gated);
+  CertifiedKvCache with_tier(config(kvcache::kDitherInt8, kvcache::kDitherInt8, 4096, 16, 0), gated);
   EXPECT_EQ(with_tier.store().backing_bytes(), 2u * kLayers * kKvHeads * 4096 * 128);
   std::printf("[certified-cache] bytes/token/head at d=64: fp16 K %.2f, dither-int8 K %.2f V %.2f\n",
-              fp16.store().bytes_per_token_head(quant::KvSide::key),
-              dither.store().bytes_per_token_head(quant::KvSide::key),
-              dither.store().bytes_per_token_head(quant::KvSide::value));
+              fp16.store().bytes_per_token_head(formats::KvSide::key),
+              dither.store().bytes_per_token_head(formats::KvSide::key),
+              dither.store().bytes_per_token_head(formats::KvSide::value));
 }
 
 }  // namespace

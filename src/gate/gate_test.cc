@@ -7,25 +7,25 @@
 #include <string>
 #include <vector>
 
-#include "attn/certified_attention.h"
+#include "attention/reference/certified_attention.h"
 #include "gate/certified_cache.h"
 #include "gate/test_log.h"
-#include "cache/test_config.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::gate {
 namespace {
 
-using namespace witcert::attn;
+using namespace witcert::attention;
 
 constexpr int kLayers = 2, kKvHeads = 2, kGroup = 3, kDim = 64, kN = 96;
 
 struct GateRun {
   std::vector<MeterCell> cells;
-  cache::KvStore::PageInStats page_in;
+  kvcache::KvStore::PageInStats page_in;
 };
 
-cache::CacheConfig config(const std::string& fmt) {
-  return cache::test_config(kLayers, kKvHeads, kDim, kN, 16, fmt, fmt, 11);
+kvcache::CacheConfig config(const std::string& fmt) {
+  return kvcache::test_config(kLayers, kKvHeads, kDim, kN, 16, fmt, fmt, 11);
 }
 
 // Writes kN random tokens with one massive channel pair and asks every position's attention,
@@ -86,13 +86,13 @@ TEST(Gate, RiskRankedGatingBoundsTheRawScore) {
 
 TEST(Gate, RepairedPagesMatchTheBackingTierAndArePagedInOnce) {
   run("rtn-int4", {0.1, Granularity::block}, false, [](const CertifiedKvCache& cache) {
-    const cache::KvStore& st = cache.store();
+    const kvcache::KvStore& st = cache.store();
     std::int64_t promoted = 0;
     for (int l = 0; l < kLayers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
-        cache::KvStore::Reader r(st, l, h);
+        kvcache::KvStore::Reader r(st, l, h);
         std::vector<float> k(kDim), v(kDim), ek(kDim), ev(kDim);
-        cache::KeyBound b;
+        kvcache::KeyBound b;
         double rho;
         for (std::int64_t j = 0; j < kN / 16; ++j) {
           if (!st.promoted(l, h, j)) continue;
@@ -104,7 +104,7 @@ TEST(Gate, RepairedPagesMatchTheBackingTierAndArePagedInOnce) {
             r.exact_value(p, ev.data());
             ASSERT_EQ(std::memcmp(k.data(), ek.data(), sizeof(float) * kDim), 0);
             ASSERT_EQ(std::memcmp(v.data(), ev.data(), sizeof(float) * kDim), 0);
-            ASSERT_EQ(b.kind, cache::KeyBound::exact);
+            ASSERT_EQ(b.kind, kvcache::KeyBound::exact);
             ASSERT_EQ(rho, 0.0);
           }
         }
@@ -128,7 +128,7 @@ TEST(Gate, BlockPagingMovesLessThanHeadPaging) {
 // p̃ is held fixed — checked against A recomputed from scratch with c_t = 0 on the page.
 TEST(Gate, AReductionIsExactInTheReference) {
   run("q8_0", {}, false, [](const CertifiedKvCache& cache) {
-    cache::KvStore::Reader r(cache.store(), 1, 0);
+    kvcache::KvStore::Reader r(cache.store(), 1, 0);
     std::mt19937_64 rng(5);
     std::normal_distribution<float> g(0.0f, 2.0f);
     std::vector<float> q(kDim);
@@ -147,7 +147,7 @@ TEST(Gate, AReductionIsExactInTheReference) {
     EXPECT_NEAR(rho, whole[0].rho / whole[0].l, 1e-12 * (1.0 + rho));
     // A with page 2's bounds set to zero, p̃ unchanged.
     std::vector<float> k(kDim);
-    cache::KeyBound b;
+    kvcache::KeyBound b;
     cert::MeterStats without;
     std::vector<HeadPartial> probe;
     for (std::int64_t t = 0; t < kN; ++t) {

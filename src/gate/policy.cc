@@ -29,9 +29,9 @@ void Policy::validate() const {
     throw std::invalid_argument("tau_v must be finite and positive");
 }
 
-bool Policy::triggered(std::span<const attn::HeadResult> heads) const {
+bool Policy::triggered(std::span<const attention::HeadResult> heads) const {
   if (!on()) return false;
-  for (const attn::HeadResult& r : heads)
+  for (const attention::HeadResult& r : heads)
     if (!pass_k(r) || !pass_v(r)) return true;
   return false;
 }

@@ -7,7 +7,7 @@
 #include <span>
 #include <string_view>
 
-#include "attn/certified_attention.h"
+#include "attention/reference/certified_attention.h"
 
 namespace witcert::gate {
 
@@ -31,10 +31,10 @@ struct Policy {
   bool certified() const { return tau_k < 1.0; }
   // Throws std::invalid_argument unless τ_K is 0 or finite and positive, and τ_V (when on) too.
   void validate() const;
-  bool pass_k(const attn::HeadResult& r) const { return certified() ? r.meter <= tau_k : r.eform_raw <= tau_k; }
-  bool pass_v(const attn::HeadResult& r) const { return r.v_meter <= tau_v; }
+  bool pass_k(const attention::HeadResult& r) const { return certified() ? r.meter <= tau_k : r.eform_raw <= tau_k; }
+  bool pass_v(const attention::HeadResult& r) const { return r.v_meter <= tau_v; }
   // Any-of-G over the query heads of one KV head: some head fails pass_K ∧ pass_V.
-  bool triggered(std::span<const attn::HeadResult> heads) const;
+  bool triggered(std::span<const attention::HeadResult> heads) const;
 };
 
 }  // namespace witcert::gate

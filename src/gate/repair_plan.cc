@@ -5,9 +5,9 @@
 
 namespace witcert::gate {
 
-bool plan_blocks(cache::KvStore::Reader& reader, const float* q, int head_dim, const attn::BoundContext& ctx,
-                 const Policy& policy, std::span<const attn::HeadPartial> partials,
-                 std::span<const attn::HeadResult> results, std::vector<std::int64_t>& order) {
+bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, const attention::BoundContext& ctx,
+                 const Policy& policy, std::span<const attention::HeadPartial> partials,
+                 std::span<const attention::HeadResult> results, std::vector<std::int64_t>& order) {
   const int group = static_cast<int>(partials.size());
   std::vector<double> lse_z(group), A(group), rho(group);
   for (int h = 0; h < group; ++h) {
@@ -16,7 +16,7 @@ bool plan_blocks(cache::KvStore::Reader& reader, const float* q, int head_dim, c
     // The V meter times max‖v‖: Σ p̃ ρ^v with its float allowance, the quantity the pages' terms add up to.
     rho[h] = results[h].v_meter * partials[h].v_max;
   }
-  const attn::PageTerms terms = attn::page_contributions(reader, q, group, head_dim, ctx.S, ctx, lse_z);
+  const attention::PageTerms terms = attention::page_contributions(reader, q, group, head_dim, ctx.S, ctx, lse_z);
   const auto total = [group](const std::vector<std::vector<double>>& t, std::int64_t j) {
     double s = 0.0;
     for (int h = 0; h < group; ++h) s += t[h][j];

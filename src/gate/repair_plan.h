@@ -9,16 +9,16 @@
 #include <span>
 #include <vector>
 
-#include "attn/certified_attention.h"
-#include "cache/kv_store.h"
+#include "attention/reference/certified_attention.h"
 #include "gate/policy.h"
+#include "kvcache/kv_store.h"
 
 namespace witcert::gate {
 
 // Narrows `order` (the unpromoted pages of [0, ctx.S)) to the block plan for the group's step, at
 // least one page; false when no plan can be made (a non-finite term), leaving every page in it.
-bool plan_blocks(cache::KvStore::Reader& reader, const float* q, int head_dim, const attn::BoundContext& ctx,
-                 const Policy& policy, std::span<const attn::HeadPartial> partials,
-                 std::span<const attn::HeadResult> results, std::vector<std::int64_t>& order);
+bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, const attention::BoundContext& ctx,
+                 const Policy& policy, std::span<const attention::HeadPartial> partials,
+                 std::span<const attention::HeadResult> results, std::vector<std::int64_t>& order);
 
 }  // namespace witcert::gate

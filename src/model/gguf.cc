@@ -455,7 +455,7 @@ void GgufFile::Impl::parse_tensor_infos(Reader& r, std::uint64_t n_tensors) {
     }
 
     const std::uint32_t type_id = r.u32("type");
-    const quant::GgmlTypeInfo* info = quant::ggml_type_info(type_id);
+    const formats::GgmlTypeInfo* info = formats::ggml_type_info(type_id);
     if (!info) r.fail("unknown tensor type id " + str(type_id));
     t.type = info->type;
     if (t.ne[0] % info->block_size != 0)
@@ -738,11 +738,11 @@ void GgufWriter::add_f32_array(std::string key, const std::vector<float>& v) {
   add(std::move(key), array_of<double>(GgufType::FLOAT32, v));
 }
 
-void GgufWriter::add_tensor(std::string name, std::vector<std::int64_t> ne, quant::GgmlType type,
+void GgufWriter::add_tensor(std::string name, std::vector<std::int64_t> ne, formats::GgmlType type,
                             std::vector<std::uint8_t> data) {
   if (ne.empty() || ne.size() > kMaxDims)
     throw std::invalid_argument("GgufWriter: tensor '" + name + "' needs 1 to 4 dimensions");
-  std::size_t bytes = quant::ggml_row_bytes(type, ne[0]);
+  std::size_t bytes = formats::ggml_row_bytes(type, ne[0]);
   for (std::size_t j = 1; j < ne.size(); ++j) {
     if (ne[j] <= 0) throw std::invalid_argument("GgufWriter: tensor '" + name + "' has a non-positive dimension");
     bytes *= static_cast<std::size_t>(ne[j]);
@@ -757,7 +757,7 @@ void GgufWriter::add_f32_tensor(std::string name, std::vector<std::int64_t> ne, 
   std::vector<std::uint8_t> bytes;
   Sink s(bytes);
   for (float x : data) s.uint(std::bit_cast<std::uint32_t>(x), 4);
-  add_tensor(std::move(name), std::move(ne), quant::GgmlType::F32, std::move(bytes));
+  add_tensor(std::move(name), std::move(ne), formats::GgmlType::F32, std::move(bytes));
 }
 
 void GgufWriter::set_alignment(std::uint32_t alignment) {

@@ -14,7 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "quant/ggml_types.h"
+#include "formats/ggml/ggml_types.h"
 
 namespace witcert::model {
 
@@ -56,7 +56,7 @@ struct GgufArray {
 struct GgufTensorInfo {
   std::string name;
   std::vector<std::int64_t> ne;  // ne[0] is the contiguous dimension
-  quant::GgmlType type = quant::GgmlType::F32;
+  formats::GgmlType type = formats::GgmlType::F32;
   std::uint64_t offset = 0;      // relative to the start of the data section
   std::size_t bytes = 0;         // total bytes of the tensor's data
   std::int64_t elements() const;
@@ -124,7 +124,7 @@ class GgufWriter {
   void add_f32_array(std::string key, const std::vector<float>& v);
   // data.size() must equal the row bytes of ne for type (else std::invalid_argument). The writer
   // checks shapes and value ranges, not keys or names: duplicates are written as given.
-  void add_tensor(std::string name, std::vector<std::int64_t> ne, quant::GgmlType type,
+  void add_tensor(std::string name, std::vector<std::int64_t> ne, formats::GgmlType type,
                   std::vector<std::uint8_t> data);
   void add_f32_tensor(std::string name, std::vector<std::int64_t> ne, const std::vector<float>& data);
   // A power of two, default 32; written as general.alignment (first key) unless it is 32.
@@ -138,7 +138,7 @@ class GgufWriter {
   struct Tensor {
     std::string name;
     std::vector<std::int64_t> ne;
-    quant::GgmlType type;
+    formats::GgmlType type;
     std::vector<std::uint8_t> data;
   };
   std::vector<Tensor> tensors_;

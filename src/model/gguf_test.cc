@@ -19,7 +19,7 @@
 namespace witcert::model {
 namespace {
 
-using quant::GgmlType;
+using formats::GgmlType;
 
 const std::string kModel = std::string(WITCERT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "quant/ggml_types.h"
+#include "formats/ggml/ggml_types.h"
 
 namespace witcert::model {
 namespace {
@@ -33,7 +33,7 @@ WeightMatrix bind_matrix(const GgufFile& f, const std::string& name, std::int64_
   if (t.ne.size() != 2 || t.ne[0] != cols || t.ne[1] != rows)
     throw model_error("tensor '" + name + "' has shape " + shape_string(t.ne) + ", expected {" +
                       std::to_string(cols) + ", " + std::to_string(rows) + "}");
-  const quant::GgmlTypeInfo* info = quant::ggml_type_info(t.type);
+  const formats::GgmlTypeInfo* info = formats::ggml_type_info(t.type);
   if (!info || !info->dequantizable)
     throw model_error("tensor '" + name + "' has unsupported type " + (info ? info->name : std::string("?")));
   return WeightMatrix{t.type, f.tensor_data(t).data(), rows, cols};
@@ -43,11 +43,11 @@ std::vector<float> load_vector(const GgufFile& f, const std::string& name, std::
   const GgufTensorInfo& t = f.tensor(name);
   if (t.elements() != n)
     throw model_error("tensor '" + name + "' has shape " + shape_string(t.ne) + ", expected {" + std::to_string(n) + "}");
-  const quant::GgmlTypeInfo* info = quant::ggml_type_info(t.type);
+  const formats::GgmlTypeInfo* info = formats::ggml_type_info(t.type);
   if (!info || !info->dequantizable)
     throw model_error("tensor '" + name + "' has unsupported type " + (info ? info->name : std::string("?")));
   std::vector<float> v(n);
-  quant::dequantize_row(t.type, f.tensor_data(t).data(), v.data(), n);
+  formats::dequantize_row(t.type, f.tensor_data(t).data(), v.data(), n);
   return v;
 }
 
@@ -208,7 +208,7 @@ void LlamaModel::rope(float* x, int n_heads, std::int64_t pos) const {
   }
 }
 
-void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache,
+void LlamaModel::forward(std::span<const std::int32_t> tokens, std::int64_t pos0, kvcache::KvCache& cache,
                          ThreadPool& pool, std::span<float> logits, bool all_logits) const {
   BatchRow row{tokens, pos0, &cache, all_logits, true};
   forward_batch(std::span<BatchRow>(&row, 1), pool, logits);
@@ -236,7 +236,7 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     const std::int64_t m = static_cast<std::int64_t>(row.tokens.size());
     if (m == 0) throw std::invalid_argument("forward: no tokens");
     if (row.cache == nullptr) throw std::invalid_argument("forward: a row without a cache");
-    const attn::KvGeometry& g = row.cache->geometry();
+    const kvcache::KvGeometry& g = row.cache->geometry();
     if (g.layers != cfg_.layers || g.kv_heads != cfg_.kv_heads || g.head_dim != cfg_.head_dim)
       throw std::invalid_argument("forward: KV cache geometry does not match the model");
     if (row.pos0 < 0 || row.pos0 + m > g.capacity || row.pos0 + m > cfg_.context)
@@ -269,14 +269,14 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const std::int64_t runs = (static_cast<std::int64_t>(rows[r].tokens.size()) + kAttnRun - 1) / kAttnRun;
     switch (rows[r].cache->attend_concurrency()) {
-      case attn::AttendConcurrency::any:
+      case kvcache::AttendConcurrency::any:
         for (std::int64_t run = 0; run < runs; ++run)
           for (int h = 0; h < KV; ++h) jobs.push_back({r, h, run});
         break;
-      case attn::AttendConcurrency::per_head:
+      case kvcache::AttendConcurrency::per_head:
         for (int h = 0; h < KV; ++h) jobs.push_back({r, h, -1});
         break;
-      case attn::AttendConcurrency::serial:
+      case kvcache::AttendConcurrency::serial:
         jobs.push_back({r, -1, -1});
         break;
     }

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "attn/kv_cache.h"
 #include "base/thread_pool.h"
 #include "cert/witness.h"
+#include "kvcache/kv_cache.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
 
@@ -41,7 +41,7 @@ struct LlamaConfig {
   bool tied_output = false;
 
   int group() const { return heads / kv_heads; }  // query heads per KV head
-  attn::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
+  kvcache::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
 };
 
 // The post-RoPE q, k, v of one token at one layer, for offline studies.
@@ -59,7 +59,7 @@ struct QkvCapture {
 struct BatchRow {
   std::span<const std::int32_t> tokens;
   std::int64_t pos0 = 0;
-  attn::KvCache* cache = nullptr;
+  kvcache::KvCache* cache = nullptr;
   bool all_logits = false;  // logits of every token, not only the last
   bool logits_ok = true;    // out
 };
@@ -78,7 +78,7 @@ class LlamaModel {
   // their keys and values into `cache`. logits receives vocab floats for the last token, or
   // n × vocab when all_logits. Throws on an out-of-range token id, a position beyond the
   // cache, or non-finite logits.
-  void forward(std::span<const std::int32_t> tokens, std::int64_t pos0, attn::KvCache& cache, ThreadPool& pool,
+  void forward(std::span<const std::int32_t> tokens, std::int64_t pos0, kvcache::KvCache& cache, ThreadPool& pool,
                std::span<float> logits, bool all_logits = false) const;
 
   // One pass over every row's tokens: each weight matrix is read once for all of them, attention

@@ -15,14 +15,14 @@
 #include <utility>
 #include <vector>
 
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "base/alloc_counter.h"
 #include "base/fp16.h"
 #include "base/test_scratch.h"
+#include "formats/ggml/ggml_types.h"
 #include "model/gguf.h"
 #include "model/real_model_fixture.h"
 #include "model/tokenizer.h"
-#include "quant/ggml_types.h"
 
 namespace witcert::model {
 namespace {
@@ -43,15 +43,15 @@ struct TinyWeights {
   std::vector<Layer> layers;
 };
 
-std::vector<std::uint8_t> quantized(quant::GgmlType t, const std::vector<float>& w, std::int64_t cols,
+std::vector<std::uint8_t> quantized(formats::GgmlType t, const std::vector<float>& w, std::int64_t cols,
                                     std::vector<float>& as_stored) {
   const std::int64_t rows = static_cast<std::int64_t>(w.size()) / cols;
-  const std::size_t rb = quant::ggml_row_bytes(t, cols);
+  const std::size_t rb = formats::ggml_row_bytes(t, cols);
   std::vector<std::uint8_t> bytes(rb * rows);
   as_stored.resize(w.size());
   for (std::int64_t r = 0; r < rows; ++r) {
-    quant::quantize_row(t, &w[r * cols], &bytes[r * rb], cols);
-    quant::dequantize_row(t, &bytes[r * rb], &as_stored[r * cols], cols);
+    formats::quantize_row(t, &w[r * cols], &bytes[r * rb], cols);
+    formats::dequantize_row(t, &bytes[r * rb], &as_stored[r * cols], cols);
   }
   return bytes;
 }
@@ -79,12 +79,12 @@ std::string write_tiny_model(const Tiny& c, TinyWeights& tw, const std::string& 
   };
   for (const auto& [key, value] : c.meta) meta.insert_or_assign(key, value);
   for (const auto& [key, value] : meta) w.add(key, value);
-  auto add = [&](const std::string& name, quant::GgmlType t, std::int64_t cols, std::int64_t rows, float scale,
+  auto add = [&](const std::string& name, formats::GgmlType t, std::int64_t cols, std::int64_t rows, float scale,
                  std::vector<float>& stored) {
     const std::vector<float> raw = randn(cols * rows, scale);
     w.add_tensor(name, {cols, rows}, t, quantized(t, raw, cols, stored));
   };
-  add("token_embd.weight", quant::GgmlType::Q8_0, c.d, c.vocab, 1.0f, tw.embd);
+  add("token_embd.weight", formats::GgmlType::Q8_0, c.d, c.vocab, 1.0f, tw.embd);
   tw.out_norm = randn(c.d, 0.1f);
   for (float& x : tw.out_norm) x += 1.0f;
   w.add_f32_tensor("output_norm.weight", {c.d}, tw.out_norm);
@@ -99,13 +99,13 @@ std::string write_tiny_model(const Tiny& c, TinyWeights& tw, const std::string& 
     w.add_f32_tensor(p + "attn_norm.weight", {c.d}, L.attn_norm);
     w.add_f32_tensor(p + "ffn_norm.weight", {c.d}, L.ffn_norm);
     const float s = 1.0f / std::sqrt(static_cast<float>(c.d));
-    add(p + "attn_q.weight", quant::GgmlType::Q4_1, c.d, c.heads * hd, s, L.wq);
-    add(p + "attn_k.weight", quant::GgmlType::Q8_0, c.d, c.kv_heads * hd, s, L.wk);
-    add(p + "attn_v.weight", quant::GgmlType::F16, c.d, c.kv_heads * hd, s, L.wv);
-    add(p + "attn_output.weight", quant::GgmlType::Q4_0, c.heads * hd, c.d, s, L.wo);
-    add(p + "ffn_gate.weight", quant::GgmlType::Q5_1, c.d, c.ff, s, L.gate);
-    add(p + "ffn_up.weight", quant::GgmlType::Q5_0, c.d, c.ff, s, L.up);
-    add(p + "ffn_down.weight", quant::GgmlType::F32, c.ff, c.d, 1.0f / std::sqrt(static_cast<float>(c.ff)), L.down);
+    add(p + "attn_q.weight", formats::GgmlType::Q4_1, c.d, c.heads * hd, s, L.wq);
+    add(p + "attn_k.weight", formats::GgmlType::Q8_0, c.d, c.kv_heads * hd, s, L.wk);
+    add(p + "attn_v.weight", formats::GgmlType::F16, c.d, c.kv_heads * hd, s, L.wv);
+    add(p + "attn_output.weight", formats::GgmlType::Q4_0, c.heads * hd, c.d, s, L.wo);
+    add(p + "ffn_gate.weight", formats::GgmlType::Q5_1, c.d, c.ff, s, L.gate);
+    add(p + "ffn_up.weight", formats::GgmlType::Q5_0, c.d, c.ff, s, L.up);
+    add(p + "ffn_down.weight", formats::GgmlType::F32, c.ff, c.d, 1.0f / std::sqrt(static_cast<float>(c.ff)), L.down);
   }
   w.write(path);
   return path;
@@ -236,7 +236,7 @@ TEST_F(TinyModel, PrefillDecodeAndBothMatchTheScalarReference) {
     const int V = c_.vocab;
     // Prefill of all tokens at once, every position's logits.
     {
-      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      attention::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
       Reference ref(c_, w_);
       std::vector<float> logits(tokens.size() * V);
       model_->forward(tokens, 0, cache, pool, logits, true);
@@ -245,7 +245,7 @@ TEST_F(TinyModel, PrefillDecodeAndBothMatchTheScalarReference) {
     }
     // Decode one token at a time.
     {
-      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      attention::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
       Reference ref(c_, w_);
       std::vector<float> logits(V);
       for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -255,7 +255,7 @@ TEST_F(TinyModel, PrefillDecodeAndBothMatchTheScalarReference) {
     }
     // A prefill of 7 tokens followed by decode.
     {
-      attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+      attention::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
       Reference ref(c_, w_);
       std::vector<float> logits(V);
       model_->forward(std::span<const std::int32_t>(tokens).first(7), 0, cache, pool, logits);
@@ -272,7 +272,7 @@ TEST_F(TinyModel, PrefillDecodeAndBothMatchTheScalarReference) {
 
 TEST_F(TinyModel, RejectsBadInput) {
   ThreadPool pool(1);
-  attn::ExactKvCache cache(model_->config().kv_geometry(8));
+  attention::ExactKvCache cache(model_->config().kv_geometry(8));
   std::vector<float> logits(c_.vocab);
   const std::vector<std::int32_t> bad_id = {1, 40};
   EXPECT_THROW(model_->forward(bad_id, 0, cache, pool, logits), std::out_of_range);
@@ -282,7 +282,7 @@ TEST_F(TinyModel, RejectsBadInput) {
 
 TEST_F(TinyModel, QkvHookSeesPostRopeKeysAsCached) {
   ThreadPool pool(1);
-  attn::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
+  attention::ExactKvCache cache(model_->config().kv_geometry(c_.ctx));
   int calls = 0;
   LlamaModel& m = *model_;
   m.qkv_hook = [&](const QkvCapture& cap) {
@@ -386,7 +386,7 @@ TEST_F(RealLlama, DecodeStepAllocatesNothingOnceWarmAndReusedStateKeepsNoTrace) 
   };
   // Prompt then steps, each step's logits appended to `all`; the steps past the second counted.
   const auto run = [&](const LlamaModel& m, ThreadPool& pool, std::vector<float>& all, long& allocations) {
-    attn::ExactKvCache cache(m.config().kv_geometry(64));
+    attention::ExactKvCache cache(m.config().kv_geometry(64));
     std::vector<float> logits(V);
     m.forward(prompt, 0, cache, pool, logits);
     std::int64_t pos = static_cast<std::int64_t>(prompt.size());
@@ -403,7 +403,7 @@ TEST_F(RealLlama, DecodeStepAllocatesNothingOnceWarmAndReusedStateKeepsNoTrace) 
   ThreadPool pool(2);
   {
     // Another sequence's 40-token pass first grows the state past anything the run needs.
-    attn::ExactKvCache other(model_->config().kv_geometry(64));
+    attention::ExactKvCache other(model_->config().kv_geometry(64));
     std::vector<std::int32_t> long_prompt(40);
     for (std::size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<std::int32_t>(100 + 7 * i);
     std::vector<float> logits(V);

@@ -23,7 +23,7 @@ namespace witcert::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using quant::GgmlType;
+using formats::GgmlType;
 using DF = hn::CappedTag<float, 16>;  // 16 lanes at most: a 32-weight block is whole vectors
 using VF = hn::Vec<DF>;
 constexpr std::size_t kLanes = hn::MaxLanes(DF());
@@ -38,7 +38,7 @@ HWY_INLINE VF ScaleAt(const std::uint8_t* p) {
 }
 
 // Decoders: the 32 weights of one group (a block, or 32 consecutive 16/32-bit floats) as kVecs
-// vectors, in column order. The weights match quant::dequantize_row up to the rounding of a fused
+// vectors, in column order. The weights match formats::dequantize_row up to the rounding of a fused
 // multiply-add where ggml rounds the product and the sum separately.
 
 // The 16 bytes at qs hold 32 nibbles: low nibbles are columns 0..15, high nibbles 16..31.
@@ -197,7 +197,7 @@ float Dot(const float* a, const float* b, std::int64_t n) {
 void MultiplyRowsGeneric(const Problem& p, GgmlType type, std::int64_t begin, std::int64_t end) {
   std::vector<float> row(static_cast<std::size_t>(p.cols));
   for (std::int64_t r = begin; r < end; ++r) {
-    quant::dequantize_row(type, p.w + r * p.row_bytes, row.data(), p.cols);
+    formats::dequantize_row(type, p.w + r * p.row_bytes, row.data(), p.cols);
     for (std::int64_t t = 0; t < p.tokens; ++t) p.y[t * p.rows + r] = Dot(row.data(), p.x + t * p.cols, p.cols);
   }
 }
@@ -206,7 +206,7 @@ void MultiplyRowsGeneric(const Problem& p, GgmlType type, std::int64_t begin, st
 void MatmulRows(const WeightMatrix& w, const float* x, std::int64_t tokens, float* y, std::int64_t begin,
                 std::int64_t end) {
   const Problem p = {
-      static_cast<const std::uint8_t*>(w.data), quant::ggml_row_bytes(w.type, w.cols), w.rows, w.cols, x, tokens, y};
+      static_cast<const std::uint8_t*>(w.data), formats::ggml_row_bytes(w.type, w.cols), w.rows, w.cols, x, tokens, y};
   if (p.cols % kGroup == 0) {
     switch (w.type) {
       case GgmlType::Q4_0: return MultiplyRows<DecodeQ4_0>(p, begin, end);
@@ -233,12 +233,12 @@ namespace {
 
 // Validates the matrix and returns its row size in bytes.
 std::size_t checked_row_bytes(const WeightMatrix& w) {
-  const quant::GgmlTypeInfo* info = quant::ggml_type_info(w.type);
+  const formats::GgmlTypeInfo* info = formats::ggml_type_info(w.type);
   if (!info || !info->dequantizable)
     throw std::invalid_argument("matmul: no dequantization for tensor type id " +
                                 std::to_string(static_cast<std::uint32_t>(w.type)));
   if (w.rows < 0) throw std::invalid_argument("matmul: negative row count " + std::to_string(w.rows));
-  return quant::ggml_row_bytes(w.type, w.cols);
+  return formats::ggml_row_bytes(w.type, w.cols);
 }
 
 }  // namespace
@@ -256,7 +256,7 @@ void matmul_reference(const WeightMatrix& w, const float* x, std::int64_t tokens
   const std::size_t row_bytes = checked_row_bytes(w);
   std::vector<float> row(static_cast<std::size_t>(w.cols));
   for (std::int64_t r = 0; r < w.rows; ++r) {
-    quant::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + r * row_bytes, row.data(), w.cols);
+    formats::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + r * row_bytes, row.data(), w.cols);
     for (std::int64_t t = 0; t < tokens; ++t) {
       double sum = 0.0;
       for (std::int64_t i = 0; i < w.cols; ++i) sum += static_cast<double>(row[i]) * x[t * w.cols + i];
@@ -269,7 +269,7 @@ void embedding_row(const WeightMatrix& w, std::int64_t row, float* out) {
   const std::size_t row_bytes = checked_row_bytes(w);
   if (row < 0 || row >= w.rows)
     throw std::out_of_range("embedding row " + std::to_string(row) + " outside [0, " + std::to_string(w.rows) + ")");
-  quant::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + row * row_bytes, out, w.cols);
+  formats::dequantize_row(w.type, static_cast<const std::uint8_t*>(w.data) + row * row_bytes, out, w.cols);
 }
 
 }  // namespace witcert::model

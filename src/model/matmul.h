@@ -6,14 +6,14 @@
 #include <cstdint>
 
 #include "base/thread_pool.h"
-#include "quant/ggml_types.h"
+#include "formats/ggml/ggml_types.h"
 
 namespace witcert::model {
 
 // Row-major: row r is ggml_row_bytes(type, cols) bytes at data + r·row_bytes. In GGUF terms
 // ne[0] = cols, ne[1] = rows.
 struct WeightMatrix {
-  quant::GgmlType type;
+  formats::GgmlType type;
   const void* data;
   std::int64_t rows, cols;
 };

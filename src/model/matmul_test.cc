@@ -13,12 +13,12 @@
 namespace witcert::model {
 namespace {
 
-using quant::GgmlType;
+using formats::GgmlType;
 
 // A rows × cols matrix of the given type: Gaussian weights through the reference quantizer, or
 // for the K-quants (no quantizer here) random bytes with finite fp16 super-block scales.
 std::vector<std::uint8_t> random_matrix(GgmlType t, std::int64_t rows, std::int64_t cols, std::mt19937_64& rng) {
-  const std::size_t row_bytes = quant::ggml_row_bytes(t, cols);
+  const std::size_t row_bytes = formats::ggml_row_bytes(t, cols);
   std::vector<std::uint8_t> m(rows * row_bytes);
   if (t == GgmlType::Q4_K || t == GgmlType::Q6_K) {
     std::uniform_int_distribution<int> byte(0, 255);
@@ -36,7 +36,7 @@ std::vector<std::uint8_t> random_matrix(GgmlType t, std::int64_t rows, std::int6
   std::vector<float> w(cols);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (float& v : w) v = normal(rng) * 0.05f;
-    quant::quantize_row(t, w.data(), m.data() + r * row_bytes, cols);
+    formats::quantize_row(t, w.data(), m.data() + r * row_bytes, cols);
   }
   return m;
 }
@@ -99,7 +99,7 @@ TEST(Matmul, FastMatchesReferenceForEveryType) {
       if (!k_quant) cases.insert(cases.end(), std::begin(small_block_shapes), std::end(small_block_shapes));
       for (std::size_t c = 0; c < cases.size(); ++c) {
         const Shape& s = cases[c];
-        SCOPED_TRACE(testing::Message() << quant::ggml_type_info(t)->name << " " << s.rows << "×" << s.cols
+        SCOPED_TRACE(testing::Message() << formats::ggml_type_info(t)->name << " " << s.rows << "×" << s.cols
                                         << ", tokens " << s.tokens);
         const std::vector<std::uint8_t> data = random_matrix(t, s.rows, s.cols, rng);
         const WeightMatrix w = {t, data.data(), s.rows, s.cols};
@@ -171,7 +171,7 @@ TEST(Matmul, EmbeddingRowIsTheDequantizedRow) {
   const WeightMatrix w = {GgmlType::Q8_0, data.data(), 10, 64};
   std::vector<float> got(64), want(64);
   embedding_row(w, 7, got.data());
-  quant::dequantize_row(GgmlType::Q8_0, data.data() + 7 * 68, want.data(), 64);
+  formats::dequantize_row(GgmlType::Q8_0, data.data() + 7 * 68, want.data(), 64);
   EXPECT_EQ(got, want);
   EXPECT_THROW(embedding_row(w, 10, got.data()), std::out_of_range);
   EXPECT_THROW(embedding_row(w, -1, got.data()), std::out_of_range);

@@ -6,12 +6,12 @@
 
 namespace witcert::apps {
 
-cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
+kvcache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
                                   const std::string& model_path, bool needed) {
   namespace fs = std::filesystem;
   if (exact_tier != "ram" && exact_tier != "file")
     throw std::invalid_argument("--exact-tier must be ram or file, got '" + exact_tier + "'");
-  cache::BackingPlace place;
+  kvcache::BackingPlace place;
   place.ram = exact_tier == "ram" && file.empty();
   if (file.empty()) return place;
   if (!needed)
@@ -29,11 +29,11 @@ engine::CacheOptions cache_options(const CacheFlags& f, const std::string& kv, c
   engine::CacheOptions o;
   o.certified = !kv.empty();
   if (!o.certified) return o;
-  o.k_format = quant::KvFormat::parse(kv);
-  o.v_format = quant::KvFormat::parse(f.kv_v.empty() ? kv : f.kv_v);
+  o.k_format = formats::KvFormat::parse(kv);
+  o.v_format = formats::KvFormat::parse(f.kv_v.empty() ? kv : f.kv_v);
   o.page_size = f.page_size;
   o.outliers = f.outliers;
-  o.dither = f.shared_page_dither ? cache::DitherMode::shared_page : cache::parse_dither_mode(f.dither);
+  o.dither = f.shared_page_dither ? kvcache::DitherMode::shared_page : kvcache::parse_dither_mode(f.dither);
   o.dither_seed = f.dither_seed;
   o.delta = f.delta;
   o.bound = cert::parse_bound_shape(f.bound);

@@ -39,7 +39,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
     RunConfig c;
     c.label = std::move(label);
     c.cache.certified = true;
-    c.cache.k_format = c.cache.v_format = quant::KvFormat::parse(kv);
+    c.cache.k_format = c.cache.v_format = formats::KvFormat::parse(kv);
     c.cache.gate = {tau, gate::Granularity::block};
     return c;
   };

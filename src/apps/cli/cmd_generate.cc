@@ -9,7 +9,7 @@
 
 #include "apps/cli/commands.h"
 #include "apps/report/run.h"
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/model.h"
 #include "engine/session.h"
@@ -23,8 +23,8 @@ namespace {
 void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const engine::CacheOptions& opts,
                const model::LlamaConfig& cfg, std::ostream& err) {
   const gate::TelemetrySummary s = tel.summary();
-  const cache::KvStore& st = cache.store();
-  const double k_bytes = st.bytes_per_token_head(quant::KvSide::key), v_bytes = st.bytes_per_token_head(quant::KvSide::value);
+  const kvcache::KvStore& st = cache.store();
+  const double k_bytes = st.bytes_per_token_head(formats::KvSide::key), v_bytes = st.bytes_per_token_head(formats::KvSide::value);
   const double per_token = (k_bytes + v_bytes) * cfg.layers * cfg.kv_heads;
   const double fp16_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
   err << fmt::format("meter: K {} / V {}, bound {}: {} (layer, query head, decode step) cells\n", st.config().k_format.name(),
@@ -36,7 +36,7 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
                        s.raw_max, 100.0 * s.overflow / s.cells, s.v_meter_p50);
   }
   if (opts.gate.on()) {
-    const cache::KvStore::PageInStats pi = st.page_in_stats();
+    const kvcache::KvStore::PageInStats pi = st.page_in_stats();
     err << fmt::format("  gate tau_K={} tau_V={} {}: joint coverage before repair {:.4f}; {} cells repaired, {} pages "
                        "({:.1f} KiB) paged in\n",
                        opts.gate.tau_k, opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, pi.page_ins,
@@ -47,9 +47,9 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
   if (opts.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
                        s.checked, s.violations, s.worst_tv_ratio);
-  if (st.config().k_format.kind() == quant::FormatKind::dither_int8 && st.config().dither == cache::DitherMode::none)
+  if (st.config().k_format.kind() == formats::FormatKind::dither_int8 && st.config().dither == kvcache::DitherMode::none)
     err << "  (keys rounded without dither: their bound is deterministic, for any query)\n";
-  else if (st.config().k_format.kind() == quant::FormatKind::dither_int8)
+  else if (st.config().k_format.kind() == formats::FormatKind::dither_int8)
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
 }
 
@@ -104,7 +104,7 @@ int run_logits(const LogitsArgs& args, std::ostream& out) {
   const std::vector<std::int32_t> prompt = engine.checked_prompt(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
   if (args.top < 1) throw std::invalid_argument("--top must be at least 1");
-  attn::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size())));
+  attention::ExactKvCache cache(cfg.kv_geometry(static_cast<std::int64_t>(prompt.size())));
   ThreadPool pool(args.threads);
   engine::Session session(*engine.model, cache, pool);
   const std::span<const float> logits = session.prefill(prompt);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "apps/cli/commands.h"
-#include "quant/philox.h"
+#include "formats/dither/philox.h"
 
 namespace witcert::apps {
 namespace {
@@ -50,7 +50,7 @@ std::array<std::uint32_t, 2> parse_words2(const std::string& text) {
 }
 
 int run_philox(const std::string& counter, const std::string& key, std::ostream& out) {
-  const auto r = quant::philox4x32_10(parse_words4(counter), parse_words2(key));
+  const auto r = formats::philox4x32_10(parse_words4(counter), parse_words2(key));
   out << fmt::format("{:08x} {:08x} {:08x} {:08x}\n", r[0], r[1], r[2], r[3]);
   return 0;
 }

@@ -10,15 +10,15 @@
 
 #include "apps/cli/commands.h"
 #include "base/fp16.h"
-#include "cache/kv_store.h"
-#include "quant/schemes.h"
+#include "formats/schemes.h"
+#include "kvcache/kv_store.h"
 
 namespace witcert::apps {
 namespace {
 
 // Bytes per token per head of one side, measured: one block of T tokens is encoded into a buffer
 // of block_bytes followed by guard bytes, which must come back untouched.
-double measured_bytes_per_token(const quant::KvScheme& s, int d) {
+double measured_bytes_per_token(const formats::KvScheme& s, int d) {
   const int T = s.tokens_per_block();
   std::vector<float> x(static_cast<std::size_t>(T) * d);
   for (std::size_t i = 0; i < x.size(); ++i)
@@ -35,25 +35,25 @@ double measured_bytes_per_token(const quant::KvScheme& s, int d) {
   return static_cast<double>(bytes) / T;
 }
 
-// Bytes per token per head of dither-int8 (Tier B), measured from cache::KvStore: the growth of
+// Bytes per token per head of dither-int8 (Tier B), measured from kvcache::KvStore: the growth of
 // the side's allocations from C to 2C tokens, divided by C. The per-(layer, KV head) outlier mask
 // of d bytes does not grow with the tokens and is left out.
-double dither_bytes_per_token(quant::KvSide side, int d, int outlier_pairs) {
+double dither_bytes_per_token(formats::KvSide side, int d, int outlier_pairs) {
   constexpr std::int64_t kTokens = 1024;
   const auto total = [&](std::int64_t capacity) {
-    cache::CacheConfig cc;
+    kvcache::CacheConfig cc;
     cc.layers = 1;
     cc.kv_heads = 1;
     cc.head_dim = d;
     cc.capacity = capacity;
-    cc.k_format = cc.v_format = quant::KvFormat::dither_int8();
+    cc.k_format = cc.v_format = formats::KvFormat::dither_int8();
     cc.outlier_pairs = outlier_pairs;
-    return cache::KvStore(cc).bytes_per_token_head(side) * static_cast<double>(capacity);
+    return kvcache::KvStore(cc).bytes_per_token_head(side) * static_cast<double>(capacity);
   };
   return (total(2 * kTokens) - total(kTokens)) / kTokens;
 }
 
-std::string kind(const quant::KvScheme& s) {
+std::string kind(const formats::KvScheme& s) {
   return s.tokens_per_block() == 1 ? "per-token" : fmt::format("group T={}", s.tokens_per_block());
 }
 
@@ -73,19 +73,19 @@ int run_schemes(std::ostream& out) {
       cells += fmt::format(" {:>8.2f} {:>8.2f} {:>7.2f}", kb, vb, 4.0 * d / (kb + vb));
     return cells;
   };
-  for (const std::string& name : quant::kv_scheme_names()) {
-    const quant::KvScheme& k = quant::kv_scheme(name, quant::KvSide::key);
-    const quant::KvScheme& v = quant::kv_scheme(name, quant::KvSide::value);
+  for (const std::string& name : formats::kv_scheme_names()) {
+    const formats::KvScheme& k = formats::kv_scheme(name, formats::KvSide::key);
+    const formats::KvScheme& v = formats::kv_scheme(name, formats::KvSide::value);
     out << fmt::format("{:<16} {:<11} {:<11}", name, kind(k), kind(v))
         << bytes(measured_bytes_per_token(k, 64), measured_bytes_per_token(v, 64), measured_bytes_per_token(k, 128),
                  measured_bytes_per_token(v, 128))
         << " A\n";
   }
   for (int m : {0, 4}) {
-    const auto dither = [&](quant::KvSide side, int d) { return dither_bytes_per_token(side, d, m); };
-    out << fmt::format("{:<16} {:<11} {:<11}", cache::kDitherInt8, fmt::format("token,m={}", m), "per-token")
-        << bytes(dither(quant::KvSide::key, 64), dither(quant::KvSide::value, 64), dither(quant::KvSide::key, 128),
-                 dither(quant::KvSide::value, 128))
+    const auto dither = [&](formats::KvSide side, int d) { return dither_bytes_per_token(side, d, m); };
+    out << fmt::format("{:<16} {:<11} {:<11}", kvcache::kDitherInt8, fmt::format("token,m={}", m), "per-token")
+        << bytes(dither(formats::KvSide::key, 64), dither(formats::KvSide::value, 64), dither(formats::KvSide::key, 128),
+                 dither(formats::KvSide::value, 128))
         << " B\n";
   }
   return 0;

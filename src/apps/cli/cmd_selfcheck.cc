@@ -6,7 +6,7 @@
 
 #include "apps/cli/commands.h"
 #include "cert/meter.h"
-#include "quant/philox.h"
+#include "formats/dither/philox.h"
 
 namespace witcert::apps {
 
@@ -39,9 +39,9 @@ int run_selfcheck(std::ostream& out) {
 
   // Random123's published known-answer vectors for Philox4x32-10.
   struct Kat {
-    quant::PhiloxCounter ctr;
-    quant::PhiloxKey key;
-    quant::PhiloxCounter expect;
+    formats::PhiloxCounter ctr;
+    formats::PhiloxKey key;
+    formats::PhiloxCounter expect;
   };
   const std::array<Kat, 3> kats = {{
       {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
@@ -53,7 +53,7 @@ int run_selfcheck(std::ostream& out) {
        {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
   }};
   int matched = 0;
-  for (const Kat& k : kats) matched += quant::philox4x32_10(k.ctr, k.key) == k.expect;
+  for (const Kat& k : kats) matched += formats::philox4x32_10(k.ctr, k.key) == k.expect;
   ok = ok && matched == static_cast<int>(kats.size());
   out << fmt::format("\nPhilox4x32-10 known-answer vectors: {}/{} match\n", matched, kats.size());
   out << (ok ? "self-check passed\n" : "self-check FAILED\n");

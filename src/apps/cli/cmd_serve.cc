@@ -62,8 +62,8 @@ int run_serve(const ServeArgs& args, std::ostream& err) {
     server.shutdown(std::chrono::milliseconds(0));
     return 2;
   }
-  std::string kv = o.cache.format_name(quant::KvSide::key);
-  if (o.cache.format_name(quant::KvSide::value) != kv) kv.append("/").append(o.cache.format_name(quant::KvSide::value));
+  std::string kv = o.cache.format_name(formats::KvSide::key);
+  if (o.cache.format_name(formats::KvSide::value) != kv) kv.append("/").append(o.cache.format_name(formats::KvSide::value));
   err << fmt::format("witcert serve: ready: KV {}, pool {}, up to {} sequences{}\n", kv, args.kv_memory, o.batch.max_seqs,
                      o.api_key.empty() ? "" : ", API key required on /v1")
       << std::flush;

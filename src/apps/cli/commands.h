@@ -46,7 +46,7 @@ struct CacheFlags {
   double coverage_tau = engine::kDefaultCoverageTau;
   std::string bound = "min";   // the meter's bound shape
   bool shared_page_dither = false;
-  std::string dither = "shared-prompt";  // cache::parse_dither_mode
+  std::string dither = "shared-prompt";  // kvcache::parse_dither_mode
   std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
   std::string backing_file;  // "" keeps the exact tier in a private temporary file (or RAM)
@@ -58,7 +58,7 @@ struct CacheFlags {
 // Where the exact tier lives, from the command line: `file` "" → a private temporary file (or RAM
 // when exact_tier is "ram"). Throws std::invalid_argument when a named file would be useless (no
 // gate or soundness check reads the tier: `needed` false) or is the model itself.
-cache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
+kvcache::BackingPlace backing_place(const std::string& file, bool overwrite, bool keep, const std::string& exact_tier,
                                   const std::string& model_path, bool needed);
 
 // The cache options of `flags` with keys in `kv` (a run of --scheme-sweep names its own) and the

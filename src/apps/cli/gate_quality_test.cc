@@ -14,7 +14,7 @@
 #include <string>
 
 #include "base/test_scratch.h"
-#include "quant/schemes.h"
+#include "formats/schemes.h"
 
 namespace {
 
@@ -41,12 +41,12 @@ std::map<std::string, nlohmann::json> sweep(const std::string& formats, const st
 TEST(GateQuality, GatedIsNeverWorseThanRawForEveryFormat) {
   ASSERT_TRUE(std::filesystem::exists(kModel)) << "the real model is missing: run scripts/fetch-model.sh";
   std::string formats = "dither-int8";
-  for (const std::string& s : witcert::quant::kv_scheme_names())
+  for (const std::string& s : witcert::formats::kv_scheme_names())
     if (s != "fp16") formats += "," + s;
   const auto raw = sweep(formats, "", witcert::testing_util::scratch_path("quality_raw"));
   const auto gated = sweep(formats, "--gate 0.2 --granularity block", witcert::testing_util::scratch_path("quality_gated"));
   ASSERT_EQ(raw.size(), gated.size());
-  ASSERT_EQ(raw.size(), witcert::quant::kv_scheme_names().size());  // every scheme but fp16, and dither-int8
+  ASSERT_EQ(raw.size(), witcert::formats::kv_scheme_names().size());  // every scheme but fp16, and dither-int8
   for (const auto& [name, r] : raw) {
     const nlohmann::json& g = gated.at(name);
     const double kl_raw = r["kl_vs_fp16"].get<double>(), kl_gated = g["kl_vs_fp16"].get<double>();

@@ -13,7 +13,7 @@
 
 #include "apps/cli/commands.h"
 #include "apps/eval/eval.h"
-#include "cache/kv_store.h"
+#include "kvcache/kv_store.h"
 
 namespace {
 
@@ -97,12 +97,12 @@ CLI::Validator choice(const std::string& flag, const std::vector<std::string>& w
       "{" + list + "}");
 }
 
-// A dither mode, as cache::parse_dither_mode reads it.
+// A dither mode, as kvcache::parse_dither_mode reads it.
 CLI::Validator dither_mode(const std::string& flag) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         try {
-          witcert::cache::parse_dither_mode(text);
+          witcert::kvcache::parse_dither_mode(text);
         } catch (const std::invalid_argument& e) {
           throw UsageError(flag + ": " + e.what());
         }
@@ -229,7 +229,7 @@ void resolve_coverage_tau(witcert::apps::CacheFlags& c, const CLI::Option* cover
 void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
                         const std::string& formats_flag) {
   for (const std::string& f : k_formats)
-    if (f == witcert::cache::kDitherInt8) return;
+    if (f == witcert::kvcache::kDitherInt8) return;
   for (const CLI::Option* opt : dither_opts)
     if (given(opt))
       throw UsageError(opt->get_name() + " applies to dither-int8 keys only; " + formats_flag + " gives none");

@@ -14,8 +14,8 @@
 #include "apps/eval/internal.h"
 #include "apps/report/run.h"
 #include "base/thread_pool.h"
+#include "formats/kv_format.h"
 #include "gate/telemetry.h"
-#include "quant/kv_format.h"
 
 namespace witcert::apps {
 
@@ -188,7 +188,7 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
           if (gated) c.gate.tau_k = tau;
           gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first});
           SoundnessSink sound;
-          const cache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound}).page_in;
+          const kvcache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound}).page_in;
           checked += sound.checked;
           violations += sound.violations;
           if (gated) {

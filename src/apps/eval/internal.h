@@ -12,10 +12,10 @@
 
 #include "apps/eval/eval.h"
 #include "base/thread_pool.h"
-#include "cache/kv_store.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "gate/meter_cell.h"
+#include "kvcache/kv_store.h"
 
 namespace witcert::apps::eval {
 
@@ -87,7 +87,7 @@ std::string bound_caption(cert::BoundShape shape);
 // only the decode steps' when !check_prompt (the prompt's cells cost O(S²) to check).
 struct CheckedRun {
   std::vector<std::int32_t> tokens;
-  cache::KvStore::PageInStats page_in;
+  kvcache::KvStore::PageInStats page_in;
 };
 CheckedRun run_checked(const engine::Model& m, ThreadPool& pool, const std::vector<std::int32_t>& prompt, int n,
                        const engine::CacheOptions& opts, std::vector<gate::MeterSink*> sinks = {}, bool stop = false,

@@ -7,13 +7,13 @@
 #include <random>
 
 #include "apps/eval/internal.h"
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "cert/meter.h"
 #include "cert/subgaussian.h"
 #include "engine/cache_factory.h"
 #include "engine/session.h"
+#include "formats/dither/dither_int8.h"
 #include "gate/certified_cache.h"
-#include "quant/dither_int8.h"
 
 namespace witcert::apps::eval {
 
@@ -25,7 +25,7 @@ namespace {
 // fp16's log-probabilities of every position of a text, teacher-forced.
 std::vector<std::vector<float>> reference_rows(const engine::Model& m, ThreadPool& pool,
                                                const std::vector<std::int32_t>& tokens) {
-  attn::ExactKvCache exact(m.model->config().kv_geometry(static_cast<std::int64_t>(tokens.size())));
+  attention::ExactKvCache exact(m.model->config().kv_geometry(static_cast<std::int64_t>(tokens.size())));
   engine::Session s(*m.model, exact, pool);
   std::vector<std::vector<float>> rows(tokens.size());
   s.prefill(tokens, {}, [&](std::int64_t pos, std::span<const float> logits) {
@@ -61,11 +61,11 @@ struct Agreement {
 
 // A cache whose layers run on one of two caches: `polluted` for the chosen layer (every layer when
 // layer < 0), the exact cache for the rest.
-class LayerMix final : public attn::KvCache {
+class LayerMix final : public kvcache::KvCache {
  public:
-  LayerMix(std::unique_ptr<attn::KvCache> polluted, std::unique_ptr<attn::KvCache> exact, int layer)
+  LayerMix(std::unique_ptr<kvcache::KvCache> polluted, std::unique_ptr<kvcache::KvCache> exact, int layer)
       : polluted_(std::move(polluted)), exact_(std::move(exact)), layer_(layer) {}
-  const attn::KvGeometry& geometry() const override { return exact_->geometry(); }
+  const kvcache::KvGeometry& geometry() const override { return exact_->geometry(); }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override {
     at(layer).write(layer, kv_head, pos, k, v);
   }
@@ -76,7 +76,7 @@ class LayerMix final : public attn::KvCache {
                      std::int64_t n, float* out, std::int64_t out_stride) override {
     at(layer).attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
   }
-  attn::AttendConcurrency attend_concurrency() const override {
+  kvcache::AttendConcurrency attend_concurrency() const override {
     return std::max(polluted_->attend_concurrency(), exact_->attend_concurrency());
   }
   void clear() override {
@@ -89,8 +89,8 @@ class LayerMix final : public attn::KvCache {
   }
 
  private:
-  attn::KvCache& at(int layer) { return layer_ < 0 || layer == layer_ ? *polluted_ : *exact_; }
-  std::unique_ptr<attn::KvCache> polluted_, exact_;
+  kvcache::KvCache& at(int layer) { return layer_ < 0 || layer == layer_ ? *polluted_ : *exact_; }
+  std::unique_ptr<kvcache::KvCache> polluted_, exact_;
   int layer_;
 };
 
@@ -110,7 +110,7 @@ std::int64_t quality(const engine::Model& m, const EvalOptions& o, std::ostream&
   for (bool dither : {false, true})
     for (int budget : {0, 4}) {
       Arm a{fmt::format("ablation: {} m={}", dither ? "dither" : "RTN", budget), checked_cache("dither-int8")};
-      a.cache.dither = dither ? cache::DitherMode::per_slot : cache::DitherMode::none;
+      a.cache.dither = dither ? kvcache::DitherMode::per_slot : kvcache::DitherMode::none;
       a.cache.outliers = budget;
       arms.push_back(a);
     }
@@ -141,8 +141,8 @@ std::int64_t quality(const engine::Model& m, const EvalOptions& o, std::ostream&
             ag.add(ref[static_cast<std::size_t>(pos)], logits, ids[static_cast<std::size_t>(pos) + 1]);
         });
         json r = ag.to_json();
-        r["bytes_per_token_head"] = (c.certified->store().bytes_per_token_head(quant::KvSide::key) +
-                                     c.certified->store().bytes_per_token_head(quant::KvSide::value)) / 2.0;
+        r["bytes_per_token_head"] = (c.certified->store().bytes_per_token_head(formats::KvSide::key) +
+                                     c.certified->store().bytes_per_token_head(formats::KvSide::value)) / 2.0;
         r["cells_checked"] = sound.checked;
         r["violations"] = sound.violations;
         rec[a.label] = r;
@@ -221,8 +221,8 @@ std::int64_t layer_pollution(const engine::Model& m, const EvalOptions& o, std::
     for (int layer : layers) {
       SoundnessSink sound;
       engine::Cache polluted = engine::make_cache(cfg, capacity, n, checked_cache("kivi-2bit"), {&sound});
-      auto exact = std::make_unique<attn::ExactKvCache>(cfg.kv_geometry(capacity));
-      std::unique_ptr<attn::KvCache> mix;
+      auto exact = std::make_unique<attention::ExactKvCache>(cfg.kv_geometry(capacity));
+      std::unique_ptr<kvcache::KvCache> mix;
       if (layer == -2)
         mix = std::move(exact);
       else
@@ -288,7 +288,7 @@ std::vector<json> outlier_control(const EvalOptions& o, std::int64_t& violations
   // layout: channels 2j, 2j+1), queries with small components on the massive pairs; the meter of
   // dither-int8 (Tier B, δ_req = 1e-2 over SmolLM2's 30 layers × 9 heads × 256 steps) under three
   // treatments of those pairs.
-  const int d = 64, S = o.quick ? 128 : 512, queries = o.quick ? 16 : 128, group = quant::kDefaultGroup;
+  const int d = 64, S = o.quick ? 128 : 512, queries = o.quick ? 16 : 128, group = formats::kDefaultGroup;
   const std::vector<int> massive = {3, 11, 19, 27};
   std::mt19937_64 rng(5);
   std::normal_distribution<double> g(0.0, 1.0);
@@ -325,8 +325,8 @@ std::vector<json> outlier_control(const EvalOptions& o, std::int64_t& violations
       std::vector<std::int8_t> codes(d);
       std::vector<f16> outl(t.exclude ? 2 * massive.size() : 0);
       const std::vector<std::uint8_t>& enc_mask = t.exclude ? mask : none;
-      quant::encode_dither_int8(k[s], xi, enc_mask, group, codes, scales[s], outl);
-      quant::decode_dither_int8(codes, scales[s], xi, enc_mask, outl, group, k_hat[s]);
+      formats::encode_dither_int8(k[s], xi, enc_mask, group, codes, scales[s], outl);
+      formats::decode_dither_int8(codes, scales[s], xi, enc_mask, outl, group, k_hat[s]);
       // Bypassed without leaving the amax: the pairs are stored exactly, on the unchanged scales.
       if (t.bypass && !t.exclude)
         for (int c = 0; c < d; ++c)

@@ -56,7 +56,7 @@ std::int64_t risk_coverage(const engine::Model& m, const EvalOptions& o, std::os
             if (delta > 0) {
               c.delta = delta;
             } else {
-              c.dither = cache::DitherMode::none;
+              c.dither = kvcache::DitherMode::none;
               c.bound = cert::BoundShape::tanh;
             }
             if (gated) c.gate = {kTauK, gate::Granularity::block, kTauV};

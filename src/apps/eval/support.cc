@@ -11,8 +11,8 @@
 #include "apps/eval/internal.h"
 #include "engine/cache_factory.h"
 #include "engine/session.h"
+#include "formats/kv_format.h"
 #include "gate/certified_cache.h"
-#include "quant/kv_format.h"
 
 namespace witcert::apps::eval {
 
@@ -99,7 +99,7 @@ void finish(const EvalOptions& o, const std::string& name, const std::string& di
 
 std::vector<std::string> metered_schemes() {
   std::vector<std::string> s;
-  for (const std::string& n : quant::kv_format_names())
+  for (const std::string& n : formats::kv_format_names())
     if (n != "fp16") s.push_back(n);
   return s;
 }

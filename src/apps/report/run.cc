@@ -12,7 +12,7 @@
 #include <ostream>
 
 #include "apps/report/heatmap.h"
-#include "attn/exact_cache.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "model/sampler.h"
 
@@ -87,14 +87,14 @@ Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32
   const model::LlamaConfig& cfg = engine.model->config();
   const std::int64_t len = static_cast<std::int64_t>(prompt.size());
   check_request(cfg, len, n);
-  auto cache = std::make_shared<attn::ExactKvCache>(cfg.kv_geometry(len + n));
+  auto cache = std::make_shared<attention::ExactKvCache>(cfg.kv_geometry(len + n));
   ThreadPool pool(threads);
   Fp16Reference ref;
   engine::Session prefill(*engine.model, *cache, pool, kChunk);
   const std::span<const float> last = prefill.prefill(prompt, progress);
   ref.logits.assign(last.begin(), last.end());
   ref.prefilled = cache;
-  attn::ExactKvCache decode = *cache;
+  attention::ExactKvCache decode = *cache;
   engine::Session session(*engine.model, decode, pool, kChunk);
   session.resume(len, ref.logits);
   RunOutcome& r = ref.run;
@@ -132,7 +132,7 @@ RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32
 
   // fp16 teacher-forced on the same tokens, from a copy of the reference's prefilled cache: the
   // distribution each generated token was drawn from.
-  attn::ExactKvCache exact = *ref.prefilled;
+  attention::ExactKvCache exact = *ref.prefilled;
   engine::Session forced(*engine.model, exact, pool, kChunk);
   forced.resume(len, ref.logits);
   std::span<const float> logits = forced.logits();
@@ -159,11 +159,11 @@ RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32
   r.samples = tel.samples();
   r.heatmap = tel.heatmap();
   r.heatmap_svg = heatmap_svg(r.heatmap, tel.layers(), tel.heads(), "mean served meter: " + rc.label);
-  const cache::KvStore::PageInStats pi = cache.store().page_in_stats();
+  const kvcache::KvStore::PageInStats pi = cache.store().page_in_stats();
   r.page_ins = pi.page_ins;
   r.page_in_bytes = pi.page_in_bytes;
-  r.kv_bytes_per_token = (cache.store().bytes_per_token_head(quant::KvSide::key) +
-                          cache.store().bytes_per_token_head(quant::KvSide::value)) *
+  r.kv_bytes_per_token = (cache.store().bytes_per_token_head(formats::KvSide::key) +
+                          cache.store().bytes_per_token_head(formats::KvSide::value)) *
                          cfg.layers * cfg.kv_heads;
   r.seconds = seconds_since(t0);
   return r;
@@ -225,7 +225,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
-    if (r.config.cache.k_format.kind() == quant::FormatKind::dither_int8) run["dither"] = cache::dither_mode_name(r.config.cache.dither);
+    if (r.config.cache.k_format.kind() == formats::FormatKind::dither_int8) run["dither"] = kvcache::dither_mode_name(r.config.cache.dither);
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
     const std::string n = std::to_string(j["runs"].size());

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "attn/exact_cache.h"
-#include "gate/certified_cache.h"
-#include "gate/telemetry.h"
+#include "attention/cpu/exact_cache.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/session.h"
-#include "quant/kv_format.h"
+#include "formats/kv_format.h"
+#include "gate/certified_cache.h"
+#include "gate/telemetry.h"
 
 namespace witcert::apps {
 
@@ -47,7 +47,7 @@ using engine::Progress;
 // last position, and the greedy fp16 run from there. Each run_request compares against a copy of
 // the prefilled cache rather than prefilling fp16 again.
 struct Fp16Reference {
-  std::shared_ptr<const attn::ExactKvCache> prefilled;
+  std::shared_ptr<const attention::ExactKvCache> prefilled;
   std::vector<float> logits;
   RunOutcome run;
 };

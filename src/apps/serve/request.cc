@@ -187,42 +187,11 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
     w.erase("detail");
   }
   try {
-    apply_policy(w, d.cache, d.coverage_tau, d.coverage_tau_v, r);
+    engine::apply_policy(w, d.cache, d.coverage_tau, d.coverage_tau_v, r);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
   }
   return s;
-}
-
-void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, double coverage_tau,
-                  double coverage_tau_v, engine::BatchRequest& r) {
-  r.cache = base;
-  r.coverage_tau_v = coverage_tau_v;
-  const bool policy = j.contains("tau_k") || j.contains("tau_v") || j.contains("granularity") || j.contains("delta") ||
-                      j.contains("bound") || j.contains("coverage_tau") || j.contains("coverage_tau_v");
-  require_arg(!policy || base.certified, "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (the server's --kv)");
-  engine::read_json(j, "tau_k", r.cache.gate.tau_k);
-  engine::read_json(j, "tau_v", r.cache.gate.tau_v);
-  if (j.contains("granularity")) {
-    std::string g;
-    engine::read_json(j, "granularity", g);
-    r.cache.gate.granularity = gate::parse_granularity(g);
-  }
-  engine::read_json(j, "delta", r.cache.delta);
-  if (j.contains("bound")) {
-    std::string b;
-    engine::read_json(j, "bound", b);
-    r.cache.bound = cert::parse_bound_shape(b);
-  }
-  // The request's coverage τ, by the rule of every entry point: its own, else its own certified
-  // gate's τ_K, else the pool's.
-  std::optional<double> asked;
-  if (j.contains("coverage_tau")) engine::read_json(j, "coverage_tau", asked.emplace());
-  r.coverage_tau = engine::coverage_tau(j.contains("tau_k") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
-  engine::read_json(j, "coverage_tau_v", r.coverage_tau_v);
-  require_arg(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
-  require_arg(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
-  r.cache.validate();
 }
 
 }  // namespace witcert::apps

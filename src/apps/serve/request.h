@@ -63,11 +63,5 @@ RequestSpec parse_request(std::string_view body, bool chat, const RequestDefault
 // std::invalid_argument saying what is wrong.
 std::vector<model::ChatMessage> chat_messages(const nlohmann::json& messages);
 
-// A request's meter policy from its JSON object (keys tau, tau_v, granularity, delta, bound,
-// coverage_tau, coverage_tau_v, each optional) over the pool's options `base`: sets r.cache and
-// r's coverage figures. Throws std::invalid_argument naming the key (policy keys without a
-// certified cache, wrong types, values out of range).
-void apply_policy(const nlohmann::json& j, const engine::CacheOptions& base, double coverage_tau,
-                  double coverage_tau_v, engine::BatchRequest& r);
 
 }  // namespace witcert::apps

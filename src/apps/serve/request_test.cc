@@ -252,7 +252,7 @@ TEST(Request, NestingBeyondTheLimitIsRefusedWhereverItIs) {
 TEST(Request, CoverageTauFollowsTheEngineRule) {
   RequestDefaults d;
   d.cache.certified = true;
-  d.cache.k_format = d.cache.v_format = quant::KvFormat::parse("q4_0");
+  d.cache.k_format = d.cache.v_format = formats::KvFormat::parse("q4_0");
   d.coverage_tau = engine::coverage_tau(d.cache.gate, std::nullopt);
   const auto tau = [&](const std::string& witcert) {
     return parse_request(R"({"prompt": "x", "witcert": )" + witcert + "}", false, d).req.coverage_tau;

@@ -245,8 +245,8 @@ bool take_pieces(Server::Job& job, Reply& reply) {
 json witcert_object(const Server::Job& job, const engine::BatchResult& r, const engine::Model& m) {
   const engine::CacheOptions& c = job.req.cache;
   json w;
-  w["kv"] = c.format_name(quant::KvSide::key);
-  w["kv_v"] = c.format_name(quant::KvSide::value);
+  w["kv"] = c.format_name(formats::KvSide::key);
+  w["kv_v"] = c.format_name(formats::KvSide::value);
   if (c.gate.on()) {
     w["gate"] = {{"tau_k", c.gate.tau_k},
                  {"tau_v", c.gate.tau_v},
@@ -559,7 +559,7 @@ json Server::live_requests() {
 
 nlohmann::json Server::state() {
   const engine::CacheOptions& c = opts_.cache;
-  const std::string kv = c.format_name(quant::KvSide::key), kv_v = c.format_name(quant::KvSide::value);
+  const std::string kv = c.format_name(formats::KvSide::key), kv_v = c.format_name(formats::KvSide::value);
   const Metrics::Labels k = {{"side", "K"}, {"scheme", kv}}, v = {{"side", "V"}, {"scheme", kv_v}};
   double requests = 0.0;
   for (const char* f : {"stop", "length", "cancelled", "error"})
@@ -611,8 +611,8 @@ void Server::record(const Job& job, const std::string& finish, std::int64_t comp
   }
   const engine::CacheOptions& c = job.req.cache;
   const double cells = static_cast<double>(r.meter.cells);
-  const Metrics::Labels k = {{"side", "K"}, {"scheme", c.format_name(quant::KvSide::key)}},
-                        v = {{"side", "V"}, {"scheme", c.format_name(quant::KvSide::value)}};
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", c.format_name(formats::KvSide::key)}},
+                        v = {{"side", "V"}, {"scheme", c.format_name(formats::KvSide::value)}};
   metrics_.add("witcert_meter_cells_total", cells, k);
   metrics_.add("witcert_meter_cells_total", cells, v);
   metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.k * cells), k);

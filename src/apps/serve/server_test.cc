@@ -38,9 +38,9 @@ std::string model_path() { return std::string(WITCERT_SOURCE_DIR) + "/models/Smo
 engine::CacheOptions dither(double tau = 0.0) {
   engine::CacheOptions o;
   o.certified = true;
-  o.k_format = o.v_format = quant::KvFormat::parse("dither-int8");
+  o.k_format = o.v_format = formats::KvFormat::parse("dither-int8");
   o.gate.tau_k = tau;
-  o.backing = cache::BackingPlace::in_ram();
+  o.backing = kvcache::BackingPlace::in_ram();
   return o;
 }
 

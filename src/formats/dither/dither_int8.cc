@@ -1,0 +1,79 @@
+#include "formats/dither/dither_int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "formats/dither/philox.h"
+
+namespace witcert::formats {
+
+void dither_values(const DitherStream& stream, std::uint32_t slot, std::span<float> xi) {
+  const PhiloxKey key = {static_cast<std::uint32_t>(stream.seed),
+                         static_cast<std::uint32_t>(stream.seed >> 32)};
+  for (std::size_t c0 = 0; c0 < xi.size(); c0 += 4) {
+    const PhiloxCounter words = philox4x32_10(
+        {slot, static_cast<std::uint32_t>(c0 / 4), stream.kv_head, stream.layer}, key);
+    for (std::size_t i = 0; i < 4 && c0 + i < xi.size(); ++i) xi[c0 + i] = dither_from_bits(words[i]);
+  }
+}
+
+void check_group(int d, int group) {
+  if (group <= 0 || d <= 0 || d % group != 0)
+    throw std::invalid_argument("scale group " + std::to_string(group) +
+                                " must divide the head dimension " + std::to_string(d));
+}
+
+// All arithmetic below is in double on fp16 inputs, fp16 scales and dither on a 2^-24 grid,
+// where x/s + ξ is exact enough that round() picks a nearest integer: |x̂ − x| ≤ s/2 holds
+// exactly, not just up to rounding (docs/tier-b.md).
+void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
+                        std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
+                        std::span<f16> scales, std::span<f16> outlier_values) {
+  const int d = static_cast<int>(x.size());
+  std::size_t n_out = 0;
+  for (int g0 = 0; g0 < d; g0 += group) {
+    double amax = 0.0;
+    bool finite = true;
+    for (int c = g0; c < g0 + group; ++c) {
+      const double v = fp16_to_double(fp16_from_double(x[c]));
+      if (outlier[c]) continue;
+      if (!std::isfinite(v)) finite = false;
+      amax = std::max(amax, std::fabs(v));
+    }
+    const f16 s16 = finite ? fp16_from_double(amax / kScaleDivisor, Round::up) : kFp16PosInf;
+    const double s = fp16_to_double(s16);
+    scales[g0 / group] = s16;
+    for (int c = g0; c < g0 + group; ++c) {
+      const f16 x16 = fp16_from_double(x[c]);
+      if (outlier[c]) {
+        codes[c] = 0;
+        outlier_values[n_out++] = x16;
+        continue;
+      }
+      if (!finite || s == 0.0) {  // s = 0: the whole group is zero and reconstructs exactly
+        codes[c] = 0;
+        continue;
+      }
+      const double code = std::nearbyint(fp16_to_double(x16) / s + static_cast<double>(xi[c]));
+      codes[c] = static_cast<std::int8_t>(code);  // |code| ≤ 127 because |x/s| ≤ 126.5, |ξ| ≤ ½
+    }
+  }
+}
+
+void decode_dither_int8(std::span<const std::int8_t> codes, std::span<const f16> scales,
+                        std::span<const float> xi, std::span<const std::uint8_t> outlier,
+                        std::span<const f16> outlier_values, int group, std::span<float> out) {
+  std::size_t n_out = 0;
+  for (std::size_t c = 0; c < codes.size(); ++c) {
+    if (outlier[c]) {
+      out[c] = fp16_to_float(outlier_values[n_out++]);
+      continue;
+    }
+    const double s = fp16_to_double(scales[c / group]);
+    out[c] = static_cast<float>(s * (static_cast<double>(codes[c]) - static_cast<double>(xi[c])));
+  }
+}
+
+}  // namespace witcert::formats

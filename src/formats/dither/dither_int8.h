@@ -1,0 +1,53 @@
+// The subtractively dithered INT8 quantizer of Tier B (paper §4.2, §6.2.1):
+//   x̂ = s · (round(x/s + ξ) − ξ),   ξ ~ U[−½, ½) regenerated from Philox at read time,
+// per token × group of G_c channels, with s = amax/(127 − ½) over the group's non-outlier
+// channels, stored fp16 rounded up and used as stored, so |x/s| ≤ 126.5: no clipping and
+// |x̂ − x| ≤ s/2 on every non-outlier channel. Outlier channels are stored in fp16 (exact)
+// and excluded from the amax.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "base/fp16.h"
+
+namespace witcert::formats {
+
+inline constexpr int kDefaultGroup = 32;     // G_c
+inline constexpr double kScaleDivisor = 126.5;  // Q − ½ with Q = 127
+
+// The dither stream of one (layer, KV head) of one request. The Philox counter is
+// (slot, channel/4, kv_head, layer) under key (seed_lo, seed_hi): it names the physical slot,
+// not the position, so paging and slot reuse regenerate exactly the stream that was written.
+struct DitherStream {
+  std::uint64_t seed = 0;
+  std::uint32_t layer = 0;
+  std::uint32_t kv_head = 0;
+};
+
+// ξ from one 32-bit Philox word: the top 24 bits on the grid k·2^-24 − ½, exact in float.
+constexpr float dither_from_bits(std::uint32_t u) {
+  return static_cast<float>(u >> 8) * 0x1p-24f - 0.5f;
+}
+
+// ξ_c for channels c = 0 .. xi.size()−1 of `slot`.
+void dither_values(const DitherStream& stream, std::uint32_t slot, std::span<float> xi);
+
+// Checks that `group` divides d; throws std::invalid_argument otherwise.
+void check_group(int d, int group);
+
+// Encodes one token. x: the token's values (rounded to fp16 first: the reference is the value
+// the exact tier holds); xi: its dither; outlier: 1 for channels kept exact. Writes d codes
+// (0 on outlier channels), d/group fp16 scales, and the fp16 value of each outlier channel in
+// channel order (outlier_values.size() = number of outlier channels).
+// A group with a non-finite value gets scale +inf: the certificate then reads "no guarantee".
+void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
+                        std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
+                        std::span<f16> scales, std::span<f16> outlier_values);
+
+// x̂_c = s_{g(c)} · (code_c − ξ_c) on non-outlier channels, the stored fp16 value on outliers.
+void decode_dither_int8(std::span<const std::int8_t> codes, std::span<const f16> scales,
+                        std::span<const float> xi, std::span<const std::uint8_t> outlier,
+                        std::span<const f16> outlier_values, int group, std::span<float> out);
+
+}  // namespace witcert::formats

@@ -1,0 +1,162 @@
+#include "formats/dither/dither_int8.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+namespace witcert::formats {
+namespace {
+
+struct Encoded {
+  std::vector<std::int8_t> codes;
+  std::vector<f16> scales, outliers;
+};
+
+Encoded encode(const std::vector<float>& x, const std::vector<float>& xi, const std::vector<std::uint8_t>& mask,
+               int group) {
+  Encoded e;
+  e.codes.resize(x.size());
+  e.scales.resize(x.size() / group);
+  e.outliers.resize(std::count(mask.begin(), mask.end(), 1));
+  encode_dither_int8(x, xi, mask, group, e.codes, e.scales, e.outliers);
+  return e;
+}
+
+// Keys with a massive-activation channel, as real models have.
+std::vector<float> draw_key(std::mt19937_64& rng, int d) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(d);
+  for (float& v : x) v = n(rng) * std::exp(n(rng));
+  x[3] *= 50.0f;
+  for (float& v : x) v = static_cast<float>(fp16_to_double(fp16_from_double(v)));
+  return x;
+}
+
+TEST(DitherInt8, NoClippingAndErrorWithinHalfStepExactly) {
+  std::mt19937_64 rng(1);
+  const int d = 128, G = 32;
+  std::vector<std::uint8_t> mask(d, 0);
+  mask[3] = mask[67] = 1;  // the RoPE pair (3, 67) of a NeoX-layout head
+  std::vector<float> xi(d), out(d);
+  long elements = 0;
+  for (std::uint32_t slot = 0; slot < 20000; ++slot) {
+    const std::vector<float> x = draw_key(rng, d);
+    dither_values({5, 1, 2}, slot, xi);
+    const Encoded e = encode(x, xi, mask, G);
+    decode_dither_int8(e.codes, e.scales, xi, mask, e.outliers, G, out);
+    for (int c = 0; c < d; ++c) {
+      if (mask[c]) {
+        ASSERT_EQ(out[c], x[c]) << "outlier channels are stored exactly";
+        continue;
+      }
+      const double s = fp16_to_double(e.scales[c / G]);
+      ASSERT_LE(std::fabs(x[c] / s), 126.5) << "|x/s| ≤ 126.5 with the stored scale";
+      ASSERT_GE(e.codes[c], -127);
+      ASSERT_LE(e.codes[c], 127);
+      // The exact (double) reconstruction error is within s/2 with no slack.
+      const double exact = s * (double(e.codes[c]) - double(xi[c]));
+      ASSERT_LE(std::fabs(exact - double(x[c])), s / 2) << "slot " << slot << " channel " << c;
+      // The float decode adds at most half a float ulp of the decoded value (covered by β_t).
+      ASSERT_LE(std::fabs(double(out[c]) - exact), std::fabs(exact) * 0x1p-24);
+      ++elements;
+    }
+  }
+  EXPECT_EQ(elements, 20000L * (d - 2));
+}
+
+TEST(DitherInt8, ScaleIsStoredRoundedUpAndOutliersLeaveTheAmax) {
+  const int d = 64, G = 32;
+  std::vector<float> x(d, 0.0f), xi(d, 0.0f);
+  for (int c = 0; c < d; ++c) x[c] = 0.25f * static_cast<float>(c % 7) - 0.5f;
+  x[10] = 1000.0f;  // an outlier channel far above the rest of its group
+  std::vector<std::uint8_t> mask(d, 0);
+  mask[10] = 1;
+  const Encoded e = encode(x, xi, mask, G);
+  // Group 0's amax without channel 10 is 1.0: s = fp16_up(1/126.5).
+  EXPECT_EQ(e.scales[0], fp16_from_double(1.0 / 126.5, Round::up));
+  EXPECT_GE(fp16_to_double(e.scales[0]), 1.0 / 126.5);
+  EXPECT_EQ(e.outliers.size(), 1u);
+  EXPECT_EQ(fp16_to_double(e.outliers[0]), 1000.0);
+  // Without the mask the outlier drags the scale up by three orders of magnitude.
+  const Encoded plain = encode(x, xi, std::vector<std::uint8_t>(d, 0), G);
+  EXPECT_GT(fp16_to_double(plain.scales[0]), 500 * fp16_to_double(e.scales[0]));
+}
+
+TEST(DitherInt8, KnownAnswer) {
+  // x = (1, −0.5), group of 2, ξ = (0.25, −0.25): s = fp16_up(1/126.5) = (1 + 13/1024)·2^-7.
+  const std::vector<float> x = {1.0f, -0.5f}, xi = {0.25f, -0.25f};
+  const std::vector<std::uint8_t> mask = {0, 0};
+  const Encoded e = encode(x, xi, mask, 2);
+  const double s = fp16_to_double(e.scales[0]);
+  EXPECT_EQ(e.scales[0], 0x200D);
+  EXPECT_EQ(s, (1.0 + 13.0 / 1024.0) / 128.0);
+  EXPECT_EQ(e.codes[0], 127);  // round(126.3955… + 0.25)
+  EXPECT_EQ(e.codes[1], -63);  // round(−63.198… − 0.25) = −63
+}
+
+TEST(DitherInt8, ZeroAndNonFiniteGroups) {
+  const int d = 8, G = 4;
+  std::vector<float> x(d, 0.0f), xi(d, 0.3f), out(d);
+  x[5] = NAN;
+  const std::vector<std::uint8_t> mask(d, 0);
+  const Encoded e = encode(x, xi, mask, G);
+  EXPECT_EQ(e.scales[0], 0);  // an all-zero group is exact
+  EXPECT_EQ(e.scales[1], kFp16PosInf) << "a NaN group must be marked, never encoded as a number";
+  decode_dither_int8(e.codes, e.scales, xi, mask, e.outliers, G, out);
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(out[c], 0.0f);
+  for (int c = 4; c < 8; ++c) EXPECT_FALSE(std::isfinite(out[c]));
+}
+
+TEST(DitherInt8, GroupMustDivideHeadDim) {
+  EXPECT_NO_THROW(check_group(64, 32));
+  EXPECT_THROW(check_group(64, 24), std::invalid_argument);
+  EXPECT_THROW(check_group(64, 0), std::invalid_argument);
+}
+
+// The residual x̂ − x of subtractive dither is uniform on [−s/2, s/2) whatever x is:
+// a Kolmogorov–Smirnov test on a fixed input over many dither draws. The same test rejects
+// plain rounding (no dither), whose residual for a fixed input is a point mass.
+double ks_statistic(std::vector<double> u) {  // u should be U[0, 1)
+  std::sort(u.begin(), u.end());
+  const double n = static_cast<double>(u.size());
+  double D = 0.0;
+  for (std::size_t i = 0; i < u.size(); ++i)
+    D = std::max({D, (i + 1) / n - u[i], u[i] - i / n});
+  return D;
+}
+
+TEST(DitherInt8, ResidualIsUniformGoodnessOfFit) {
+  const int d = 32, G = 32, n = 4000;
+  std::mt19937_64 rng(8);
+  const std::vector<float> x = draw_key(rng, d);
+  const std::vector<std::uint8_t> mask(d, 0);
+  std::vector<std::vector<double>> residual(d), rtn(d);
+  std::vector<float> xi(d);
+  const std::vector<float> no_dither(d, 0.0f);
+  for (std::uint32_t slot = 0; slot < n; ++slot) {
+    dither_values({77, 0, 0}, slot, xi);
+    const Encoded e = encode(x, xi, mask, G);
+    const Encoded r = encode(x, no_dither, mask, G);
+    const double s = fp16_to_double(e.scales[0]);
+    for (int c = 0; c < d; ++c) {
+      residual[c].push_back((s * (e.codes[c] - double(xi[c])) - x[c]) / s + 0.5);
+      rtn[c].push_back((s * double(r.codes[c]) - x[c]) / s + 0.5);
+    }
+  }
+  // Critical value of the one-sample KS statistic at α = 1e-4 (per channel, 32 channels):
+  // sqrt(−ln(α/2)/2)/sqrt(n).
+  const double critical = std::sqrt(-std::log(0.5e-4) / 2.0) / std::sqrt(double(n));
+  int rtn_rejected = 0;
+  for (int c = 0; c < d; ++c) {
+    EXPECT_LT(ks_statistic(residual[c]), critical) << "channel " << c;
+    rtn_rejected += ks_statistic(rtn[c]) > critical;
+  }
+  EXPECT_EQ(rtn_rejected, d) << "the test must reject undithered rounding";
+}
+
+}  // namespace
+}  // namespace witcert::formats

@@ -1,0 +1,315 @@
+// The store as a pool plus one sequence's state: a cleared sequence returns every page, a page
+// written again serves only what its new sequence wrote, and sequences sharing one pool each
+// read back exactly what they read alone, for every format, page size and dither mode.
+#include "kvcache/kv_store.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/alloc_counter.h"
+#include "formats/kv_format.h"
+#include "kvcache/test_config.h"
+
+namespace witcert::kvcache {
+namespace {
+
+constexpr int kDim = 64;
+
+// The key and value of (sequence seed, position, head): the same numbers whoever writes them when.
+void token(std::uint64_t seed, std::int64_t p, int h, std::vector<float>& k, std::vector<float>& v) {
+  std::mt19937_64 rng(seed * 1000003 + static_cast<std::uint64_t>(p) * 2 + static_cast<std::uint64_t>(h));
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int i = 0; i < kDim; ++i) k[i] = g(rng), v[i] = g(rng);
+  if (p % 7 == 3) k[5] *= 40.0f;  // an outlier channel now and then
+}
+
+void write_range(KvStore& s, std::int64_t b, std::int64_t e, std::uint64_t seed) {
+  std::vector<float> k(kDim), v(kDim);
+  for (std::int64_t p = b; p < e; ++p)
+    for (int h = 0; h < 2; ++h) {
+      token(seed, p, h, k, v);
+      s.write(0, h, p, k.data(), v.data());
+    }
+}
+
+void write_all(KvStore& s, std::int64_t n, std::uint64_t seed) { write_range(s, 0, n, seed); }
+
+// Every decoded key and value of stream (0, 1), with each key's bound kind and each value's ρ.
+// With keys_too false the keys are left out and checked against their exact values in the exact
+// tier instead: within one quantization step of their group's scale.
+std::vector<float> read_all(const KvStore& s, std::int64_t n, bool keys_too = true) {
+  KvStore::Reader r(s, 0, 1);
+  std::vector<float> k(kDim), v(kDim), exact(kDim), all;
+  for (std::int64_t p = 0; p < n; ++p) {
+    KeyBound b;
+    double rho = 0.0;
+    r.key(p, k.data(), b);
+    r.value(p, v.data(), rho);
+    if (keys_too) {
+      all.insert(all.end(), k.begin(), k.end());
+    } else if (r.has_exact_tier()) {  // without it the exact rows are a ring of the latest few
+      r.exact_key(p, exact.data());
+      for (int g = 0; g < kDim; g += 32) {
+        float amax = 0.0f;
+        for (int i = g; i < g + 32; ++i) amax = std::max(amax, std::fabs(exact[i]));
+        for (int i = g; i < g + 32; ++i) EXPECT_LE(std::fabs(k[i] - exact[i]), amax / 127.0f * 1.01f) << p << " " << i;
+      }
+    }
+    all.insert(all.end(), v.begin(), v.end());
+    all.push_back(static_cast<float>(b.kind));
+    all.push_back(static_cast<float>(rho));
+  }
+  return all;
+}
+
+TEST(KvStore, AClearedSequenceReturnsItsPagesAndReusedPagesCarryNothingOfIt) {
+  for (const std::string& fmt : formats::kv_format_names())
+    for (int page : {1, 16, 64})
+      for (bool tier : {false, true}) {
+        SCOPED_TRACE(fmt + " page " + std::to_string(page) + (tier ? " tier" : ""));
+        const std::int64_t n = 70;
+        CacheConfig cfg = test_config(1, 2, kDim, n, page, fmt, fmt, 7);
+        cfg.exact_tier = tier;
+        cfg.backing = BackingPlace::in_ram();
+        KvStore fresh(cfg), reused(cfg);
+        const std::int64_t pages = reused.pool().pages();
+        write_all(reused, n, 1);
+        EXPECT_EQ(reused.pool().free_pages(), 0);
+        reused.clear();
+        EXPECT_EQ(reused.pool().free_pages(), pages);
+        EXPECT_EQ(reused.length(0, 1), 0);
+        write_all(reused, n - 5, 2);
+        write_all(fresh, n - 5, 2);
+        // Every format, dither-int8 keys too: a page's dither is named by its writer, not its place.
+        EXPECT_EQ(read_all(reused, n - 5), read_all(fresh, n - 5));
+        if (fmt == formats::kDitherInt8) read_all(reused, n - 5, false);  // and near the exact keys
+      }
+}
+
+TEST(KvStore, SequencesInOnePoolEachReadWhatTheyReadAlone) {
+  for (const std::string& fmt : formats::kv_format_names())
+    for (int page : {1, 16, 64})
+      for (DitherMode mode : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt}) {
+        if (fmt != formats::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        SCOPED_TRACE(fmt + " page " + std::to_string(page) + " " + dither_mode_name(mode));
+        const std::int64_t lengths[3] = {70, 33, 129};
+        CacheConfig cfg = test_config(1, 2, kDim, 129, page, fmt, fmt, page == 16 ? 11 : 0);
+        cfg.dither = mode;
+        cfg.exact_tier = true;
+        cfg.backing = BackingPlace::in_ram();
+        // Room for the three at once, and for a fourth once the second has gone.
+        std::int64_t pages = 0;
+        for (std::int64_t n : lengths) pages += (n + page - 1) / page;
+        cfg.pool_pages = pages;
+        auto pool = std::make_shared<KvPool>(cfg);
+        std::vector<std::unique_ptr<KvStore>> seqs;
+        for (int i = 0; i < 3; ++i) {
+          seqs.push_back(std::make_unique<KvStore>(pool));
+          seqs.back()->set_prompt_length(lengths[i] / 2);
+        }
+        // Interleaved writes, a few positions at a time, as a batched step writes them.
+        for (std::int64_t p = 0; p < 129; p += 5)
+          for (int i = 0; i < 3; ++i) write_range(*seqs[i], std::min(p, lengths[i]), std::min(p + 5, lengths[i]), i + 1);
+        EXPECT_EQ(pool->free_pages(), 0);
+        for (int i = 0; i < 3; ++i) {
+          CacheConfig solo_cfg = cfg;
+          solo_cfg.pool_pages = 0;
+          KvStore solo(solo_cfg);
+          solo.set_prompt_length(lengths[i] / 2);
+          write_all(solo, lengths[i], i + 1);
+          EXPECT_EQ(read_all(*seqs[i], lengths[i]), read_all(solo, lengths[i])) << "sequence " << i;
+        }
+        // The second returns its pages; a fourth takes them and reads only its own values.
+        const std::int64_t held = seqs[1]->sequence().pages();
+        seqs[1].reset();
+        EXPECT_EQ(pool->free_pages(), held);
+        KvStore fourth(pool);
+        fourth.set_prompt_length(10);
+        write_all(fourth, lengths[1], 9);
+        CacheConfig solo_cfg = cfg;
+        solo_cfg.pool_pages = 0;
+        KvStore solo(solo_cfg);
+        solo.set_prompt_length(10);
+        write_all(solo, lengths[1], 9);
+        EXPECT_EQ(read_all(fourth, lengths[1]), read_all(solo, lengths[1]));
+        EXPECT_EQ(read_all(*seqs[0], lengths[0]).size(), static_cast<std::size_t>(lengths[0]) * (kDim * 2 + 2));
+        // The pool is full again: one more page is refused with a clear error, nothing written.
+        KvStore fifth(pool);
+        std::vector<float> k(kDim, 1.0f), v(kDim, 1.0f);
+        EXPECT_THROW(fifth.write(0, 0, 0, k.data(), v.data()), std::runtime_error);
+        EXPECT_EQ(fifth.length(0, 0), 0);
+      }
+}
+
+TEST(KvStore, ASharedPrefixReadsAsIfWrittenAndItsPagesLiveWhileHeld) {
+  for (const std::string& fmt : formats::kv_format_names())
+    for (int page : {16, 32}) {
+      SCOPED_TRACE(fmt + " page " + std::to_string(page));
+      const std::int64_t n = 150, shared = 64;
+      CacheConfig cfg = test_config(1, 2, kDim, n, page, fmt, fmt, 0);
+      cfg.dither = DitherMode::shared_prompt;
+      cfg.pool_pages = 3 * ((n + page - 1) / page);
+      auto pool = std::make_shared<KvPool>(cfg);
+      auto donor = std::make_unique<KvStore>(pool);
+      donor->set_prompt_length(100);
+      write_all(*donor, 90, 4);  // the donor's prompt, partly run
+      KvStore taker(pool);
+      taker.set_prompt_length(120);
+      const std::int64_t free_before = pool->free_pages();
+      EXPECT_FALSE(taker.share_prefix(*donor, 20)) << "not a whole number of pages";
+      EXPECT_FALSE(taker.share_prefix(*donor, 96 + page)) << "beyond what the donor wrote";
+      ASSERT_TRUE(taker.share_prefix(*donor, shared));
+      EXPECT_EQ(pool->free_pages(), free_before);  // shared, not copied
+      // The taker's own tokens from the prefix on (the same tokens as the donor's up to 64: the
+      // same seed), then the donor goes: the shared pages stay with the taker.
+      write_range(taker, shared, n, 4);
+      donor.reset();
+      CacheConfig solo_cfg = cfg;
+      solo_cfg.pool_pages = 0;
+      KvStore solo(solo_cfg);
+      solo.set_prompt_length(120);
+      write_all(solo, n, 4);
+      EXPECT_EQ(read_all(taker, n), read_all(solo, n));
+      const std::int64_t held = taker.sequence().pages();
+      EXPECT_EQ(pool->free_pages(), pool->pages() - held);
+      taker.clear();
+      EXPECT_EQ(pool->free_pages(), pool->pages());
+      KvStore other(std::make_shared<KvPool>(cfg));
+      EXPECT_THROW(other.share_prefix(solo, shared), std::logic_error);
+    }
+}
+
+TEST(KvStore, ASharedPrefixTakesTheDonorsRepairsMadeBeforeItsEndAndChargesThemOnce) {
+  for (const std::string& fmt : {std::string("q8_0"), std::string(formats::kDitherInt8), std::string("kivi-2bit")})
+    for (int page : {1, 16}) {
+      SCOPED_TRACE(fmt + " page " + std::to_string(page));
+      const std::int64_t n = 160, shared = 128;
+      CacheConfig cfg = test_config(1, 2, kDim, n, page, fmt, fmt, 0);
+      cfg.exact_tier = true;
+      cfg.pool_pages = 3 * ((n + page - 1) / page);
+      auto pool = std::make_shared<KvPool>(cfg);
+      KvStore donor(pool);
+      donor.set_prompt_length(n);
+      write_all(donor, n, 9);
+      // Repairs asked for by positions before the shared end, at it and after it, on pages
+      // inside the prefix, on both streams.
+      const std::int64_t p0 = 0, p1 = 32 / page, p2 = 64 / page, p3 = 96 / page;
+      ASSERT_TRUE(donor.promote(0, 0, p0, 5));
+      ASSERT_TRUE(donor.promote(0, 1, p1, shared - 1));
+      ASSERT_TRUE(donor.promote(0, 0, p2, shared));
+      ASSERT_TRUE(donor.promote(0, 1, p3, n - 1));
+      EXPECT_FALSE(donor.promote(0, 0, p0, 140)) << "a page is promoted once";
+      EXPECT_EQ(donor.page_in_stats().page_ins, 4);
+
+      KvStore taker(pool);
+      taker.set_prompt_length(n);
+      ASSERT_TRUE(taker.share_prefix(donor, shared));
+      EXPECT_TRUE(taker.promoted(0, 0, p0));
+      EXPECT_TRUE(taker.promoted(0, 1, p1));
+      EXPECT_FALSE(taker.promoted(0, 0, p2)) << "asked for at the shared end: the donor's own";
+      EXPECT_FALSE(taker.promoted(0, 1, p3)) << "asked for after the shared end: the donor's own";
+      EXPECT_FALSE(taker.promoted(0, 1, p0));
+      const KvStore::PageInStats got = taker.page_in_stats();
+      EXPECT_EQ(got.page_ins, 0) << "paged in by the donor, not again";
+      EXPECT_EQ(got.page_in_bytes, 0);
+      EXPECT_EQ(got.shared_page_ins, 2);
+      // What the taker reads is what a sequence that wrote the same tokens and made the same
+      // repairs before the shared end reads, and its repairs from then on are its own.
+      write_range(taker, shared, n, 9);
+      KvStore solo(pool);
+      solo.set_prompt_length(n);
+      write_all(solo, n, 9);
+      ASSERT_TRUE(solo.promote(0, 0, p0, 5));
+      ASSERT_TRUE(solo.promote(0, 1, p1, shared - 1));
+      EXPECT_EQ(read_all(taker, n), read_all(solo, n));
+      EXPECT_FALSE(taker.promote(0, 1, p1, n - 1)) << "a taken repair holds";
+      EXPECT_TRUE(taker.promote(0, 0, p2, n - 1));
+      EXPECT_EQ(taker.page_in_stats().page_ins, 1);
+      EXPECT_EQ(donor.page_in_stats().page_ins, 4) << "the donor's count is unchanged";
+      taker.clear();
+      EXPECT_EQ(taker.page_in_stats().shared_page_ins, 0);
+      EXPECT_FALSE(taker.promoted(0, 0, p0));
+      EXPECT_THROW(solo.promote(0, 0, p3, n), std::out_of_range) << "a position beyond the capacity";
+    }
+}
+
+TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
+  CacheConfig cfg = test_config(2, 2, kDim, 256, 16, formats::kDitherInt8, "q4_0", 0);
+  cfg.pool_pages = 40;
+  auto pool = std::make_shared<KvPool>(cfg);
+  const std::size_t before = pool->bytes();
+  KvStore a(pool), b(pool);
+  write_all(a, 100, 1);
+  EXPECT_EQ(pool->bytes(), before);  // pages are allocated with the pool, never per write
+  EXPECT_GT(a.sequence().bytes(), 0u);
+  EXPECT_EQ(a.sequence().pages(), 7);
+  EXPECT_EQ(b.sequence().pages(), 0);
+  EXPECT_EQ(pool->free_pages(), 33);
+  // A sequence's own state is allocated when it is made: admission's count of a new sequence is
+  // what it holds when full.
+  const std::size_t fresh = b.sequence().bytes();
+  write_all(b, 256, 2);
+  EXPECT_EQ(b.sequence().pages(), 16);
+  EXPECT_EQ(b.sequence().bytes(), fresh);
+  EXPECT_EQ(a.sequence().bytes(), fresh);
+}
+
+// What one block's encode and decode of `scheme` allocate by themselves (a black-box research
+// codec may); 0 without a scheme.
+long codec_allocations(const formats::KvScheme* scheme) {
+  if (scheme == nullptr) return 0;
+  std::vector<float> x(static_cast<std::size_t>(scheme->tokens_per_block()) * kDim, 0.5f), out(x.size());
+  std::vector<std::uint8_t> packed(scheme->block_bytes(kDim));
+  const long before = testing_util::thread_allocations();
+  scheme->encode(x.data(), kDim, packed.data());
+  scheme->decode(packed.data(), kDim, out.data());
+  return testing_util::thread_allocations() - before;
+}
+
+// Once a sequence has written its first position, a write allocates nothing of its own, for every
+// format (fp16, dither-int8 in every dither mode, per-token and group schemes), with and without
+// the exact tier, across page boundaries, dither-int8's calibration and group-scheme blocks: all
+// it allocates is what a scheme's own codec allocates, once per block it encodes.
+TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
+  const std::int64_t n = 80;  // 5 pages; calibration at 16; group blocks end at 32 and 64
+  std::vector<float> k(kDim), v(kDim);
+  for (const std::string& name : formats::kv_format_names())
+    for (const DitherMode mode :
+         {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt, DitherMode::none})
+      for (const bool tier : {false, true}) {
+        if (name != formats::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        CacheConfig c = test_config(2, 2, kDim, n, 16, name, name, 0);
+        c.dither = mode;
+        c.exact_tier = tier;
+        KvStore s(c);
+        if (mode == DitherMode::shared_prompt) s.set_prompt_length(20);
+        const formats::KvFormat& f = c.k_format;
+        const long codec[2] = {codec_allocations(f.scheme(formats::KvSide::key)),
+                               codec_allocations(f.scheme(formats::KvSide::value))};
+        long expected = 0, before = 0;
+        for (std::int64_t p = 0; p < n; ++p)
+          for (int l = 0; l < 2; ++l)
+            for (int h = 0; h < 2; ++h) {
+              if (p == 1 && l == 0 && h == 0) before = testing_util::thread_allocations();  // after the warm-up
+              token(9, p, h, k, v);
+              s.write(l, h, p, k.data(), v.data());
+              if (p == 0) continue;
+              for (const formats::KvSide side : {formats::KvSide::key, formats::KvSide::value}) {
+                const formats::KvScheme* scheme = f.scheme(side);
+                if (scheme != nullptr && (p + 1) % scheme->tokens_per_block() == 0)
+                  expected += codec[side == formats::KvSide::value];
+              }
+            }
+        EXPECT_EQ(testing_util::thread_allocations() - before, expected)
+            << name << " dither " << dither_mode_name(mode) << (tier ? " with" : " without") << " the exact tier";
+      }
+}
+
+}  // namespace
+}  // namespace witcert::kvcache

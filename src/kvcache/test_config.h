@@ -1,0 +1,25 @@
+// Test support: a CacheConfig from its geometry, format names, page size and page shuffle.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvcache/kv_store.h"
+
+namespace witcert::kvcache {
+
+inline CacheConfig test_config(int layers, int kv_heads, int head_dim, std::int64_t capacity, int page_size,
+                               const std::string& k_format, const std::string& v_format, std::uint64_t shuffle) {
+  CacheConfig c;
+  c.layers = layers;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.capacity = capacity;
+  c.page_size = page_size;
+  c.k_format = formats::KvFormat::parse(k_format);
+  c.v_format = formats::KvFormat::parse(v_format);
+  c.shuffle_pages = shuffle;
+  return c;
+}
+
+}  // namespace witcert::kvcache
