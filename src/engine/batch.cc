@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <numeric>
-#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -40,29 +38,6 @@ class FromPosition final : public gate::MeterSink {
 };
 
 }  // namespace
-
-void apply_policy(const nlohmann::json& j, const CacheOptions& base, double coverage_tau, double coverage_tau_v,
-                  BatchRequest& r) {
-  const auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw std::invalid_argument(what);
-  };
-  r.cache = base;
-  r.coverage_tau_v = coverage_tau_v;
-  bool policy = j.contains("coverage_tau") || j.contains("coverage_tau_v");
-  for (const char* key : CacheOptions::kPolicyKeys) policy = policy || j.contains(key);
-  require(!policy || base.certified,
-          "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
-  r.cache.read_policy(j);
-  // The request's coverage τ, by the rule of every entry point: its own, else its own certified
-  // gate's τ_K, else the pool's.
-  std::optional<double> asked;
-  if (j.contains("coverage_tau")) read_json(j, "coverage_tau", asked.emplace());
-  r.coverage_tau = engine::coverage_tau(j.contains("tau_k") ? r.cache.gate : gate::Policy{}, asked, coverage_tau);
-  read_json(j, "coverage_tau_v", r.coverage_tau_v);
-  require(r.coverage_tau > 0 && r.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
-  require(std::isfinite(r.coverage_tau_v) && r.coverage_tau_v > 0, "coverage_tau_v must be finite and > 0");
-  r.cache.validate();
-}
 
 const char* finish_name(Finish f) {
   switch (f) {

@@ -35,14 +35,6 @@ struct BatchRequest {
   double coverage_tau_v = 0.05;
 };
 
-// A request's meter policy from its JSON object (a server request's `witcert` object, a batch
-// line): the keys of CacheOptions::read_policy and coverage_tau, coverage_tau_v, each optional,
-// over the pool's options `base`. Sets r.cache and r's coverage figures. Throws
-// std::invalid_argument naming the key (policy keys without a certified cache, wrong types,
-// values out of range).
-void apply_policy(const nlohmann::json& j, const CacheOptions& base, double coverage_tau, double coverage_tau_v,
-                  BatchRequest& r);
-
 enum class Finish { stop, length, error, cancelled };
 const char* finish_name(Finish f);  // "stop", "length", "error", "cancelled"
 

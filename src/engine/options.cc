@@ -150,6 +150,26 @@ void CacheOptions::read_policy(const nlohmann::json& j) {
   }
 }
 
+RequestPolicy RequestPolicy::from_json(const nlohmann::json& j, const CacheOptions& base, double coverage_tau,
+                                       double coverage_tau_v) {
+  RequestPolicy p{base, coverage_tau, coverage_tau_v};
+  bool policy = j.contains("coverage_tau") || j.contains("coverage_tau_v");
+  for (const char* key : CacheOptions::kPolicyKeys) policy = policy || j.contains(key);
+  require(!policy || base.certified,
+          "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
+  p.cache.read_policy(j);
+  // The request's coverage τ, by the rule of every entry point: its own, else its own certified
+  // gate's τ_K, else the pool's.
+  std::optional<double> asked;
+  if (j.contains("coverage_tau")) read_json(j, "coverage_tau", asked.emplace());
+  p.coverage_tau = engine::coverage_tau(j.contains("tau_k") ? p.cache.gate : gate::Policy{}, asked, coverage_tau);
+  read_json(j, "coverage_tau_v", p.coverage_tau_v);
+  require(p.coverage_tau > 0 && p.coverage_tau <= 1, "coverage_tau must be in (0, 1]");
+  require(finite_positive(p.coverage_tau_v), "coverage_tau_v must be finite and > 0");
+  p.cache.validate();
+  return p;
+}
+
 RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
   check_keys(j, {"prompt", "chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v"},
              "request");

@@ -114,6 +114,21 @@ struct CacheOptions {
   static constexpr const char* kPolicyKeys[] = {"tau_k", "tau_v", "granularity", "delta", "bound"};
 };
 
+// A request's meter policy over its pool's: the cache options with the request's gate, δ and
+// bound, and the τ of its coverage figures.
+struct RequestPolicy {
+  CacheOptions cache;
+  double coverage_tau = kDefaultCoverageTau;
+  double coverage_tau_v = 0.05;
+
+  // From a request's JSON object (a server request's `witcert` object, a batch line): the keys of
+  // CacheOptions::read_policy and coverage_tau, coverage_tau_v, each optional, over the pool's
+  // options `base` and coverage figures. Throws std::invalid_argument naming the key (policy keys
+  // without a certified cache, wrong types, values out of range).
+  static RequestPolicy from_json(const nlohmann::json& j, const CacheOptions& base, double coverage_tau,
+                                 double coverage_tau_v);
+};
+
 // One request: the prompt, the token budget, sampling, and how its meter is summarised.
 struct RequestOptions {
   std::string prompt;

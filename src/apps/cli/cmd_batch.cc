@@ -61,7 +61,10 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   engine::read_json(j, "top_p", r.sampler.top_p);
   engine::read_json(j, "seed", r.sampler.seed);
   model::Sampler{r.sampler};  // a bad temperature or top_p is this line's error, before the engine takes it
-  apply_policy(j, base, args.cache.coverage_tau, args.cache.tau_v, r);
+  const engine::RequestPolicy policy = engine::RequestPolicy::from_json(j, base, args.cache.coverage_tau, args.cache.tau_v);
+  r.cache = policy.cache;
+  r.coverage_tau = policy.coverage_tau;
+  r.coverage_tau_v = policy.coverage_tau_v;
   return r;
 }
 

@@ -187,7 +187,10 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
     w.erase("detail");
   }
   try {
-    engine::apply_policy(w, d.cache, d.coverage_tau, d.coverage_tau_v, r);
+    const engine::RequestPolicy policy = engine::RequestPolicy::from_json(w, d.cache, d.coverage_tau, d.coverage_tau_v);
+    r.cache = policy.cache;
+    r.coverage_tau = policy.coverage_tau;
+    r.coverage_tau_v = policy.coverage_tau_v;
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
   }
