@@ -292,7 +292,7 @@ std::uint64_t BatchEngine::submit(const BatchRequest& request, RequestEvents eve
             std::to_string(capacity_) + ")";
   if (error.empty() && pages_for(s->limit, P) > pool_.pages())
     error = "the request needs " + std::to_string(pages_for(s->limit, P)) + " pages of " + std::to_string(P) +
-            " tokens, more than the pool's " + std::to_string(pool_.pages()) + " (raise --kv-memory)";
+            " tokens, more than the pool's " + std::to_string(pool_.pages()) + " (a larger kv_memory)";
   const std::uint64_t id = s->id;
   if (!error.empty()) {
     finish(*s, Finish::error, error);

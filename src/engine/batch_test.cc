@@ -40,7 +40,7 @@ CacheOptions format(const std::string& k, const std::string& v, double tau, gate
   o.certified = true;
   o.k_format = formats::KvFormat::parse(k);
   o.v_format = formats::KvFormat::parse(v);
-  o.gate.tau_k = tau;
+  o.gate.set_tau_k(tau);
   o.gate.granularity = g;
   o.backing = kvcache::BackingPlace::in_ram();
   return o;
@@ -282,8 +282,8 @@ TEST_P(BatchRepairPolicy, SharingFollowsTheRepairPolicy) {
       "in a locked chest under the stairs of the hall, where the keeper sat by the window with a lamp. ";
   const char* tails[] = {"Question: what did the clerks count?", "Question: where were the oldest ledgers?"};
   CacheOptions gated = cache(), plain = cache(), other = cache();
-  gated.gate.tau_k = GetParam().tau > 0 ? GetParam().tau : 0.05;
-  plain.gate.tau_k = 0.0;
+  gated.gate.set_tau_k(GetParam().tau > 0 ? GetParam().tau : 0.05);
+  plain.gate.set_tau_k(0.0);
   other.gate = gated.gate;
   other.gate.granularity = gated.gate.granularity == gate::Granularity::head ? gate::Granularity::block
                                                                              : gate::Granularity::head;
@@ -398,7 +398,7 @@ TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
     small.run(all, {tok_->eos()});
     ADD_FAILURE() << "a budget of 1000 bytes was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("--kv-memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kv_memory 1000 bytes"), std::string::npos) << e.what();
   }
 }
 
@@ -505,7 +505,7 @@ TEST(PoolMemory, ABudgetBeyondTheAvailableMemoryIsRefusedNamingBoth) {
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     for (const char* part :
-         {"--kv-memory 2147483648 bytes", "MemAvailable 1073741824 bytes", "SwapFree 536870912 bytes"})
+         {"kv_memory 2147483648 bytes", "MemAvailable 1073741824 bytes", "SwapFree 536870912 bytes"})
       EXPECT_NE(what.find(part), std::string::npos) << what;
   }
   // The exact tier counts when it lives in RAM; a file-backed one does not.
@@ -527,7 +527,7 @@ TEST_F(RealModel, AKvMemoryBeyondThisMachineIsRefusedWhenThePoolOpens) {
     ADD_FAILURE() << "a budget of 1 PiB was accepted";
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("--kv-memory 1125899906842624 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("kv_memory 1125899906842624 bytes"), std::string::npos) << what;
     EXPECT_NE(what.find("MemAvailable"), std::string::npos) << what;
   }
 }

@@ -130,7 +130,7 @@ void check_kv_memory(const model::LlamaConfig& model, const CacheOptions& opts, 
   const double have = static_cast<double>(memory.available) + static_cast<double>(memory.swap_free);
   if (static_cast<double>(budget) + tier <= have) return;
   const std::string with_tier = tier > 0 ? " with its exact tier in RAM (" + bytes_text(tier) + ")" : "";
-  throw std::invalid_argument("--kv-memory " + bytes_text(static_cast<double>(budget)) + with_tier +
+  throw std::invalid_argument("kv_memory " + bytes_text(static_cast<double>(budget)) + with_tier +
                               " is more than this machine has available: MemAvailable " +
                               bytes_text(static_cast<double>(memory.available)) + " + SwapFree " +
                               bytes_text(static_cast<double>(memory.swap_free)) + " (/proc/meminfo)");
@@ -148,7 +148,7 @@ PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, con
   s.sequence_bytes = one.sequence_bytes(capacity);
   const std::size_t reserved = s.fixed_bytes + static_cast<std::size_t>(max_seqs) * s.sequence_bytes;
   if (static_cast<std::size_t>(budget) < reserved + s.page_bytes)
-    throw std::invalid_argument("--kv-memory " + std::to_string(budget) + " bytes holds not one page of " +
+    throw std::invalid_argument("kv_memory " + std::to_string(budget) + " bytes holds not one page of " +
                                 std::to_string(opts.page_size) + " tokens beside " + std::to_string(max_seqs) +
                                 " sequences' own state (" + std::to_string(reserved + s.page_bytes) + " bytes needed)");
   s.pages = static_cast<std::int64_t>((static_cast<std::size_t>(budget) - reserved) / s.page_bytes);

@@ -108,7 +108,7 @@ TEST_F(CertifiedRealModel, GatedPrefillIsIndependentOfThreads) {
       CacheOptions opts;
       opts.certified = true;
       opts.k_format = opts.v_format = formats::KvFormat::parse("q4_0");
-      opts.gate = {0.3, gran};
+      opts.gate = gate::Policy::from_tau_k(0.3, gran);
       gate::CellLog log;
       const Cache cache = make_cache(cfg, static_cast<std::int64_t>(prompt.size()), 256, opts, {&log});
       ThreadPool pool(threads);

@@ -22,7 +22,7 @@ std::string default_model_path() {
 
 Model Model::load(const std::string& path) {
   if (!std::filesystem::exists(path))
-    throw std::runtime_error("model file '" + path + "' does not exist (run scripts/fetch-model.sh, or pass --model)");
+    throw std::runtime_error("model file '" + path + "' does not exist (scripts/fetch-model.sh fetches the default one; or name another)");
   Model e;
   e.file = std::make_unique<model::GgufFile>(model::GgufFile::open(path));
   e.tokenizer = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(*e.file));

@@ -73,7 +73,7 @@ std::uint64_t parse_u64(std::string_view text, const std::string& what) {
 
 double coverage_tau(const gate::Policy& gate, std::optional<double> asked, double otherwise) {
   if (asked) return *asked;
-  if (gate.on() && gate.certified()) return gate.tau_k;
+  if (gate.on() && gate.certified()) return gate.tau_k();
   return otherwise;
 }
 
@@ -135,7 +135,11 @@ void RequestOptions::validate() const {
 }
 
 void CacheOptions::read_policy(const nlohmann::json& j) {
-  read_json(j, "tau_k", gate.tau_k);
+  if (j.contains("tau_k")) {
+    double tau_k = 0.0;
+    read_json(j, "tau_k", tau_k);
+    gate.set_tau_k(tau_k);
+  }
   read_json(j, "tau_v", gate.tau_v);
   if (j.contains("granularity")) {
     std::string name;

@@ -37,7 +37,7 @@ TEST(EngineOptions, JsonGivesTypedValues) {
   EXPECT_EQ(c.dither_seed, 18446744073709551615ull);
   EXPECT_EQ(c.delta, 0.001);
   EXPECT_EQ(c.bound, cert::BoundShape::retention);
-  EXPECT_EQ(c.gate.tau_k, 0.2);
+  EXPECT_EQ(c.gate.tau_k(), 0.2);
   EXPECT_EQ(c.gate.tau_v, 0.1);
   EXPECT_EQ(c.gate.granularity, gate::Granularity::head);
   EXPECT_TRUE(c.check_soundness);
@@ -92,7 +92,7 @@ TEST(CacheOptions, ReadPolicyIsTheOneReaderOfTheRequestSettings) {
   EXPECT_EQ(o.gate, base.gate);
   EXPECT_EQ(o.delta, base.delta);
   o.read_policy(json::parse(R"({"tau_k": 0.1, "tau_v": 0.02, "granularity": "head", "delta": 0.05, "bound": "eform"})"));
-  EXPECT_EQ(o.gate.tau_k, 0.1);
+  EXPECT_EQ(o.gate.tau_k(), 0.1);
   EXPECT_EQ(o.gate.tau_v, 0.02);
   EXPECT_EQ(o.gate.granularity, gate::Granularity::head);
   EXPECT_EQ(o.delta, 0.05);
@@ -204,7 +204,7 @@ TEST(ParseU64, TheCommandLineRefusesSeedsBeyondTheirRange) {
 }
 
 TEST(CoverageTau, AskedElseTheCertifiedGatesElseTheLevelAbove) {
-  const gate::Policy none, certified{0.1}, ranked{2.0};
+  const gate::Policy none, certified = gate::Policy::from_tau_k(0.1), ranked = gate::Policy::from_tau_k(2.0);
   EXPECT_EQ(coverage_tau(none, std::nullopt), kDefaultCoverageTau);
   EXPECT_EQ(coverage_tau(certified, std::nullopt), 0.1);
   EXPECT_EQ(coverage_tau(ranked, std::nullopt), kDefaultCoverageTau);  // a raw-score gate is no coverage τ

@@ -100,7 +100,7 @@ TEST(AttendCausal, GatedRunServesEveryPositionWithinTau) {
     CertifiedOptions o;
     o.q_heads = kGroup;
     o.check_soundness = true;
-    o.gate = {0.2, gran};
+    o.gate = Policy::from_tau_k(0.2, gran);
     CellLog log;
     CertifiedKvCache cache(config("q4_0", 16), logged(o, log));
     fill(cache, d);

@@ -47,7 +47,7 @@ struct Case {
 
   std::string name() const {
     return k + "/" + v + " page " + std::to_string(page) + " prompt " + std::to_string(prompt) + " " +
-           kvcache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k) +
+           kvcache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k()) +
            (check ? " checked" : "") + " " + cert::bound_shape_name(bound);
   }
 };
@@ -135,7 +135,7 @@ void expect_sound(const Case& c, const Served& r) {
       ASSERT_LE(cell.tv, cell.meter * (1 + 1e-9) + 1e-12) << c.name() << " pos " << cell.pos;
     }
     if (c.gate.on() && c.gate.certified()) {
-      ASSERT_LE(cell.meter, c.gate.tau_k) << c.name() << " pos " << cell.pos;
+      ASSERT_LE(cell.meter, c.gate.tau_k()) << c.name() << " pos " << cell.pos;
       ASSERT_LE(cell.v_meter, c.gate.tau_v) << c.name() << " pos " << cell.pos;
     }
   }
@@ -163,7 +163,7 @@ TEST(CacheClasses, PrefillAndDecodeOverEveryFormatModeOutliersPromptAndPage) {
             const Served checked = serve(c);
             expect_sound(c, checked);
             ASSERT_EQ(std::memcmp(plain.out.data(), checked.out.data(), plain.out.size() * sizeof(float)), 0) << c.name();
-            c.gate = {0.2, Granularity::block};
+            c.gate = Policy::from_tau_k(0.2, Granularity::block);
             expect_sound(c, serve(c));
             cases += 3;
           }
@@ -184,7 +184,7 @@ TEST(CacheClasses, JointGateRepairsTheValueSide) {
         const Served r = serve(raw);
         expect_sound(raw, r);
         Case gated = raw;
-        gated.gate = {0.2, gran};
+        gated.gate = Policy::from_tau_k(0.2, gran);
         const Served g = serve(gated);
         expect_sound(gated, g);
         bool v_failed = false;
@@ -278,7 +278,7 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
         // (that call included) every output is the exact cache's, bit for bit.
         CertifiedOptions o;
         o.q_heads = kGroup * kKvHeads;
-        o.gate = {1e-12, Granularity::request, 1e-12};
+        o.gate = Policy::from_tau_k(1e-12, Granularity::request, 1e-12);
         CellLog log;
         CertifiedKvCache gated(cfg, logged(o, log));
         Stream s2(5);

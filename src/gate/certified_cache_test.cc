@@ -305,7 +305,7 @@ TEST(CertifiedCache, ANonFiniteKeyInOneSequenceLeavesTheOthersUnchanged) {
     for (double tau : {0.0, 0.2}) {
       SCOPED_TRACE(fmt + " tau " + std::to_string(tau));
       CertifiedOptions o = heads(kGroup * kKvHeads);
-      o.gate.tau_k = tau;
+      o.gate.set_tau_k(tau);
       kvcache::CacheConfig cfg = config_with_tier(fmt, fmt, 40, 16, 0);
       cfg.pool_pages = 6;
       auto pool = std::make_shared<kvcache::KvPool>(cfg);
@@ -381,7 +381,7 @@ TEST(CertifiedCache, BytesAreMeasuredFromAllocations) {
   EXPECT_EQ(fp16.store().compressed_bytes(), static_cast<std::size_t>(streams * (4096 * 256 + kDim) + 4096 / 16 * 4));
   // A gate keeps the tier: 2 · 128 B a token and KV head, in a file unless asked for RAM.
   CertifiedOptions gated = heads(6);
-  gated.gate = {0.2, Granularity::block};
+  gated.gate = Policy::from_tau_k(0.2, Granularity::block);
   CertifiedKvCache with_tier(config(kvcache::kDitherInt8, kvcache::kDitherInt8, 4096, 16, 0), gated);
   EXPECT_EQ(with_tier.store().backing_bytes(), 2u * kLayers * kKvHeads * 4096 * 128);
   std::printf("[certified-cache] bytes/token/head at d=64: fp16 K %.2f, dither-int8 K %.2f V %.2f\n",

@@ -63,7 +63,7 @@ GateRun run(const std::string& fmt, Policy gate, bool check = false) {
 
 TEST(Gate, CertifiedGatingServesEveryCellWithinTau) {
   for (Granularity gran : {Granularity::block, Granularity::head, Granularity::request}) {
-    const GateRun r = run("q4_0", {0.2, gran}, /*check=*/true);
+    const GateRun r = run("q4_0", Policy::from_tau_k(0.2, gran), /*check=*/true);
     long repaired = 0;
     for (const MeterCell& c : r.cells) {
       ASSERT_LE(c.meter, 0.2) << "layer " << c.layer << " head " << c.q_head << " pos " << c.pos;
@@ -75,7 +75,7 @@ TEST(Gate, CertifiedGatingServesEveryCellWithinTau) {
 }
 
 TEST(Gate, RiskRankedGatingBoundsTheRawScore) {
-  const GateRun r = run("sign-1bit", {4.0, Granularity::block});
+  const GateRun r = run("sign-1bit", Policy::from_tau_k(4.0, Granularity::block));
   long above_before = 0;
   for (const MeterCell& c : r.cells) {
     ASSERT_LE(c.eform_raw, 4.0);
@@ -85,7 +85,7 @@ TEST(Gate, RiskRankedGatingBoundsTheRawScore) {
 }
 
 TEST(Gate, RepairedPagesMatchTheBackingTierAndArePagedInOnce) {
-  run("rtn-int4", {0.1, Granularity::block}, false, [](const CertifiedKvCache& cache) {
+  run("rtn-int4", Policy::from_tau_k(0.1, Granularity::block), false, [](const CertifiedKvCache& cache) {
     const kvcache::KvStore& st = cache.store();
     std::int64_t promoted = 0;
     for (int l = 0; l < kLayers; ++l)
@@ -116,8 +116,8 @@ TEST(Gate, RepairedPagesMatchTheBackingTierAndArePagedInOnce) {
 }
 
 TEST(Gate, BlockPagingMovesLessThanHeadPaging) {
-  const GateRun block = run("fp8-e4m3", {0.2, Granularity::block});
-  const GateRun head = run("fp8-e4m3", {0.2, Granularity::head});
+  const GateRun block = run("fp8-e4m3", Policy::from_tau_k(0.2, Granularity::block));
+  const GateRun head = run("fp8-e4m3", Policy::from_tau_k(0.2, Granularity::head));
   std::printf("[gate] fp8-e4m3 at tau 0.2: page-in bytes block %lld, head %lld\n",
               static_cast<long long>(block.page_in.page_in_bytes), static_cast<long long>(head.page_in.page_in_bytes));
   EXPECT_LE(block.page_in.page_in_bytes, head.page_in.page_in_bytes);
@@ -171,7 +171,7 @@ TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
     for (const bool in_query : {false, true}) {
       CertifiedOptions o;
       o.q_heads = kGroup * kKvHeads;
-      o.gate = {0.2, Granularity::block};
+      o.gate = Policy::from_tau_k(0.2, Granularity::block);
       CellLog log;
       CertifiedKvCache cache(config("q8_0"), logged(o, log));
       std::mt19937_64 rng(4);
@@ -201,8 +201,37 @@ TEST(Gate, NonFiniteKeyOrQueryIsNoGuaranteeAndTheGateRepairs) {
 
 TEST(Gate, RejectsImpossibleTau) {
   CertifiedOptions o;
-  o.gate.tau_k = -0.5;
+  o.gate.set_tau_k(-0.5);
   EXPECT_THROW(CertifiedKvCache(config("q8_0"), o), std::invalid_argument);
+}
+
+// The gate's mode is a variant read once from the options' number: 0 none, below 1 certified on
+// the meter, from 1 risk-ranked on the raw score; pass_K reads what the mode names.
+TEST(Gate, TheModeIsAVariantReadOnceFromTauK) {
+  EXPECT_EQ(Policy::mode_of(0.0), GateMode{NoGate{}});
+  EXPECT_EQ(Policy::mode_of(0.2), GateMode{CertifiedGate{0.2}});
+  EXPECT_EQ(Policy::mode_of(0.999), GateMode{CertifiedGate{0.999}});
+  EXPECT_EQ(Policy::mode_of(1.0), GateMode{RiskRankedGate{1.0}});
+  EXPECT_EQ(Policy::mode_of(50.0), GateMode{RiskRankedGate{50.0}});
+  for (double t : {0.0, 0.2, 1.0, 50.0}) EXPECT_EQ(Policy::from_tau_k(t).tau_k(), t);
+  HeadResult r;
+  r.meter = 0.3;
+  r.eform_raw = 2.0;
+  r.v_meter = 0.0;
+  const std::vector<HeadResult> heads{r};
+  EXPECT_TRUE(Policy::from_tau_k(0.0).pass_k(r));
+  EXPECT_FALSE(Policy::from_tau_k(0.0).triggered(heads));
+  EXPECT_FALSE(Policy::from_tau_k(0.2).pass_k(r));  // the meter 0.3 is above τ_K
+  EXPECT_TRUE(Policy::from_tau_k(0.2).triggered(heads));
+  EXPECT_TRUE(Policy::from_tau_k(0.5).pass_k(r));
+  EXPECT_FALSE(Policy::from_tau_k(1.5).pass_k(r));  // the raw score 2 is above the threshold
+  EXPECT_TRUE(Policy::from_tau_k(3.0).pass_k(r));
+  EXPECT_FALSE(Policy::from_tau_k(0.0).on());
+  EXPECT_TRUE(Policy::from_tau_k(0.2).certified());
+  EXPECT_FALSE(Policy::from_tau_k(3.0).certified());
+  for (double bad : {-0.5, -1e-300, static_cast<double>(NAN), static_cast<double>(INFINITY)})
+    EXPECT_THROW(Policy::from_tau_k(bad).validate(), std::invalid_argument) << bad;
+  EXPECT_THROW(Policy::from_tau_k(0.2, Granularity::block, 0.0).validate(), std::invalid_argument);
 }
 
 }  // namespace

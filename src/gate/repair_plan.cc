@@ -27,7 +27,7 @@ bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim,
            std::all_of(order.begin(), order.end(), [&](std::int64_t j) { return std::isfinite(total(t, j)); });
   };
   if (!all_finite(A, terms.a) || !all_finite(rho, terms.rho)) return false;  // no plan: every page
-  const double a_target = std::sqrt(1.0 + 2.0 * policy.tau_k);  // ½(A² − 1) ≤ τ_K
+  const double a_target = std::sqrt(1.0 + 2.0 * policy.tau_k());  // ½(A² − 1) ≤ τ_K
   const auto k_pending = [&] { return std::any_of(A.begin(), A.end(), [&](double a) { return a > a_target; }); };
   const auto v_pending = [&] {
     for (int h = 0; h < group; ++h)

@@ -37,7 +37,7 @@ engine::CacheOptions cache_options(const CacheFlags& f, const std::string& kv, c
   o.dither_seed = f.dither_seed;
   o.delta = f.delta;
   o.bound = cert::parse_bound_shape(f.bound);
-  o.gate = {f.gate, gate::parse_granularity(f.granularity), f.tau_v};
+  o.gate = gate::Policy::from_tau_k(f.gate, gate::parse_granularity(f.granularity), f.tau_v);
   o.check_soundness = f.check_soundness;
   o.backing = backing_place(f.backing_file, f.backing_file_overwrite, f.keep_backing_file, f.exact_tier, model_path,
                             o.gate.on() || o.check_soundness);

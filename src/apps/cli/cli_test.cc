@@ -454,7 +454,7 @@ TEST(CliEngine, BatchWritesEveryLineInOrderAndBadLinesAlone) {
   EXPECT_TRUE(std::filesystem::exists(in));
   r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --kv-memory 10");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.out.find("--kv-memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv_memory 10 bytes"), std::string::npos) << r.out;
   EXPECT_EQ(staged_files(out), std::vector<std::string>{});
   r = run("batch --model " + kModel + " --input " + in + " --output " + out + " --tau-v 0.1");
   EXPECT_EQ(r.exit_code, 2);

@@ -40,7 +40,7 @@ int run_demo(const std::string& model, int threads, int tokens, const std::strin
     c.label = std::move(label);
     c.cache.certified = true;
     c.cache.k_format = c.cache.v_format = formats::KvFormat::parse(kv);
-    c.cache.gate = {tau, gate::Granularity::block};
+    c.cache.gate = gate::Policy::from_tau_k(tau, gate::Granularity::block);
     return c;
   };
   const std::vector<RunConfig> configs = {

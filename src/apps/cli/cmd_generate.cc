@@ -39,7 +39,7 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
     const kvcache::KvStore::PageInStats pi = st.page_in_stats();
     err << fmt::format("  gate tau_K={} tau_V={} {}: joint coverage before repair {:.4f}; {} cells repaired, {} pages "
                        "({:.1f} KiB) paged in\n",
-                       opts.gate.tau_k, opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, pi.page_ins,
+                       opts.gate.tau_k(), opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, pi.page_ins,
                        pi.page_in_bytes / 1024.0);
   }
   err << fmt::format("  KV bytes per token: {:.0f} (K {:.2f} + V {:.2f} per head; fp16 {:.0f}: {:.2f}x capacity)\n",

@@ -221,7 +221,7 @@ void check_pool_cache_options(const PoolCacheOptions& o, const witcert::apps::Ca
 // The command's coverage τ, by the rule of every entry point (engine::coverage_tau): --coverage-tau
 // when given, else a certified gate's τ_K, else the default.
 void resolve_coverage_tau(witcert::apps::CacheFlags& c, const CLI::Option* coverage_tau) {
-  c.coverage_tau = witcert::engine::coverage_tau(witcert::gate::Policy{c.gate},
+  c.coverage_tau = witcert::engine::coverage_tau(witcert::gate::Policy::from_tau_k(c.gate),
                                                  given(coverage_tau) ? std::optional(c.coverage_tau) : std::nullopt);
 }
 

@@ -185,7 +185,7 @@ std::int64_t shapes(const engine::Model& m, const EvalOptions& o, std::ostream& 
         for (bool gated : {false, true}) {
           engine::CacheOptions c = engine::CacheOptions::from_json({{"kv", kv}, {"bound", b}});
           c.check_soundness = true;
-          if (gated) c.gate.tau_k = tau;
+          if (gated) c.gate.set_tau_k(tau);
           gate::Telemetry tel(cfg.layers, cfg.heads, {tau, c.gate.tau_v, c.bound, first});
           SoundnessSink sound;
           const kvcache::KvStore::PageInStats pi = run_checked(m, pool, prompt, n, c, {&tel, &sound}).page_in;

@@ -29,7 +29,7 @@ json run_config(const engine::Model& m, ThreadPool& pool, const std::vector<std:
                 const NeedlePrompt& p, int n, const Config& cfg) {
   engine::CacheOptions c;
   if (!cfg.kv.empty()) c = checked_cache(cfg.kv);
-  if (cfg.tau > 0) c.gate = {cfg.tau, cfg.granularity, kTauV};
+  if (cfg.tau > 0) c.gate = gate::Policy::from_tau_k(cfg.tau, cfg.granularity, kTauV);
   const std::int64_t first = static_cast<std::int64_t>(prompt.size());
   CoverageSink cov(first, kTauK, kTauV);
   SoundnessSink sound(first);

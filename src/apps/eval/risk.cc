@@ -59,7 +59,7 @@ std::int64_t risk_coverage(const engine::Model& m, const EvalOptions& o, std::os
               c.dither = kvcache::DitherMode::none;
               c.bound = cert::BoundShape::tanh;
             }
-            if (gated) c.gate = {kTauK, gate::Granularity::block, kTauV};
+            if (gated) c.gate = gate::Policy::from_tau_k(kTauK, gate::Granularity::block, kTauV);
             CoverageSink cov(first, kTauK, kTauV);
             SoundnessSink sound;
             const CheckedRun r = run_checked(m, pool, prompt, n, c, {&cov, &sound});

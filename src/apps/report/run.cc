@@ -65,7 +65,7 @@ std::string fmt_bytes(double b) {
 
 std::string gate_label(const gate::Policy& g) {
   if (!g.on()) return "raw";
-  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau_k, g.tau_v, gate::granularity_name(g.granularity));
+  return fmt::format("{} {}/{} {}", g.certified() ? "cert" : "risk", g.tau_k(), g.tau_v, gate::granularity_name(g.granularity));
 }
 
 std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : "-"; }
@@ -212,7 +212,7 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
                           {"kv_k", r.config.cache.k_format.name()},
                           {"kv_v", r.config.cache.v_format.name()},
                           {"gate", gate_label(r.config.cache.gate)},
-                          {"tau_k", r.config.cache.gate.tau_k},
+                          {"tau_k", r.config.cache.gate.tau_k()},
                           {"tau_v", r.config.cache.gate.tau_v},
                           {"bound", cert::bound_shape_name(r.config.cache.bound)},
                           {"bound_label", cert::bound_shape_label(r.config.cache.bound)},

@@ -57,7 +57,7 @@ TEST(Request, AWellFormedBodyGivesEveryField) {
   EXPECT_TRUE(s.logprobs);
   EXPECT_EQ(s.top_logprobs, 2);
   EXPECT_TRUE(s.detail);
-  EXPECT_DOUBLE_EQ(s.req.cache.gate.tau_k, 0.3);
+  EXPECT_DOUBLE_EQ(s.req.cache.gate.tau_k(), 0.3);
   EXPECT_EQ(s.req.cache.gate.granularity, gate::Granularity::block);
   EXPECT_DOUBLE_EQ(s.req.coverage_tau, 0.3);  // the gate's τ is the coverage τ
   EXPECT_TRUE(s.req.prompt.empty());           // tokens come from the model, later

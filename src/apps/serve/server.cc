@@ -248,10 +248,10 @@ json witcert_object(const Server::Job& job, const engine::BatchResult& r, const 
   w["kv"] = c.format_name(formats::KvSide::key);
   w["kv_v"] = c.format_name(formats::KvSide::value);
   if (c.gate.on()) {
-    w["gate"] = {{"tau_k", c.gate.tau_k},
+    w["gate"] = {{"tau_k", c.gate.tau_k()},
                  {"tau_v", c.gate.tau_v},
                  {"granularity", gate::granularity_name(c.gate.granularity)},
-                 {"label", c.gate.tau_k < 1.0 ? "certified" : "risk-ranked"}};
+                 {"label", c.gate.certified() ? "certified" : "risk-ranked"}};
   } else {
     w["gate"] = nullptr;
   }

@@ -39,7 +39,7 @@ engine::CacheOptions dither(double tau = 0.0) {
   engine::CacheOptions o;
   o.certified = true;
   o.k_format = o.v_format = formats::KvFormat::parse("dither-int8");
-  o.gate.tau_k = tau;
+  o.gate.set_tau_k(tau);
   o.backing = kvcache::BackingPlace::in_ram();
   return o;
 }
@@ -336,7 +336,7 @@ TEST_F(Serve, AStartThatCannotServeSaysWhy) {
   Server a(tiny);
   a.start();
   EXPECT_FALSE(a.wait_ready());
-  EXPECT_NE(a.load_error().find("--kv-memory"), std::string::npos) << a.load_error();
+  EXPECT_NE(a.load_error().find("kv_memory 100000 bytes"), std::string::npos) << a.load_error();
   httplib::Client c("127.0.0.1", a.port());
   const auto health = c.Get("/health");
   ASSERT_TRUE(health);
