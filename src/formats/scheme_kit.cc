@@ -31,7 +31,7 @@ void encode_symmetric(std::span<const double> v, int bits, std::uint8_t* out) {
   }
   const f16 s16 = finite ? fp16_from_double(amax / q_max, Round::up) : kFp16PosInf;
   const double s = fp16_to_double(s16);
-  std::vector<unsigned> fields(v.size());
+  const std::span<unsigned> fields = scratch<unsigned>(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
     // s = 0 only for an all-zero record, which q = 0 reconstructs exactly. The clamp cannot bind
     // (|v/s| ≤ q_max up to a rounding of the quotient) but keeps the field in range regardless.
@@ -66,7 +66,8 @@ void encode_asymmetric(std::span<const double> v, int bits, std::uint8_t* out, s
   const double lo_stored = fp16_to_double(lo16);
   const f16 s16 = finite ? fp16_from_double((hi - lo_stored) / q_max, Round::up) : kFp16PosInf;
   const double s = fp16_to_double(s16);
-  std::vector<unsigned> fields(v.size(), 0);
+  const std::span<unsigned> fields = scratch<unsigned>(v.size());
+  std::fill(fields.begin(), fields.end(), 0u);
   for (std::size_t i = 0; i < v.size(); ++i) {
     if ((!skip.empty() && skip[i]) || !finite || s == 0.0) continue;
     fields[i] = static_cast<unsigned>(std::clamp(std::nearbyint((v[i] - lo_stored) / s), 0.0, double(q_max)));

@@ -30,6 +30,17 @@ inline f16 load_f16(const std::uint8_t* p) { return static_cast<f16>(p[0] | (p[1
 // The largest fp16 value ≤ v.
 inline f16 fp16_down(double v) { return fp16_from_double(-v, Round::up) ^ 0x8000; }
 
+// n elements of this thread's scratch array number kSlot of type T, reused by every codec call on
+// the thread: a codec allocates only while the array grows, so a cache's writes allocate nothing
+// once warm. The contents are whatever the last user left; a call needing two arrays of one type
+// at once takes two slots, and a function's arrays must not share a slot with its callers'.
+template <class T, int kSlot = 0>
+std::span<T> scratch(std::size_t n) {
+  thread_local std::vector<T> array;
+  if (array.size() < n) array.resize(n);
+  return {array.data(), n};
+}
+
 // n fields of `bits` ∈ {1, 2, 4, 8} bits, field i in byte bits·i/8 from its lowest bit up.
 inline std::size_t packed_bytes(int n, int bits) { return (static_cast<std::size_t>(n) * bits + 7) / 8; }
 void pack(std::span<const unsigned> fields, int bits, std::uint8_t* out);  // writes packed_bytes(n, bits)
@@ -73,12 +84,13 @@ class Grouped : public PerToken {
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    std::vector<double> v(x, x + d);
+    const std::span<double> v = scratch<double>(d);
+    std::copy(x, x + d, v.begin());
     encode_token(v, out);
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> v(d);
+    const std::span<double> v = scratch<double>(d);
     decode_token(in, v);
     std::transform(v.begin(), v.end(), out, [](double y) { return static_cast<float>(y); });
   }

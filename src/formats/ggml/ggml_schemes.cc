@@ -31,17 +31,12 @@ class GgmlScheme final : public KvScheme {
     check_head_dim(d);
     const auto non_finite = [](float v) { return !std::isfinite(v); };
     if (std::none_of(x, x + d, non_finite)) return quantize_row(type_, x, out, d);  // in place: no copy
-    std::vector<float> finite(x, x + d);
-    std::vector<int> poisoned;
-    for (int g = 0; g < d / block_size(); ++g) {
-      const auto first = finite.begin() + g * block_size(), last = first + block_size();
-      if (std::none_of(first, last, non_finite)) continue;
-      std::replace_if(first, last, non_finite, 0.0f);
-      poisoned.push_back(g);
-    }
+    const std::span<float> finite = scratch<float>(d);
+    std::replace_copy_if(x, x + d, finite.begin(), non_finite, 0.0f);
     quantize_row(type_, finite.data(), out, d);
     const std::size_t block = ggml_type_info(type_)->block_bytes;
-    for (int g : poisoned) store_f16(out + g * block, 0x7E00);
+    for (int g = 0; g < d / block_size(); ++g)
+      if (std::any_of(x + g * block_size(), x + (g + 1) * block_size(), non_finite)) store_f16(out + g * block, 0x7E00);
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);

@@ -10,9 +10,10 @@
 namespace witcert::formats::kit {
 namespace {
 
-// Channel c of a token-major block: the T values x[t·d + c].
-std::vector<double> channel(const float* x, int d, int c) {
-  std::vector<double> v(kBlockTokens);
+// Channel c of a token-major block: the T values x[t·d + c], in the thread's scratch slot 1 (valid
+// until the next call).
+std::span<const double> channel(const float* x, int d, int c) {
+  const std::span<double> v = scratch<double, 1>(kBlockTokens);
   for (int t = 0; t < kBlockTokens; ++t) v[t] = x[static_cast<std::size_t>(t) * d + c];
   return v;
 }
@@ -39,7 +40,7 @@ class Kivi2bitKey final : public KvScheme {
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> v(kBlockTokens);
+    const std::span<double> v = scratch<double, 1>(kBlockTokens);
     for (int c = 0; c < d; ++c) {
       decode_asymmetric(in + c * asymmetric_bytes(kBlockTokens, 2), 2, v);
       put_channel(v, d, c, out);
@@ -53,19 +54,19 @@ class Kivi2bitKey final : public KvScheme {
 int outlier_count(int n) { return std::max(1, n / 100); }
 constexpr std::size_t kOutlierBytes = 4;
 
-// The indices of the outliers of v in increasing order. Non-finite entries rank above every
-// finite one, so they are stored exactly (an fp16 inf or NaN) rather than spoil a range; ties
-// go to the lower index.
-std::vector<int> outliers(std::span<const double> v) {
+// The indices of the outliers of v in increasing order (outlier_count of them, in the thread's
+// int scratch, valid until the next call). Non-finite entries rank above every finite one, so
+// they are stored exactly (an fp16 inf or NaN) rather than spoil a range; ties go to the lower
+// index.
+std::span<const int> outliers(std::span<const double> v) {
   const auto magnitude = [&](int i) { return std::isnan(v[i]) ? INFINITY : std::fabs(v[i]); };
-  std::vector<int> order(v.size());
+  const std::span<int> order = scratch<int>(v.size());
   std::iota(order.begin(), order.end(), 0);
   const int k = outlier_count(static_cast<int>(v.size()));
   std::partial_sort(order.begin(), order.begin() + k, order.end(),
                     [&](int a, int b) { return magnitude(a) != magnitude(b) ? magnitude(a) > magnitude(b) : a < b; });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  return order;
+  std::sort(order.begin(), order.begin() + k);
+  return order.first(k);
 }
 
 void encode_outliers(std::span<const double> v, std::span<const int> idx, std::uint8_t* out) {
@@ -99,11 +100,13 @@ class Kvquant4Key final : public KvScheme {
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    const std::vector<double> block(x, x + static_cast<std::size_t>(kBlockTokens) * d);
-    const std::vector<int> idx = outliers(block);
-    std::vector<std::uint8_t> sparse(block.size(), 0);
+    const std::span<double> block = scratch<double>(static_cast<std::size_t>(kBlockTokens) * d);
+    std::copy(x, x + block.size(), block.begin());
+    const std::span<const int> idx = outliers(block);
+    const std::span<std::uint8_t> sparse = scratch<std::uint8_t>(block.size());
+    std::fill(sparse.begin(), sparse.end(), std::uint8_t{0});
     for (int i : idx) sparse[i] = 1;
-    std::vector<std::uint8_t> skip(kBlockTokens);
+    const std::span<std::uint8_t> skip = scratch<std::uint8_t, 1>(kBlockTokens);
     for (int c = 0; c < d; ++c) {
       for (int t = 0; t < kBlockTokens; ++t) skip[t] = sparse[static_cast<std::size_t>(t) * d + c];
       encode_asymmetric(channel(x, d, c), 4, out + c * asymmetric_bytes(kBlockTokens, 4), skip);
@@ -112,7 +115,8 @@ class Kvquant4Key final : public KvScheme {
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> block(static_cast<std::size_t>(kBlockTokens) * d), v(kBlockTokens);
+    const std::span<double> block = scratch<double>(static_cast<std::size_t>(kBlockTokens) * d);
+    const std::span<double> v = scratch<double, 1>(kBlockTokens);
     for (int c = 0; c < d; ++c) {
       decode_asymmetric(in + c * asymmetric_bytes(kBlockTokens, 4), 4, v);
       for (int t = 0; t < kBlockTokens; ++t) block[static_cast<std::size_t>(t) * d + c] = v[t];
@@ -138,16 +142,18 @@ class Kvquant4Value final : public KvScheme {
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    const std::vector<double> v(x, x + d);
-    const std::vector<int> idx = outliers(v);
-    std::vector<std::uint8_t> skip(d, 0);
+    const std::span<double> v = scratch<double>(d);
+    std::copy(x, x + d, v.begin());
+    const std::span<const int> idx = outliers(v);
+    const std::span<std::uint8_t> skip = scratch<std::uint8_t>(d);
+    std::fill(skip.begin(), skip.end(), std::uint8_t{0});
     for (int i : idx) skip[i] = 1;
     encode_asymmetric(v, 4, out, skip);
     encode_outliers(v, idx, out + asymmetric_bytes(d, 4));
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> v(d);
+    const std::span<double> v = scratch<double>(d);
     decode_asymmetric(in, 4, v);
     decode_outliers(in + asymmetric_bytes(d, 4), outlier_count(d), v);
     std::transform(v.begin(), v.end(), out, [](double y) { return static_cast<float>(y); });

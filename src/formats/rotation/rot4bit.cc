@@ -21,13 +21,14 @@ class Rot4bit final : public Grouped {
   }
   void encode(const float* x, int d, std::uint8_t* out) const override {
     check_head_dim(d);
-    std::vector<double> y(x, x + d);
+    const std::span<double> y = scratch<double>(d);
+    std::copy(x, x + d, y.begin());
     rotate(y);
     encode_token(y, out);
   }
   void decode(const std::uint8_t* in, int d, float* out) const override {
     check_head_dim(d);
-    std::vector<double> y(d);
+    const std::span<double> y = scratch<double>(d);
     decode_token(in, y);
     unrotate(y);
     std::transform(y.begin(), y.end(), out, [](double v) { return static_cast<float>(v); });

@@ -18,7 +18,7 @@ class Sign1bit final : public Grouped {
   std::size_t record_bytes() const override { return 2 + packed_bytes(kChannelGroup, 1); }
   void encode_group(std::span<const double> v, std::uint8_t* out) const override {
     double sum = 0.0;
-    std::vector<unsigned> negative(v.size());
+    const std::span<unsigned> negative = scratch<unsigned>(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) {
       sum += std::fabs(v[i]);
       negative[i] = std::signbit(v[i]) ? 1u : 0u;
