@@ -15,7 +15,7 @@ kvcache::BackingPlace backing_place(const std::string& file, bool overwrite, boo
   place.ram = exact_tier == "ram" && file.empty();
   if (file.empty()) return place;
   if (!needed)
-    throw std::invalid_argument("--backing-file: nothing reads the exact tier without --gate or --check-soundness");
+    throw std::invalid_argument("--backing-file: nothing reads the exact tier without --tau-k or --check-soundness");
   std::error_code ec;
   if (fs::exists(fs::symlink_status(file, ec)) && fs::equivalent(file, model_path, ec))
     throw std::invalid_argument("--backing-file '" + file + "' is the model file; choose another path");

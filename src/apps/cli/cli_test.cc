@@ -256,12 +256,12 @@ TEST(Cli, NumbersOutOfRangeNameTheFlagAndTheRange) {
       {kGen + "--kv q4_0 --delta 0", "--delta must be in (0, 1)"},
       {kGen + "--kv q4_0 --delta 1", "--delta must be in (0, 1)"},
       {kRun + "--kv q4_0 --delta nan", "--delta must be in (0, 1)"},
-      {kGen + "--kv q4_0 --gate 0", "--gate/--tau must be finite and > 0"},
-      {kGen + "--kv q4_0 --tau -1", "--gate/--tau must be finite and > 0"},
-      {kGen + "--kv q4_0 --gate inf", "--gate/--tau must be finite and > 0"},
-      {kRun + "--kv q4_0 --gate 0", "--gate/--tau must be finite and > 0"},
-      {kRun + "--kv q4_0 --tau nan", "--gate/--tau must be finite and > 0"},
-      {kRun + "--kv q4_0 --gate 1e999", "--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --gate 0", "--tau-k/--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --tau -1", "--tau-k/--gate/--tau must be finite and > 0"},
+      {kGen + "--kv q4_0 --gate inf", "--tau-k/--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --gate 0", "--tau-k/--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --tau nan", "--tau-k/--gate/--tau must be finite and > 0"},
+      {kRun + "--kv q4_0 --gate 1e999", "--tau-k/--gate/--tau must be finite and > 0"},
       {kGen + "--kv q4_0 --tau-v 0", "--tau-v must be finite and > 0"},
       {kRun + "--kv q4_0 --tau-v inf", "--tau-v must be finite and > 0"},
       {kGen + "--kv q4_0 --coverage-tau 0", "--coverage-tau must be in (0, 1]"},
@@ -282,7 +282,7 @@ TEST(Cli, NumbersOutOfRangeNameTheFlagAndTheRange) {
 TEST(Cli, NonNumbersAreCalledSo) {
   expect_usage_error(kGen + "--threads abc", "--threads: 'abc' is not a number");
   expect_usage_error(kGen + "--threads 2.5", "--threads: '2.5' is not a whole number");
-  expect_usage_error(kRun + "--kv q4_0 --gate x", "--gate/--tau: 'x' is not a number");
+  expect_usage_error(kRun + "--kv q4_0 --gate x", "--tau-k/--gate/--tau: 'x' is not a number");
   expect_usage_error(kGen + "--temp warm", "--temp: 'warm' is not a number");
   expect_usage_error(kGen + "--n 12tokens", "--n: '12tokens' is not a number");
   expect_usage_error(kGen + "--seed -1", "--seed: '-1' is not a whole number");
@@ -305,12 +305,12 @@ TEST(Cli, ChoicesAreListed) {
 TEST(Cli, FlagsThatWouldBeIgnoredAreErrors) {
   // Without --kv, generate keeps a plain exact cache: every flag of the certified cache is an error.
   for (const char* flag : {"--kv-v q4_0", "--backing-file /tmp/x", "--backing-file-overwrite", "--keep-backing-file",
-                           "--exact-tier ram", "--bound tanh", "--tau-v 0.1", "--coverage-tau 0.5", "--gate 0.2",
-                           "--tau 0.2", "--check-soundness", "--dither per-slot", "--shared-page-dither",
+                           "--exact-tier ram", "--bound tanh", "--tau-v 0.1", "--coverage-tau 0.5", "--tau-k 0.2",
+                           "--gate 0.2", "--tau 0.2", "--check-soundness", "--dither per-slot", "--shared-page-dither",
                            "--dither-seed 3", "--outliers 2", "--page-size 32", "--meter-json /tmp/x.jsonl",
                            "--delta 0.1"}) {
     const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
-    expect_usage_error(kGen + flag, (name == "--tau" ? "--gate" : name) + " needs --kv");
+    expect_usage_error(kGen + flag, (name == "--tau" || name == "--gate" ? "--tau-k" : name) + " needs --kv");
   }
   // The dither flags shape dither-int8 keys only.
   for (const char* flag : {"--outliers 2", "--dither per-slot", "--shared-page-dither", "--dither-seed 3"}) {
@@ -887,7 +887,7 @@ TEST(CliEngine, RunRejectsBadArguments) {
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --gate -1 'hi'").exit_code, 0);
   const Result zero = run("run --model " + kModel + " --kv q8_0 --gate 0 'hi'");
   EXPECT_NE(zero.exit_code, 0);
-  EXPECT_NE(zero.out.find("--gate/--tau must be finite and > 0"), std::string::npos) << zero.out;
+  EXPECT_NE(zero.out.find("--tau-k/--gate/--tau must be finite and > 0"), std::string::npos) << zero.out;
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --delta 2 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --granularity page 'hi'").exit_code, 0);
   EXPECT_NE(run("run --model " + kModel + " --kv q8_0 --telemetry-stride 0 'hi'").exit_code, 0);

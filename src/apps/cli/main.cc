@@ -154,13 +154,13 @@ TierOptions add_tier_options(CLI::App* cmd, Args& a) {
   return t;
 }
 
-// The options of the gate and the meter that `run` and `generate` share; returns --gate's option.
+// The options of the gate and the meter that `run` and `generate` share; returns --tau-k's option.
 template <class Args>
 CLI::Option* add_meter_options(CLI::App* cmd, Args& a) {
-  CLI::Option* gate = cmd->add_option("--gate,--tau", a.gate,
-                                      "K-side gate threshold tau_K > 0: < 1 certified (meter), >= 1 risk-ranked (raw "
-                                      "score); leave it out for no gate")
-                          ->check(positive_finite("--gate/--tau"));
+  CLI::Option* gate = cmd->add_option("--tau-k,--gate,--tau", a.gate,
+                                      "K-side gate threshold tau_K > 0 (the tau_k of JSON, the C API and Python): < 1 "
+                                      "certified (meter), >= 1 risk-ranked (raw score); leave it out for no gate")
+                          ->check(positive_finite("--tau-k/--gate/--tau"));
   cmd->add_option("--tau-v", a.tau_v, "V-side threshold of the joint gate and of the V coverage figure, > 0")
       ->check(positive_finite("--tau-v"));
   cmd->add_option("--coverage-tau", a.coverage_tau,
@@ -214,7 +214,7 @@ void check_pool_cache_options(const PoolCacheOptions& o, const witcert::apps::Ca
                                    o.tier.backing_file, o.tier.overwrite, o.tier.keep, o.tier.exact_tier})
       if (given(opt))
         throw UsageError(opt->get_name() + " needs --kv: without it " + command + " keeps a plain exact cache");
-  if (given(o.granularity) && !given(o.gate)) throw UsageError("--granularity applies to a gate; give --gate");
+  if (given(o.granularity) && !given(o.gate)) throw UsageError("--granularity applies to a gate; give --tau-k");
   check_tier(o.tier, c.exact_tier);
 }
 
@@ -413,7 +413,7 @@ int main(int argc, char** argv) {
             throw UsageError(opt->get_name() + " needs --kv: without it generate keeps a plain exact cache");
       check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.cache.kv}, "--kv");
       check_tier(gen_tier, gen.cache.exact_tier);
-      if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+      if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --tau-k");
       resolve_coverage_tau(gen.cache, generate->get_option("--coverage-tau"));
     }
     if (*batch) check_pool_cache_options(batch_cache, ba.cache, "batch");
@@ -426,7 +426,7 @@ int main(int argc, char** argv) {
       check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
       check_tier(run_tier, ra.cache.exact_tier);
-      if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --gate");
+      if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --tau-k");
       resolve_coverage_tau(ra.cache, runc->get_option("--coverage-tau"));
     }
   } catch (const UsageError& e) {
