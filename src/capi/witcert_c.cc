@@ -564,11 +564,13 @@ witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json,
     nlohmann::json merged = p->options;
     for (const auto& item : policy.items()) {
       const std::string& key = item.key();
-      if (key != "tau_k" && key != "tau_v" && key != "granularity" && key != "delta" && key != "bound" &&
-          key != "check_soundness")
-        refuse("policy_json: '" + key +
-               "' is not a sequence's setting (tau_k, tau_v, granularity, delta, bound, check_soundness); the pool "
-               "fixes the formats");
+      const auto& policy_keys = engine::CacheOptions::kPolicyKeys;
+      if (key != "check_soundness" && std::find(std::begin(policy_keys), std::end(policy_keys), key) == std::end(policy_keys)) {
+        std::string settings;
+        for (const char* k : policy_keys) settings += std::string(k) + ", ";
+        refuse("policy_json: '" + key + "' is not a sequence's setting (" + settings +
+               "check_soundness); the pool fixes the formats");
+      }
       merged[key] = item.value();
     }
     const engine::CacheOptions opts = engine::CacheOptions::from_json(merged);

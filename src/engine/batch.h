@@ -33,6 +33,12 @@ struct BatchRequest {
   CacheOptions cache;          // certified with the pool's formats; its gate, δ, bound, check apply
   double coverage_tau = 0.2;   // τ_K of the coverage figures
   double coverage_tau_v = 0.05;
+
+  void set_policy(const RequestPolicy& p) {
+    cache = p.cache;
+    coverage_tau = p.coverage_tau;
+    coverage_tau_v = p.coverage_tau_v;
+  }
 };
 
 enum class Finish { stop, length, error, cancelled };

@@ -135,11 +135,9 @@ void RequestOptions::validate() const {
 }
 
 void CacheOptions::read_policy(const nlohmann::json& j) {
-  if (j.contains("tau_k")) {
-    double tau_k = 0.0;
-    read_json(j, "tau_k", tau_k);
-    gate.set_tau_k(tau_k);
-  }
+  double tau_k = gate.tau_k();
+  read_json(j, "tau_k", tau_k);
+  gate.set_tau_k(tau_k);
   read_json(j, "tau_v", gate.tau_v);
   if (j.contains("granularity")) {
     std::string name;
@@ -154,11 +152,18 @@ void CacheOptions::read_policy(const nlohmann::json& j) {
   }
 }
 
+// RequestPolicy's keys begin with CacheOptions::read_policy's.
+static_assert([] {
+  for (std::size_t i = 0; i < std::size(CacheOptions::kPolicyKeys); ++i)
+    if (std::string_view(RequestPolicy::kKeys[i]) != CacheOptions::kPolicyKeys[i]) return false;
+  return std::size(RequestPolicy::kKeys) == std::size(CacheOptions::kPolicyKeys) + 2;
+}());
+
 RequestPolicy RequestPolicy::from_json(const nlohmann::json& j, const CacheOptions& base, double coverage_tau,
                                        double coverage_tau_v) {
   RequestPolicy p{base, coverage_tau, coverage_tau_v};
-  bool policy = j.contains("coverage_tau") || j.contains("coverage_tau_v");
-  for (const char* key : CacheOptions::kPolicyKeys) policy = policy || j.contains(key);
+  bool policy = false;
+  for (const char* key : kKeys) policy = policy || j.contains(key);
   require(!policy || base.certified,
           "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
   p.cache.read_policy(j);

@@ -127,6 +127,9 @@ struct RequestPolicy {
   // without a certified cache, wrong types, values out of range).
   static RequestPolicy from_json(const nlohmann::json& j, const CacheOptions& base, double coverage_tau,
                                  double coverage_tau_v);
+  // Every key from_json reads, in the order error messages list them.
+  static constexpr const char* kKeys[] = {"tau_k", "tau_v", "granularity", "delta", "bound", "coverage_tau",
+                                          "coverage_tau_v"};
 };
 
 // One request: the prompt, the token budget, sampling, and how its meter is summarised.

@@ -547,30 +547,29 @@ TEST(SchemeRoundTrip, Rot4bitOverflowingScaleDecodesNonFinite) {
 TEST(SchemeRoundTrip, CodecsAllocateNothingOnceWarm) {
   std::mt19937_64 rng(11);
   int checked = 0;
-  for (const std::string& name : kv_scheme_names())
-    for (const KvSide side : {KvSide::key, KvSide::value}) {
-      const KvScheme& s = kv_scheme(name, side);
-      for (int d : {32, 64, 128, 256}) {
-        std::vector<float> x = draw_block(rng, s.tokens_per_block(), d);
-        Bytes b(s.block_bytes(d));
-        std::vector<float> y(x.size());
-        for (int warm = 0; warm < 2; ++warm) {  // the scratch grows to this d, on the finite and non-finite paths
-          if (warm == 1) x[1] = INFINITY;
-          s.encode(x.data(), d, b.data());
-          s.decode(b.data(), d, y.data());
-        }
-        for (int trial = 0; trial < 3; ++trial) {
-          x = draw_block(rng, s.tokens_per_block(), d);
-          if (trial == 2) x[1] = INFINITY;  // the non-finite paths too
-          const long before = testing_util::thread_allocations();
-          s.encode(x.data(), d, b.data());
-          s.decode(b.data(), d, y.data());
-          EXPECT_EQ(testing_util::thread_allocations() - before, 0)
-              << name << (side == KvSide::key ? " keys" : " values") << " d " << d << " trial " << trial;
-        }
-        ++checked;
+  for (const auto& [name, side] : every_scheme_and_side()) {
+    const KvScheme& s = kv_scheme(name, side);
+    for (int d : {32, 64, 128, 256}) {
+      std::vector<float> x = draw_block(rng, s.tokens_per_block(), d);
+      Bytes b(s.block_bytes(d));
+      std::vector<float> y(x.size());
+      for (int warm = 0; warm < 2; ++warm) {  // the scratch grows to this d, on the finite and non-finite paths
+        if (warm == 1) x[1] = INFINITY;
+        s.encode(x.data(), d, b.data());
+        s.decode(b.data(), d, y.data());
       }
+      for (int trial = 0; trial < 3; ++trial) {
+        x = draw_block(rng, s.tokens_per_block(), d);
+        if (trial == 2) x[1] = INFINITY;  // the non-finite paths too
+        const long before = testing_util::thread_allocations();
+        s.encode(x.data(), d, b.data());
+        s.decode(b.data(), d, y.data());
+        EXPECT_EQ(testing_util::thread_allocations() - before, 0)
+            << name << (side == KvSide::key ? " keys" : " values") << " d " << d << " trial " << trial;
+      }
+      ++checked;
     }
+  }
   EXPECT_GE(checked, 100);
 }
 

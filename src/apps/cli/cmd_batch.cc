@@ -40,9 +40,11 @@ void require(bool ok, const std::string& what) {
 engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model& m, const engine::CacheOptions& base,
                                    const BatchArgs& args) {
   require(j.is_object(), "a request is a JSON object");
-  static const std::vector<std::string> known = {"id",  "prompt", "messages", "max_tokens", "temperature", "top_p",
-                                                 "seed", "tau_k", "tau_v",    "granularity", "delta",      "bound",
-                                                 "coverage_tau", "coverage_tau_v"};
+  static const std::vector<std::string_view> known = [] {
+    std::vector<std::string_view> k = {"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed"};
+    k.insert(k.end(), std::begin(engine::RequestPolicy::kKeys), std::end(engine::RequestPolicy::kKeys));
+    return k;
+  }();
   for (const auto& [key, value] : j.items())
     require(std::find(known.begin(), known.end(), key) != known.end(), "unknown key '" + key + "'");
   require(j.contains("prompt") != j.contains("messages"), "give either prompt or messages");
@@ -61,10 +63,7 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   engine::read_json(j, "top_p", r.sampler.top_p);
   engine::read_json(j, "seed", r.sampler.seed);
   model::Sampler{r.sampler};  // a bad temperature or top_p is this line's error, before the engine takes it
-  const engine::RequestPolicy policy = engine::RequestPolicy::from_json(j, base, args.cache.coverage_tau, args.cache.tau_v);
-  r.cache = policy.cache;
-  r.coverage_tau = policy.coverage_tau;
-  r.coverage_tau_v = policy.coverage_tau_v;
+  r.set_policy(engine::RequestPolicy::from_json(j, base, args.cache.coverage_tau, args.cache.tau_v));
   return r;
 }
 

@@ -175,22 +175,20 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
   if (body.contains("witcert") && !body.at("witcert").is_null()) {
     w = body.at("witcert");
     require(w.is_object(), "'witcert' must be an object", "witcert", "invalid_type");
-    static const std::vector<std::string> keys = {"tau_k", "tau_v", "granularity", "delta", "bound",
-                                                  "coverage_tau", "coverage_tau_v", "detail"};
+    static const std::vector<std::string_view> keys = [] {
+      std::vector<std::string_view> k(std::begin(engine::RequestPolicy::kKeys), std::end(engine::RequestPolicy::kKeys));
+      k.push_back("detail");
+      return k;
+    }();
     for (const auto& [key, value] : w.items())
       require(std::find(keys.begin(), keys.end(), key) != keys.end(),
-              fmt::format("'witcert.{}' is not a setting (tau_k, tau_v, granularity, delta, bound, coverage_tau, "
-                          "coverage_tau_v, detail)",
-                          key),
-              "witcert." + key, "unsupported_parameter");
+              fmt::format("'witcert.{}' is not a setting ({})", key, fmt::join(keys, ", ")), "witcert." + key,
+              "unsupported_parameter");
     field(w, "detail", s.detail, "witcert.detail");
     w.erase("detail");
   }
   try {
-    const engine::RequestPolicy policy = engine::RequestPolicy::from_json(w, d.cache, d.coverage_tau, d.coverage_tau_v);
-    r.cache = policy.cache;
-    r.coverage_tau = policy.coverage_tau;
-    r.coverage_tau_v = policy.coverage_tau_v;
+    r.set_policy(engine::RequestPolicy::from_json(w, d.cache, d.coverage_tau, d.coverage_tau_v));
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("witcert: ") + e.what(), "witcert", "invalid_value");
   }

@@ -20,6 +20,7 @@
 #include "base/alloc_counter.h"
 #include "cert/subgaussian.h"
 #include "formats/schemes.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::kernel {
 namespace {
@@ -92,17 +93,9 @@ struct Store {
       }
   }
   static kvcache::CacheConfig config(const Format& f, int d, std::int64_t n, int page, std::uint64_t seed) {
-    kvcache::CacheConfig c;
-    c.layers = 1;
-    c.kv_heads = kKvHeads;
-    c.head_dim = d;
-    c.capacity = n;
-    c.page_size = page;
-    c.k_format = formats::KvFormat::parse(f.k);
-    c.v_format = formats::KvFormat::parse(f.v);
+    kvcache::CacheConfig c = kvcache::test_config(1, kKvHeads, d, n, page, f.k, f.v, seed);
     c.dither = f.dither;
     c.calibration_tokens = 8;
-    c.shuffle_pages = seed;
     c.exact_tier = true;  // the true TV reads it
     c.backing = kvcache::BackingPlace::in_ram();
     return c;

@@ -14,6 +14,7 @@
 #include "attention/reference/certified_attention.h"
 #include "cert/subgaussian.h"
 #include "kvcache/kv_store.h"
+#include "kvcache/test_config.h"
 
 namespace witcert::cuda::testing {
 
@@ -41,17 +42,9 @@ inline std::vector<Formats> kernel_formats() {
 
 inline kvcache::CacheConfig config(const Formats& f, int layers, int kv_heads, int d, std::int64_t capacity, int page,
                                  std::uint64_t seed) {
-  kvcache::CacheConfig c;
-  c.layers = layers;
-  c.kv_heads = kv_heads;
-  c.head_dim = d;
-  c.capacity = capacity;
-  c.page_size = page;
-  c.k_format = formats::KvFormat::parse(f.k);
-  c.v_format = formats::KvFormat::parse(f.v);
+  kvcache::CacheConfig c = kvcache::test_config(layers, kv_heads, d, capacity, page, f.k, f.v, seed);
   c.dither = f.dither;
   c.calibration_tokens = 8;
-  c.shuffle_pages = seed;
   c.seed = seed * 0x9E3779B97F4A7C15ull + 1;
   c.exact_tier = true;  // the true TV reads it
   c.backing = kvcache::BackingPlace::in_ram();
