@@ -26,7 +26,7 @@
 #include "engine/cache_factory.h"
 #include "engine/model.h"
 #include "engine/options.h"
-#include "engine/session.h"
+#include "engine/batch.h"
 #include "formats/dither/dither_int8.h"
 #include "gate/meter_cell.h"
 #include "gate/telemetry.h"
@@ -813,35 +813,32 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     ro.coverage_tau = engine::coverage_tau(
         co.gate, req.contains("coverage_tau") ? std::optional<double>(ro.coverage_tau) : std::nullopt);
     const std::vector<std::int32_t> tokens = e->model.checked_prompt(ro.prompt, ro.chat);
-    const model::LlamaConfig& cfg = e->model.model->config();
-    const std::int64_t capacity =
-        std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(tokens.size()) + ro.max_new_tokens);
     const std::int64_t first = static_cast<std::int64_t>(tokens.size());
-    gate::Telemetry tel(cfg.layers, cfg.heads, gate::Telemetry::Options{ro.coverage_tau, ro.coverage_tau_v, co.bound, first});
     StepMeter step(first - 1, ro.coverage_tau, ro.coverage_tau_v);
-    const engine::Cache c = engine::make_cache(cfg, capacity, ro.max_new_tokens, co, {&tel, &step});
-    engine::Session session(*e->model.model, *c.kv, *e->threads);
-    engine::GenerateOptions go;
-    go.max_new_tokens = ro.max_new_tokens;
-    go.sampler = ro.sampler;
-    go.stop_tokens = e->model.stop_tokens();
-    std::atomic<bool> cancel{false};
-    go.cancel = &cancel;
+    engine::BatchRequest request;
+    request.prompt = tokens;
+    request.max_tokens = ro.max_new_tokens;
+    request.sampler = ro.sampler;
+    request.cache = co;
+    request.coverage_tau = ro.coverage_tau;
+    request.coverage_tau_v = ro.coverage_tau_v;
+    request.sinks = {&step};
     std::string out;
-    const engine::GenerateResult r = engine::generate(session, tokens, go, [&](std::int32_t t) {
-      const std::string piece = e->model.tokenizer->token_piece(t);
-      out += piece;
-      // The token's step: the forward pass at the position before it; the next one starts after.
-      const witcert_step_meter m = step.take(session.position());
-      if (on_token && on_token(user, t, piece.c_str(), c.certified ? &m : nullptr) != 0) cancel = true;
-    });
+    std::int64_t generated = 0;
+    const engine::BatchResult r = engine::run_alone(
+        *e->model.model, *e->threads, request, e->model.stop_tokens(), [&](std::int32_t t, std::span<const float>) {
+          const std::string piece = e->model.tokenizer->token_piece(t);
+          out += piece;
+          // The token's step: the forward pass at the position before it; the next one starts after.
+          const witcert_step_meter m = step.take(first + generated++);
+          return on_token && on_token(user, t, piece.c_str(), co.certified ? &m : nullptr) != 0;
+        });
     result->prompt_tokens = r.prompt_tokens;
     result->completion_tokens = static_cast<std::int64_t>(r.tokens.size());
-    result->stopped = r.stopped;
-    result->cancelled = r.cancelled;
-    if (c.certified) {
-      const gate::TelemetrySummary s = tel.summary();
-      const kvcache::KvStore::PageInStats pi = c.certified->store().page_in_stats();
+    result->stopped = r.finish == engine::Finish::stop;
+    result->cancelled = r.finish == engine::Finish::cancelled;
+    if (r.has_meter) {
+      const gate::TelemetrySummary& s = r.meter;
       result->has_meter = 1;
       result->cells = s.cells;
       result->coverage_k = s.coverage.k;
@@ -849,8 +846,8 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
       result->raw_median = s.raw_p50;
       result->raw_p90 = s.raw_p90;
       result->raw_max = s.raw_max;
-      result->page_ins = pi.page_ins;
-      result->page_in_bytes = pi.page_in_bytes;
+      result->page_ins = r.page_ins;
+      result->page_in_bytes = r.page_in_bytes;
     }
     if (text_needed) *text_needed = out.size() + 1;
     if (!text) return;

@@ -19,21 +19,23 @@ void require(bool ok, const std::string& what) {
 
 std::int64_t pages_for(std::int64_t positions, int page_size) { return (positions + page_size - 1) / page_size; }
 
-// Forwards the cells at positions ≥ first: a recomputed sequence reports each position once.
+// Forwards the cells at positions ≥ first to every sink: a recomputed sequence reports each
+// position once.
 class FromPosition final : public gate::MeterSink {
  public:
-  explicit FromPosition(gate::MeterSink& to) : to_(to) {}
+  explicit FromPosition(std::vector<gate::MeterSink*> to) : to_(std::move(to)) {}
   void set_first(std::int64_t pos) { first_.store(pos, std::memory_order_relaxed); }
   void record(std::span<const gate::MeterCell> cells) override {
     const std::int64_t first = first_.load(std::memory_order_relaxed);
     // One attention call's cells come in position order.
     std::size_t i = 0;
     while (i < cells.size() && cells[i].pos < first) ++i;
-    if (i < cells.size()) to_.record(cells.subspan(i));
+    if (i < cells.size())
+      for (gate::MeterSink* to : to_) to->record(cells.subspan(i));
   }
 
  private:
-  gate::MeterSink& to_;
+  std::vector<gate::MeterSink*> to_;
   std::atomic<std::int64_t> first_{0};
 };
 
@@ -182,7 +184,9 @@ void BatchEngine::admit() {
         s.telemetry = std::make_unique<gate::Telemetry>(
             cfg.layers, cfg.heads,
             gate::Telemetry::Options{s.req.coverage_tau, s.req.coverage_tau_v, s.req.cache.bound, s.prompt_len});
-      s.sink = std::make_unique<FromPosition>(*s.telemetry);
+      std::vector<gate::MeterSink*> to = {s.telemetry.get()};
+      to.insert(to.end(), s.req.sinks.begin(), s.req.sinks.end());
+      s.sink = std::make_unique<FromPosition>(std::move(to));
       sinks.push_back(s.sink.get());
     }
     s.cache = make_sequence_cache(pool_, cfg, s.req.max_tokens, s.req.cache, sinks);
@@ -376,6 +380,7 @@ void BatchEngine::step() {
     s.fed += n;
     s.reported = std::max(s.reported, s.fed);
     if (!rows_[r].logits_ok) {
+      s.result.non_finite = true;
       finish(s, Finish::error, "non-finite logits at position " + std::to_string(s.fed - 1) +
                                    " (NaN or Inf in the activations)");
       continue;
@@ -442,6 +447,34 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
   open_ = false;
   stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return results;
+}
+
+BatchResult run_alone(const model::LlamaModel& model, ThreadPool& threads, const BatchRequest& request,
+                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token, BatchStats* stats) {
+  BatchOptions opts;
+  opts.max_seqs = 1;
+  opts.share_prefixes = false;
+  BatchEngine engine(model, threads, request.cache, opts);
+  const std::int64_t limit =
+      std::min<std::int64_t>(model.config().context, static_cast<std::int64_t>(request.prompt.size()) + request.max_tokens);
+  engine.open(limit, request.cache.gate.on() || request.cache.check_soundness);
+  BatchResult result;
+  bool end = false;
+  RequestEvents events;
+  if (on_token)
+    events.on_token = [&](std::int32_t token, std::span<const float> logits) { end = end || on_token(token, logits); };
+  events.on_done = [&](const BatchResult& r) { result = r; };
+  const std::uint64_t id = engine.submit(request, std::move(events), std::move(stop_tokens));
+  while (!engine.idle()) {
+    engine.step();
+    if (end) engine.cancel(id);  // between steps: no forward pass runs for the last token
+  }
+  if (stats) *stats = engine.stats();
+  if (result.finish == Finish::error) {
+    if (result.non_finite) throw model::NonFiniteError(result.error);
+    throw std::invalid_argument(result.error);
+  }
+  return result;
 }
 
 }  // namespace witcert::engine

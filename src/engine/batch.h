@@ -33,6 +33,9 @@ struct BatchRequest {
   CacheOptions cache;          // certified with the pool's formats; its gate, δ, bound, check apply
   double coverage_tau = 0.2;   // τ_K of the coverage figures
   double coverage_tau_v = 0.05;
+  // Hear the request's meter cells beside its telemetry, each position once (a recompute after a
+  // preemption reports none again); not owned, they outlive the request. Certified caches only.
+  std::vector<gate::MeterSink*> sinks;
 
   void set_policy(const RequestPolicy& p) {
     cache = p.cache;
@@ -49,6 +52,7 @@ struct BatchResult {
   std::int64_t prompt_tokens = 0;
   Finish finish = Finish::length;
   std::string error;                 // Finish::error: what went wrong
+  bool non_finite = false;           // Finish::error from NaN or Inf in the activations
   bool has_meter = false;            // certified cache: the summary and page-ins below are set
   gate::TelemetrySummary meter;      // the request's decode-step cells
   std::vector<double> heatmap;       // mean served meter per (layer, query head), row-major
@@ -194,5 +198,16 @@ class BatchEngine {
   std::vector<Seq*> row_seq_;
   std::vector<float> logits_;
 };
+
+// Hears each sampled token with the logits it came from; true ends the request there.
+using TokenHandler = std::function<bool(std::int32_t token, std::span<const float> logits)>;
+
+// One request alone, as a batch of one over a pool of its own size: what `generate`, the C API and
+// Python run, so that one loop serves every request. Throws what the request's error would say:
+// model::NonFiniteError for non-finite activations, std::invalid_argument otherwise. stats, when
+// set, receives the engine's counters (its decode time among them).
+BatchResult run_alone(const model::LlamaModel& model, ThreadPool& threads, const BatchRequest& request,
+                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token = {},
+                      BatchStats* stats = nullptr);
 
 }  // namespace witcert::engine

@@ -363,6 +363,61 @@ TEST_F(RealModel, ASnapshotShowsARequestAsItRuns) {
   EXPECT_FALSE(engine.snapshot(ids[0]).has_value());
 }
 
+using BatchAlone = BatchKind;
+
+// A request alone (`generate`, the C API, Python) is a batch of one: the same tokens, meter and
+// page-ins as the session's run; its sinks hear every cell once, prompt positions included; a
+// handler that ends it leaves the tokens so far; a request that cannot run throws its reason.
+TEST_P(BatchAlone, ARequestAloneIsABatchOfOne) {
+  ThreadPool pool(2);
+  const std::vector<std::int32_t> stop = {tok_->eos()};
+  const std::vector<BatchRequest> all = requests(*tok_, cache(), model::kSanitized ? 2 : 5);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    BatchRequest q = all[i];
+    gate::CellLog log;
+    if (q.cache.certified) q.sinks = {&log};
+    std::vector<std::int32_t> heard;
+    const BatchResult got = run_alone(*model_, pool, q, stop, [&](std::int32_t t, std::span<const float> logits) {
+      EXPECT_EQ(logits.size(), static_cast<std::size_t>(model_->config().vocab));
+      heard.push_back(t);
+      return false;
+    });
+    const Solo want = solo(*model_, all[i], stop, pool);
+    expect_same(want, got, "request " + std::to_string(i));
+    EXPECT_EQ(heard, got.tokens);
+    EXPECT_EQ(got.has_meter, q.cache.certified);
+    if (q.cache.certified) {
+      // Every (layer, query head) of every position run: the prompt and each token but the last.
+      const model::LlamaConfig& cfg = model_->config();
+      const std::int64_t positions = got.prompt_tokens + static_cast<std::int64_t>(got.tokens.size()) -
+                                     (got.finish == Finish::stop ? 0 : 1);
+      EXPECT_EQ(static_cast<std::int64_t>(log.cells().size()), positions * cfg.layers * cfg.heads);
+    }
+    // Ended after its second token: those two, and no further forward pass.
+    if (want.tokens.size() >= 3) {
+      int n = 0;
+      const BatchResult ended = run_alone(*model_, pool, all[i], stop, [&](std::int32_t, std::span<const float>) {
+        return ++n == 2;
+      });
+      EXPECT_EQ(ended.finish, Finish::cancelled);
+      EXPECT_EQ(ended.tokens, std::vector<std::int32_t>(want.tokens.begin(), want.tokens.begin() + 2));
+    }
+  }
+  BatchRequest empty = all[0];
+  empty.prompt.clear();
+  EXPECT_THROW(run_alone(*model_, pool, empty, stop), std::invalid_argument);
+  BatchRequest bad = all[0];
+  bad.sampler.top_p = 1.5f;
+  EXPECT_THROW(run_alone(*model_, pool, bad, stop), std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(RealModel, BatchAlone,
+                         ::testing::Values(Kind{"", "", 0.0, gate::Granularity::block, true},
+                                           Kind{"dither-int8", "dither-int8", 0.05, gate::Granularity::block, true},
+                                           Kind{"q4_0", "q4_0", 0.5, gate::Granularity::request, false},
+                                           Kind{"kivi-2bit", "fp8-e4m3", 0.2, gate::Granularity::head, false}),
+                         kind_name);
+
 TEST_F(RealModel, ABadRequestFailsAloneWithItsReason) {
   ThreadPool pool(2);
   const CacheOptions cache = format("q4_0", "q4_0", 0.0, gate::Granularity::block);
@@ -481,10 +536,10 @@ TEST(PoolMemory, ThePlainCachesBudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   const std::int64_t before = resident_bytes();
   const Pool pool = make_pool(g, capacity, sizing.pages, plain, false);
   const std::int64_t built = resident_bytes();
-  ASSERT_TRUE(pool.exact);
+  ASSERT_TRUE(pool.kv && !pool.certified);
   EXPECT_GT(pool.bytes(), static_cast<std::size_t>(budget) / 10 * 9);
   EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
-  attention::ExactKvCache seq(pool.exact);
+  attention::ExactKvCache seq(pool.kv);
   write_pages(seq, g, 64 * plain.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;

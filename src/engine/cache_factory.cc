@@ -61,7 +61,7 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
   opts.validate();
   Cache c;
   if (!opts.certified) {
-    c.kv = std::make_unique<attention::ExactKvCache>(model.kv_geometry(capacity));
+    c.kv = std::make_unique<attention::ExactKvCache>(model.kv_geometry(capacity), opts.page_size);
     return c;
   }
   auto certified = std::make_unique<gate::CertifiedKvCache>(
@@ -72,30 +72,28 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
 }
 
 
-std::int64_t Pool::pages() const { return certified ? certified->pages() : exact ? exact->pages() : 0; }
-std::int64_t Pool::free_pages() const { return certified ? certified->free_pages() : exact ? exact->free_pages() : 0; }
-int Pool::page_size() const { return certified ? certified->config().page_size : exact ? exact->page_size() : 0; }
-std::size_t Pool::bytes() const { return certified ? certified->bytes() : exact ? exact->bytes() : 0; }
-std::size_t Pool::backing_bytes() const { return certified ? certified->backing_bytes() : 0; }
-bool Pool::has_exact_tier() const { return !certified || certified->has_exact_tier(); }
-std::size_t Pool::sequence_bytes(std::int64_t capacity) const {
-  if (certified) return kvcache::KvStore(certified).sequence().bytes();
-  return static_cast<std::size_t>((capacity + page_size() - 1) / page_size()) * sizeof(std::int64_t);
-}
+std::int64_t Pool::pages() const { return kv ? kv->pages() : 0; }
+std::int64_t Pool::free_pages() const { return kv ? kv->free_pages() : 0; }
+int Pool::page_size() const { return kv ? kv->config().page_size : 0; }
+std::size_t Pool::bytes() const { return kv ? kv->bytes() : 0; }
+std::size_t Pool::backing_bytes() const { return kv ? kv->backing_bytes() : 0; }
+bool Pool::has_exact_tier() const { return !certified || (kv && kv->has_exact_tier()); }
+std::size_t Pool::sequence_bytes(std::int64_t) const { return kv ? kvcache::KvStore(kv).sequence().bytes() : 0; }
 
 Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
                bool exact_tier) {
   opts.validate();
   if (pages < 0) throw std::invalid_argument("the pool's page count is negative");
   Pool p;
+  p.certified = opts.certified;
   if (!opts.certified) {
-    p.exact = std::make_shared<attention::ExactPool>(model.kv_geometry(capacity), opts.page_size, pages);
+    p.kv = std::make_shared<kvcache::KvPool>(attention::exact_config(model.kv_geometry(capacity), opts.page_size, pages));
     return p;
   }
   kvcache::CacheConfig cfg = cache_config(model, capacity, opts);
   cfg.pool_pages = pages;
   cfg.exact_tier = keeps_exact_tier(opts, exact_tier);
-  p.certified = std::make_shared<kvcache::KvPool>(cfg);
+  p.kv = std::make_shared<kvcache::KvPool>(cfg);
   return p;
 }
 
@@ -159,12 +157,12 @@ Cache make_sequence_cache(const Pool& pool, const model::LlamaConfig& model, std
                           const CacheOptions& opts, std::vector<gate::MeterSink*> sinks) {
   opts.validate();
   Cache c;
-  if (pool.exact) {
-    c.kv = std::make_unique<attention::ExactKvCache>(pool.exact);
+  if (!pool.kv) throw std::invalid_argument("make_sequence_cache: no pool");
+  if (!pool.certified) {
+    c.kv = std::make_unique<attention::ExactKvCache>(pool.kv);
     return c;
   }
-  if (!pool.certified) throw std::invalid_argument("make_sequence_cache: no pool");
-  auto certified = std::make_unique<gate::CertifiedKvCache>(pool.certified,
+  auto certified = std::make_unique<gate::CertifiedKvCache>(pool.kv,
                                                             certified_options(model, decode_budget, opts, std::move(sinks)));
   c.certified = certified.get();
   c.kv = std::move(certified);

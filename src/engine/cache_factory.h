@@ -28,10 +28,11 @@ kvcache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t 
 Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t decode_budget,
                  const CacheOptions& opts, std::vector<gate::MeterSink*> sinks = {});
 
-// A pool of pages that many sequences share: the certified store's or the plain exact cache's.
+// A pool of pages that many sequences share: the one store's, in the request's formats (fp16 on
+// both sides for the plain exact cache).
 struct Pool {
-  std::shared_ptr<kvcache::KvPool> certified;
-  std::shared_ptr<attention::ExactPool> exact;
+  std::shared_ptr<kvcache::KvPool> kv;
+  bool certified = false;  // its sequences are certified caches; else plain exact caches
 
   std::int64_t pages() const;
   std::int64_t free_pages() const;

@@ -1,6 +1,8 @@
-// The one request loop: a session runs a model over one cache — the prompt in chunks (announced to
-// the cache first), then one position at a time — and everything that generates, compares or
-// scores text (generate, run, demo, the benchmarks, the tests) drives it.
+// The position runner: a session runs a model over one cache it is given — the prompt in chunks
+// (announced to the cache first), then one position at a time. The experiments (demo, eval,
+// logits) drive it to teacher-force, resume a prefilled cache or run a cache built by hand, and
+// the tests use it as the reference a request in the batch engine equals bit for bit. Requests
+// themselves run in the batch engine (batch.h).
 #pragma once
 
 #include <atomic>

@@ -215,6 +215,7 @@ class KvStore {
   // on this cache's dither; they take their page's shared ξ, later positions their slot's. Set
   // before anything is written (std::logic_error otherwise); clear() resets it to 0.
   void set_prompt_length(std::int64_t n);
+  std::int64_t prompt_length() const { return seq_.prompt_length_; }
   // Positions below this take their page's shared ξ, the rest their slot's.
   std::int64_t shared_dither_end() const {
     switch (config().dither) {

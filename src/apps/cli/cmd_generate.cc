@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -12,18 +13,19 @@
 #include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
 #include "engine/model.h"
+#include "engine/batch.h"
 #include "engine/session.h"
-#include "gate/certified_cache.h"
+#include "kvcache/kv_store.h"
 #include "gate/telemetry.h"
 
 namespace witcert::apps {
 namespace {
 
 // The meter summary of a run: its decode-step cells, as the telemetry aggregated them.
-void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, const engine::CacheOptions& opts,
+// st: a store of the run's formats (its bytes per token and settings).
+void summarize(const kvcache::KvStore& st, const engine::BatchResult& r, const engine::CacheOptions& opts,
                const model::LlamaConfig& cfg, std::ostream& err) {
-  const gate::TelemetrySummary s = tel.summary();
-  const kvcache::KvStore& st = cache.store();
+  const gate::TelemetrySummary& s = r.meter;
   const double k_bytes = st.bytes_per_token_head(formats::KvSide::key), v_bytes = st.bytes_per_token_head(formats::KvSide::value);
   const double per_token = (k_bytes + v_bytes) * cfg.layers * cfg.kv_heads;
   const double fp16_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
@@ -36,11 +38,10 @@ void summarize(const gate::CertifiedKvCache& cache, const gate::Telemetry& tel, 
                        s.raw_max, 100.0 * s.overflow / s.cells, s.v_meter_p50);
   }
   if (opts.gate.on()) {
-    const kvcache::KvStore::PageInStats pi = st.page_in_stats();
     err << fmt::format("  gate tau_K={} tau_V={} {}: joint coverage before repair {:.4f}; {} cells repaired, {} pages "
                        "({:.1f} KiB) paged in\n",
-                       opts.gate.tau_k(), opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, pi.page_ins,
-                       pi.page_in_bytes / 1024.0);
+                       opts.gate.tau_k(), opts.gate.tau_v, gate::granularity_name(opts.gate.granularity), s.coverage_before.joint, s.repaired, r.page_ins,
+                       r.page_in_bytes / 1024.0);
   }
   err << fmt::format("  KV bytes per token: {:.0f} (K {:.2f} + V {:.2f} per head; fp16 {:.0f}: {:.2f}x capacity)\n",
                      per_token, k_bytes, v_bytes, fp16_per_token, fp16_per_token / per_token);
@@ -68,32 +69,38 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   engine::Model engine = engine::Model::load(model_path);
   const std::vector<std::int32_t> prompt = engine.checked_prompt(args.prompt, args.chat);
   const model::LlamaConfig& cfg = engine.model->config();
-  const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
-  // The telemetry aggregates the decode-step cells; every cell is kept only for --meter-json.
-  gate::Telemetry tel(cfg.layers, cfg.heads,
-                      gate::Telemetry::Options{args.cache.coverage_tau, args.cache.tau_v, cache_opts.bound,
-                                               static_cast<std::int64_t>(prompt.size())});
+  // The run's every cell (prompt positions included) is kept only for --meter-json.
   gate::CellLog log;
-  std::vector<gate::MeterSink*> sinks = {&tel};
-  if (!args.meter_json.empty()) sinks.push_back(&log);
-  const engine::Cache cache = engine::make_cache(cfg, capacity, args.n, cache_opts, sinks);
+  engine::BatchRequest req;
+  req.prompt = prompt;
+  req.max_tokens = args.n;
+  req.sampler = {args.temperature, args.top_p, args.seed};
+  req.cache = cache_opts;
+  req.coverage_tau = args.cache.coverage_tau;
+  req.coverage_tau_v = args.cache.tau_v;
+  if (!args.meter_json.empty()) req.sinks.push_back(&log);
   ThreadPool pool(args.threads);
 
-  engine::GenerateOptions opts;
-  opts.max_new_tokens = args.n;
-  opts.sampler = {args.temperature, args.top_p, args.seed};
-  opts.stop_tokens = engine.stop_tokens();
-  engine::Session session(*engine.model, *cache.kv, pool);
-  const engine::GenerateResult r = engine::generate(session, prompt, opts, [&](std::int32_t t) {
-    out << engine.tokenizer->token_piece(t) << std::flush;
-  });
+  // Prefill: until the first token is sampled; decode: the engine's decode-only steps.
+  const auto t0 = std::chrono::steady_clock::now();
+  double prefill_seconds = 0.0;
+  engine::BatchStats stats;
+  const engine::BatchResult r = engine::run_alone(
+      *engine.model, pool, req, engine.stop_tokens(),
+      [&](std::int32_t t, std::span<const float>) {
+        if (prefill_seconds == 0.0)
+          prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        out << engine.tokenizer->token_piece(t) << std::flush;
+        return false;
+      },
+      &stats);
   out << "\n";
-  const double decoded = r.tokens.empty() ? 0.0 : static_cast<double>(r.tokens.size() - (r.stopped ? 0 : 1));
   err << fmt::format("prefill: {} tokens, {:.1f} tok/s; decode: {} tokens, {:.1f} tok/s ({} threads)\n",
-                     r.prompt_tokens, r.prompt_tokens / r.prefill_seconds, r.tokens.size(),
-                     decoded > 0 ? decoded / r.decode_seconds : 0.0, pool.size());
-  if (cache.certified) {
-    summarize(*cache.certified, tel, cache_opts, cfg, err);
+                     r.prompt_tokens, prefill_seconds > 0 ? r.prompt_tokens / prefill_seconds : 0.0, r.tokens.size(),
+                     stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0.0, pool.size());
+  if (cache_opts.certified) {
+    const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
+    summarize(kvcache::KvStore(engine::cache_config(cfg, capacity, cache_opts)), r, cache_opts, cfg, err);
     if (!args.meter_json.empty()) write_meter_json(args.meter_json, log.cells());
   }
   return 0;

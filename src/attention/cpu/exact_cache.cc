@@ -1,7 +1,6 @@
 #include "attention/cpu/exact_cache.h"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,80 +11,83 @@ namespace witcert::attention {
 
 namespace {
 
-std::int64_t checked_pages(const kvcache::KvGeometry& g, int page_size) {
-  if (g.layers <= 0 || g.kv_heads <= 0 || g.head_dim <= 0 || g.capacity <= 0)
-    throw std::invalid_argument("KV cache geometry must be positive");
-  if (page_size <= 0) throw std::invalid_argument("page size must be positive, got " + std::to_string(page_size));
-  return (g.capacity + page_size - 1) / page_size;
+kvcache::KvGeometry geometry_of(const kvcache::CacheConfig& c) { return {c.layers, c.kv_heads, c.head_dim, c.capacity}; }
+
+const std::shared_ptr<kvcache::KvPool>& fp16_pool(const std::shared_ptr<kvcache::KvPool>& pool) {
+  if (!pool) throw std::invalid_argument("exact KV cache: no pool");
+  if (pool->kind(formats::KvSide::key) != formats::FormatKind::exact ||
+      pool->kind(formats::KvSide::value) != formats::FormatKind::exact)
+    throw std::invalid_argument("exact KV cache: the pool's formats are not fp16");
+  return pool;
 }
 
 }  // namespace
 
-ExactPool::ExactPool(const kvcache::KvGeometry& g, int page_size, std::int64_t pages)
-    : g_(g), pool_(pages > 0 ? pages : checked_pages(g, page_size), page_size) {
-  if (pages > 0) checked_pages(g, page_size);  // the geometry's checks
-  const std::size_t n = static_cast<std::size_t>(g.layers) * g.kv_heads * pool_.pages() * page_size * g.head_dim;
-  k_ = kvcache::ReservedArray<f16>(n);
-  v_ = kvcache::ReservedArray<f16>(n);
-}
-
-ExactPool::ExactPool(const ExactPool& other)
-    : g_(other.g_), pool_(other.pool_), k_(other.k_.size()), v_(other.v_.size()) {
-  std::copy(other.k_.data(), other.k_.data() + other.k_.size(), k_.data());
-  std::copy(other.v_.data(), other.v_.data() + other.v_.size(), v_.data());
+kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, std::int64_t pages) {
+  if (g.layers <= 0 || g.kv_heads <= 0 || g.head_dim <= 0 || g.capacity <= 0)
+    throw std::invalid_argument("KV cache geometry must be positive");
+  if (page_size <= 0) throw std::invalid_argument("page size must be positive, got " + std::to_string(page_size));
+  kvcache::CacheConfig c;
+  c.layers = g.layers;
+  c.kv_heads = g.kv_heads;
+  c.head_dim = g.head_dim;
+  c.capacity = g.capacity;
+  c.page_size = page_size;
+  c.pool_pages = pages;
+  c.k_format = formats::KvFormat::parse("fp16");
+  c.v_format = formats::KvFormat::parse("fp16");
+  return c;
 }
 
 ExactKvCache::ExactKvCache(const kvcache::KvGeometry& g, int page_size)
-    : pool_(std::make_shared<ExactPool>(g, page_size)), table_(pool_->pool_, g.capacity) {}
+    : store_(exact_config(g, page_size)), g_(g) {}
 
-ExactKvCache::ExactKvCache(std::shared_ptr<ExactPool> pool)
-    : pool_(pool ? std::move(pool) : throw std::invalid_argument("exact KV cache: no pool")),
-      table_(pool_->pool_, pool_->g_.capacity) {}
+ExactKvCache::ExactKvCache(std::shared_ptr<kvcache::KvPool> pool)
+    : store_(fp16_pool(pool)), g_(geometry_of(store_.config())) {}
 
 ExactKvCache::ExactKvCache(const ExactKvCache& other)
-    : kvcache::KvCache(other), pool_(std::make_shared<ExactPool>(*other.pool_)), table_(other.table_, pool_->pool_) {}
+    : kvcache::KvCache(other), store_(exact_config(other.g_, other.store_.config().page_size)), g_(other.g_) {
+  // The rows round-trip through float exactly, so rewriting them gives the same bytes.
+  store_.set_prompt_length(other.store_.prompt_length());
+  std::vector<float> k(static_cast<std::size_t>(g_.head_dim)), v(k.size());
+  for (int l = 0; l < g_.layers; ++l)
+    for (int h = 0; h < g_.kv_heads; ++h)
+      for (std::int64_t p = 0; p < other.store_.length(l, h); ++p) {
+        const f16* ok = other.key(l, h, p);
+        const f16* ov = other.value(l, h, p);
+        for (int i = 0; i < g_.head_dim; ++i) k[i] = fp16_to_float(ok[i]), v[i] = fp16_to_float(ov[i]);
+        store_.write(l, h, p, k.data(), v.data());
+      }
+}
 
 bool ExactKvCache::share_prefix(const kvcache::KvCache& donor, std::int64_t n) {
   const auto* d = dynamic_cast<const ExactKvCache*>(&donor);
-  if (d == nullptr || d->pool_ != pool_ || n <= 0 || n % pool_->page_size() != 0 ||
-      n > d->table_.positions_mapped() || table_.page_count() != 0)
-    return false;
-  table_.share_prefix(d->table_, n / pool_->page_size());
-  return true;
+  if (d == nullptr || d->pool() != pool()) return false;
+  return store_.share_prefix(d->store_, n);
 }
 
-std::size_t ExactKvCache::index(int layer, int kv_head, std::int64_t pos) const {
-  const kvcache::KvGeometry& g = pool_->g_;
-  const std::size_t slots = static_cast<std::size_t>(pool_->pages()) * pool_->page_size();
-  return ((static_cast<std::size_t>(layer) * g.kv_heads + kv_head) * slots + table_.slot(pos)) * g.head_dim;
+const f16* ExactKvCache::key(int layer, int kv_head, std::int64_t pos) const {
+  return kvcache::KvStore::Reader(store_, layer, kv_head).exact_key_row(pos);
+}
+
+const f16* ExactKvCache::value(int layer, int kv_head, std::int64_t pos) const {
+  return kvcache::KvStore::Reader(store_, layer, kv_head).exact_value_row(pos);
 }
 
 void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
-  const kvcache::KvGeometry& g = pool_->g_;
-  if (pos < 0 || pos >= g.capacity)
-    throw std::out_of_range("KV cache position " + std::to_string(pos) + " outside capacity " +
-                            std::to_string(g.capacity));
-  if (layer < 0 || layer >= g.layers || kv_head < 0 || kv_head >= g.kv_heads)
-    throw std::out_of_range("KV cache: no stream for layer " + std::to_string(layer) + ", KV head " +
-                            std::to_string(kv_head));
-  if (pos >= table_.positions_mapped()) table_.slot_for_write(pos);  // throws when a page is skipped
-  f16* kd = &pool_->k_[index(layer, kv_head, pos)];
-  f16* vd = &pool_->v_[index(layer, kv_head, pos)];
-  for (int i = 0; i < g.head_dim; ++i) {
-    kd[i] = fp16_from_float(k[i]);
-    vd[i] = fp16_from_float(v[i]);
-  }
+  store_.write(layer, kv_head, pos, k, v);
 }
 
 ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
   thread_local Scratch r;
   r.keys.resize(n);
   r.values.resize(n);
-  const std::int64_t page = pool_->page_size();
-  const int d = pool_->g_.head_dim;
+  const kvcache::KvStore::Reader reader(store_, layer, kv_head);
+  const std::int64_t page = store_.config().page_size;
+  const int d = g_.head_dim;
   for (std::int64_t t0 = 0; t0 < n; t0 += page) {  // a page's rows follow one another
-    const f16* k = key(layer, kv_head, t0);
-    const f16* v = value(layer, kv_head, t0);
+    const f16* k = reader.exact_key_row(t0);
+    const f16* v = reader.exact_value_row(t0);
     for (std::int64_t t = t0; t < std::min(n, t0 + page); ++t, k += d, v += d) {
       r.keys[t] = k;
       r.values[t] = v;
@@ -97,12 +99,12 @@ ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t n
 void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
   Scratch& r = rows(layer, kv_head, n_ctx);
-  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, pool_->g_.head_dim, out, r.work);
+  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out, r.work);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
                                  std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
-  const int d = pool_->g_.head_dim;
+  const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
   Scratch& r = rows(layer, kv_head, pos0 + n);
   r.queries.resize(n * row);
