@@ -505,7 +505,7 @@ TEST(PoolMemory, ABudgetTakesMemoryOnlyAsItsPagesAreWritten) {
   EXPECT_LT(built - before, std::int64_t{8} << 20) << "a pool of " << pool.bytes() << " bytes";
 
   // Writing commits about what was written: 64 pages of every (layer, KV head).
-  kvcache::KvStore seq(pool.certified);
+  kvcache::KvStore seq(pool.kv);
   write_pages(seq, g, 64 * opts.page_size);
   const std::int64_t written = 64 * static_cast<std::int64_t>(sizing.page_bytes);
   const std::int64_t grown = resident_bytes() - built;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "apps/cli/commands.h"
@@ -81,23 +82,25 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   if (!args.meter_json.empty()) req.sinks.push_back(&log);
   ThreadPool pool(args.threads);
 
-  // Prefill: until the first token is sampled; decode: the engine's decode-only steps.
-  const auto t0 = std::chrono::steady_clock::now();
-  double prefill_seconds = 0.0;
-  engine::BatchStats stats;
-  const engine::BatchResult r = engine::run_alone(
-      *engine.model, pool, req, engine.stop_tokens(),
-      [&](std::int32_t t, std::span<const float>) {
-        if (prefill_seconds == 0.0)
-          prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        out << engine.tokenizer->token_piece(t) << std::flush;
-        return false;
-      },
-      &stats);
+  // Prefill: until the first token is sampled; decode: from there to the end, over the forward
+  // passes after the first sample.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  std::optional<Clock::time_point> first;
+  const engine::BatchResult r = engine::run_alone(*engine.model, pool, req, engine.stop_tokens(),
+                                                  [&](std::int32_t t, std::span<const float>) {
+                                                    if (!first) first = Clock::now();
+                                                    out << engine.tokenizer->token_piece(t) << std::flush;
+                                                    return false;
+                                                  });
+  const Clock::time_point t1 = Clock::now();
   out << "\n";
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const double prefill_seconds = seconds(t0, first.value_or(t1)), decode_seconds = seconds(first.value_or(t1), t1);
+  const double decoded = r.tokens.empty() ? 0.0 : static_cast<double>(r.tokens.size()) - (r.finish == engine::Finish::stop ? 0 : 1);
   err << fmt::format("prefill: {} tokens, {:.1f} tok/s; decode: {} tokens, {:.1f} tok/s ({} threads)\n",
-                     r.prompt_tokens, prefill_seconds > 0 ? r.prompt_tokens / prefill_seconds : 0.0, r.tokens.size(),
-                     stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0.0, pool.size());
+                     r.prompt_tokens, r.prompt_tokens / prefill_seconds, r.tokens.size(),
+                     decoded > 0 ? decoded / decode_seconds : 0.0, pool.size());
   if (cache_opts.certified) {
     const std::int64_t capacity = std::min<std::int64_t>(cfg.context, static_cast<std::int64_t>(prompt.size()) + args.n);
     summarize(kvcache::KvStore(engine::cache_config(cfg, capacity, cache_opts)), r, cache_opts, cfg, err);

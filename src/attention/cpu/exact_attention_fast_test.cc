@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/cpu/exact_cache.h"
+#include "attention/reference/exact_attention.h"
 #include "base/alloc_counter.h"
 
 namespace witcert::attention {

@@ -1,6 +1,7 @@
 #include "attention/cpu/exact_cache.h"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, s
   c.pool_pages = pages;
   c.k_format = formats::KvFormat::parse("fp16");
   c.v_format = formats::KvFormat::parse("fp16");
+  // fp16 keys carry no witness; the band layout need only fit the head size.
+  c.bands = std::gcd(c.bands, std::max(1, g.head_dim / 2));
   return c;
 }
 

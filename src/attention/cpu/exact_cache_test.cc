@@ -71,7 +71,7 @@ TEST(ExactCache, RejectsPositionsItCannotHold) {
   std::vector<float> x(kDim, 1.0f);
   EXPECT_THROW(c.write(0, 0, 40, x.data(), x.data()), std::out_of_range);
   EXPECT_THROW(c.write(0, 0, -1, x.data(), x.data()), std::out_of_range);
-  EXPECT_THROW(c.write(0, 0, 20, x.data(), x.data()), std::out_of_range);  // skips page 0
+  EXPECT_THROW(c.write(0, 0, 20, x.data(), x.data()), std::invalid_argument);  // does not follow position 0
   EXPECT_THROW(c.write(2, 0, 0, x.data(), x.data()), std::out_of_range);
   EXPECT_THROW(ExactKvCache({kLayers, kKvHeads, kDim, 40}, 0), std::invalid_argument);
   EXPECT_THROW(ExactKvCache({kLayers, kKvHeads, kDim, 0}, 16), std::invalid_argument);
