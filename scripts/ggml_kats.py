@@ -99,7 +99,7 @@ def random_blocks(qtype, nblocks, seed):
     _, words = lcg(seed, nblocks * size)
     raw = np.array([(w >> 24) for w in words], dtype=np.uint8).reshape(nblocks, size)
     scale_fields = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-                    T.IQ4_NL: [0], T.Q4_K: [0, 2], T.Q6_K: [208]}
+                    T.IQ4_NL: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
     for k, off in enumerate(scale_fields.get(qtype, [])):
         for i in range(nblocks):
             # |scale| in [2^-7, 2^-3), either sign, random mantissa
@@ -141,7 +141,7 @@ def main():
     print("const DequantKat kDequantKats[] = {")
     for qt, nb, seed in ((T.F16, 64, 11), (T.BF16, 64, 12), (T.Q4_0, 4, 13), (T.Q4_1, 4, 14),
                          (T.Q5_0, 4, 15), (T.Q5_1, 4, 16), (T.Q8_0, 4, 17), (T.IQ4_NL, 4, 18),
-                         (T.Q4_K, 2, 19), (T.Q6_K, 2, 20)):
+                         (T.Q4_K, 2, 19), (T.Q5_K, 2, 21), (T.Q6_K, 2, 20)):
         y = np.asarray(quants.dequantize(random_blocks(qt, nb, seed).reshape(-1), qt), dtype=F32).reshape(-1)
         n = y.size
         picks = sorted({0, 1, 15, 16, 31, 33, n // 2, n - 1})

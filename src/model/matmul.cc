@@ -1,11 +1,14 @@
 #include "model/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstddef>
 #include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "base/fp16.h"
 
 // The kernels keep small arrays of vectors, which sizeless vector types (SVE, RVV) do not allow.
 #ifndef HWY_DISABLED_TARGETS
@@ -37,9 +40,10 @@ HWY_INLINE VF ScaleAt(const std::uint8_t* p) {
   return hn::Set(DF(), hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p)))));
 }
 
-// Decoders: the 32 weights of one group (a block, or 32 consecutive 16/32-bit floats) as kVecs
-// vectors, in column order. The weights match formats::dequantize_row up to the rounding of a fused
-// multiply-add where ggml rounds the product and the sum separately.
+// Decoders: the 32 weights of group g of a row (a block, 32 consecutive 16/32-bit floats, or a
+// K-quant's sub-block) as kVecs vectors, in column order; kBytes is a group's share of the row,
+// which places the prefetch. The weights match formats::dequantize_row up to the rounding of a
+// fused multiply-add where ggml rounds the product and the sum separately.
 
 // The 16 bytes at qs hold 32 nibbles: low nibbles are columns 0..15, high nibbles 16..31.
 template <class Fn>
@@ -56,7 +60,8 @@ HWY_INLINE void DecodeNibbles(const std::uint8_t* qs, VF* w, Fn to_weight) {
 
 struct DecodeQ4_0 {  // d, qs[16]: w = (q − 8)·d
   static constexpr std::size_t kBytes = 18;
-  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
     const VF d = ScaleAt(p);
     const VF offset = hn::Mul(d, hn::Set(DF(), -8.0f));
     DecodeNibbles(p + 2, w, [&](VF q) { return hn::MulAdd(q, d, offset); });
@@ -65,7 +70,8 @@ struct DecodeQ4_0 {  // d, qs[16]: w = (q − 8)·d
 
 struct DecodeQ4_1 {  // d, m, qs[16]: w = q·d + m
   static constexpr std::size_t kBytes = 20;
-  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
     const VF d = ScaleAt(p), m = ScaleAt(p + 2);
     DecodeNibbles(p + 4, w, [&](VF q) { return hn::MulAdd(q, d, m); });
   }
@@ -73,7 +79,8 @@ struct DecodeQ4_1 {  // d, m, qs[16]: w = q·d + m
 
 struct DecodeQ8_0 {  // d, qs[32] (int8): w = q·d
   static constexpr std::size_t kBytes = 34;
-  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
     const hn::Rebind<std::int8_t, DF> di8;
     const hn::Rebind<std::int32_t, DF> di32;
     const VF d = ScaleAt(p);
@@ -85,7 +92,8 @@ struct DecodeQ8_0 {  // d, qs[32] (int8): w = q·d
 
 struct DecodeF16 {
   static constexpr std::size_t kBytes = 2 * kGroup;
-  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
     const hn::Rebind<hwy::float16_t, DF> df16;
     const hwy::float16_t* h = reinterpret_cast<const hwy::float16_t*>(p);
     for (std::size_t k = 0; k < kVecs; ++k) w[k] = hn::PromoteTo(DF(), hn::LoadU(df16, h + k * kLanes));
@@ -94,9 +102,170 @@ struct DecodeF16 {
 
 struct DecodeF32 {
   static constexpr std::size_t kBytes = 4 * kGroup;
-  static HWY_INLINE void Decode(const std::uint8_t* p, VF* w) {
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
     const float* f = reinterpret_cast<const float*>(p);
     for (std::size_t k = 0; k < kVecs; ++k) w[k] = hn::LoadU(DF(), f + k * kLanes);
+  }
+};
+
+// The 32 bits of a little-endian word at p: bit e belongs to column e (Q5_0, Q5_1).
+HWY_INLINE std::uint32_t Word32(const std::uint8_t* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Columns [first, first + kLanes) of a 5-bit block: nibble q (low 4 bits) plus bit (first + lane)
+// of qh as the fifth.
+HWY_INLINE VF FiveBits(hn::Vec<hn::Rebind<std::int32_t, DF>> q, std::uint32_t qh, std::size_t first) {
+  const hn::Rebind<std::int32_t, DF> di32;
+  const hn::Rebind<std::uint32_t, DF> du32;
+  const auto bit = hn::And(hn::Shr(hn::Set(du32, qh), hn::Iota(du32, static_cast<std::uint32_t>(first))), hn::Set(du32, 1));
+  return hn::ConvertTo(DF(), hn::Or(q, hn::ShiftLeft<4>(hn::BitCast(di32, bit))));
+}
+
+// Q5_0 and Q5_1: d, [m,] qh (32 fifth bits), qs[16] (low nibbles are columns 0..15).
+template <bool kOffset>
+HWY_INLINE void DecodeFiveBit(const std::uint8_t* p, VF* w) {
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const VF d = ScaleAt(p);
+  const VF m = kOffset ? ScaleAt(p + 2) : hn::Zero(DF());
+  const std::uint32_t qh = Word32(p + (kOffset ? 4 : 2));
+  const std::uint8_t* qs = p + (kOffset ? 8 : 6);
+  const auto low = hn::Set(di32, 0x0F);
+  for (std::size_t k = 0; k < 16 / kLanes; ++k) {
+    const auto q = hn::PromoteTo(di32, hn::LoadU(du8, qs + k * kLanes));
+    const VF lo = FiveBits(hn::And(q, low), qh, k * kLanes), hi = FiveBits(hn::ShiftRight<4>(q), qh, 16 + k * kLanes);
+    if (kOffset) {  // w = q·d + m
+      w[k] = hn::MulAdd(lo, d, m);
+      w[k + 16 / kLanes] = hn::MulAdd(hi, d, m);
+    } else {  // w = (q − 16)·d
+      const VF sixteen = hn::Set(DF(), 16.0f);
+      w[k] = hn::Mul(hn::Sub(lo, sixteen), d);
+      w[k + 16 / kLanes] = hn::Mul(hn::Sub(hi, sixteen), d);
+    }
+  }
+}
+
+struct DecodeQ5_0 {  // d, qh, qs[16]
+  static constexpr std::size_t kBytes = 22;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    DecodeFiveBit<false>(row + g * kBytes, w);
+  }
+};
+
+struct DecodeQ5_1 {  // d, m, qh, qs[16]
+  static constexpr std::size_t kBytes = 24;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    DecodeFiveBit<true>(row + g * kBytes, w);
+  }
+};
+
+struct DecodeBF16 {  // the upper half of a float
+  static constexpr std::size_t kBytes = 2 * kGroup;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const hn::Rebind<std::uint32_t, DF> du32;
+    const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(row + g * kBytes);
+    for (std::size_t k = 0; k < kVecs; ++k)
+      w[k] = hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, h + k * kLanes))));
+  }
+};
+
+struct DecodeIQ4_NL {  // d, qs[16]: w = d·kvalues[q], through a 16-entry table per nibble
+  static constexpr std::size_t kBytes = 18;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const std::uint8_t* p = row + g * kBytes;
+    const float d = fp16_to_float(static_cast<f16>(p[0] | (p[1] << 8)));
+    HWY_ALIGN float x[kGroup];
+    for (std::size_t j = 0; j < 16; ++j) {
+      x[j] = d * static_cast<float>(formats::kIq4nlValues[p[2 + j] & 0x0F]);
+      x[j + 16] = d * static_cast<float>(formats::kIq4nlValues[p[2 + j] >> 4]);
+    }
+    for (std::size_t k = 0; k < kVecs; ++k) w[k] = hn::Load(DF(), x + k * kLanes);
+  }
+};
+
+// K-quants: 256 columns per super-block, eight groups of 32 with their own scales.
+constexpr std::size_t kSuperGroups = 8;
+
+HWY_INLINE float F16At(const std::uint8_t* p) { return fp16_to_float(static_cast<f16>(p[0] | (p[1] << 8))); }
+
+// Q4_K and Q5_K: group j's 6-bit (scale, min) from the 12 packed bytes, as llama.cpp's
+// get_scale_min_k4.
+HWY_INLINE void ScaleMinK4(std::size_t j, const std::uint8_t* s, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: the same with qh[32] before
+// qs): group j takes the low nibbles of 32 qs bytes when even, the high ones when odd, plus bit j of
+// each qh byte as a fifth bit; w = (d·scale)·q − dmin·min.
+template <bool kFifth>
+HWY_INLINE void DecodeK4(const std::uint8_t* row, std::size_t g, VF* w) {
+  const hn::Rebind<std::uint8_t, DF> du8;
+  const hn::Rebind<std::int32_t, DF> di32;
+  const std::uint8_t* b = row + (g / kSuperGroups) * (kFifth ? 176 : 144);
+  const std::size_t j = g % kSuperGroups;
+  int sc, mn;
+  ScaleMinK4(j, b + 4, &sc, &mn);
+  const VF d1 = hn::Set(DF(), F16At(b) * static_cast<float>(sc));
+  const VF m1 = hn::Set(DF(), F16At(b + 2) * static_cast<float>(mn));
+  const std::uint8_t* qh = b + 16;
+  const std::uint8_t* qs = b + (kFifth ? 48 : 16) + (j / 2) * 32;
+  const int shift = (j % 2) * 4;
+  for (std::size_t k = 0; k < kVecs; ++k) {
+    auto q = hn::And(hn::ShiftRightSame(hn::PromoteTo(di32, hn::LoadU(du8, qs + k * kLanes)), shift), hn::Set(di32, 0x0F));
+    if (kFifth) {
+      const auto h = hn::And(hn::ShiftRightSame(hn::PromoteTo(di32, hn::LoadU(du8, qh + k * kLanes)), static_cast<int>(j)),
+                             hn::Set(di32, 1));
+      q = hn::Or(q, hn::ShiftLeft<4>(h));
+    }
+    w[k] = hn::MulSub(hn::ConvertTo(DF(), q), d1, m1);
+  }
+}
+
+struct DecodeQ4_K {
+  static constexpr std::size_t kBytes = 144 / kSuperGroups;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) { DecodeK4<false>(row, g, w); }
+};
+
+struct DecodeQ5_K {
+  static constexpr std::size_t kBytes = 176 / kSuperGroups;
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) { DecodeK4<true>(row, g, w); }
+};
+
+// Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d): group j is quarter j % 4 of half j / 4;
+// its 6-bit codes take the low (quarters 0, 1) or high (2, 3) nibbles of 32 ql bytes and bits
+// 2·quarter of 32 qh bytes; columns 0..15 and 16..31 have their own scale; w = (d·scale)·(q − 32).
+struct DecodeQ6_K {
+  static constexpr std::size_t kBytes = 26;  // 210 / 8, rounded down
+  static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
+    const hn::Rebind<std::uint8_t, DF> du8;
+    const hn::Rebind<std::int32_t, DF> di32;
+    const std::uint8_t* b = row + (g / kSuperGroups) * 210;
+    const std::size_t j = g % kSuperGroups, half = j / 4, quarter = j % 4;
+    const std::uint8_t* ql = b + 64 * half + 32 * (quarter % 2);
+    const std::uint8_t* qh = b + 128 + 32 * half;
+    const std::int8_t* sc = reinterpret_cast<const std::int8_t*>(b + 192) + 8 * half + 2 * quarter;
+    const float d = F16At(b + 208);
+    const VF s0 = hn::Set(DF(), d * static_cast<float>(sc[0])), s1 = hn::Set(DF(), d * static_cast<float>(sc[1]));
+    const int nibble = quarter >= 2 ? 4 : 0, field = 2 * static_cast<int>(quarter);
+    for (std::size_t k = 0; k < kVecs; ++k) {
+      const auto lo = hn::And(hn::ShiftRightSame(hn::PromoteTo(di32, hn::LoadU(du8, ql + k * kLanes)), nibble),
+                              hn::Set(di32, 0x0F));
+      const auto hi = hn::And(hn::ShiftRightSame(hn::PromoteTo(di32, hn::LoadU(du8, qh + k * kLanes)), field),
+                              hn::Set(di32, 3));
+      const VF q = hn::ConvertTo(DF(), hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), hn::Set(di32, 32)));
+      w[k] = hn::Mul(q, k * kLanes < 16 ? s0 : s1);
+    }
   }
 };
 
@@ -113,7 +282,7 @@ HWY_INLINE void MultiplyTile(const std::uint8_t* const* rows, const float* const
     for (std::size_t i = 0; i < R; ++i) {
       VF w[kVecs];
       hwy::Prefetch(rows[i] + ahead + g * Dec::kBytes);
-      Dec::Decode(rows[i] + g * Dec::kBytes, w);
+      Dec::Decode(rows[i], g, w);
       for (std::size_t t = 0; t < T; ++t)
         for (std::size_t k = 0; k < kVecs; ++k)
           acc[i][t] = hn::MulAdd(w[k], hn::LoadU(df, xs[t] + g * kGroup + k * kLanes), acc[i][t]);
@@ -212,7 +381,14 @@ void MatmulRows(const WeightMatrix& w, const float* x, std::int64_t tokens, floa
       case GgmlType::Q4_0: return MultiplyRows<DecodeQ4_0>(p, begin, end);
       case GgmlType::Q4_1: return MultiplyRows<DecodeQ4_1>(p, begin, end);
       case GgmlType::Q8_0: return MultiplyRows<DecodeQ8_0>(p, begin, end);
+      case GgmlType::Q5_0: return MultiplyRows<DecodeQ5_0>(p, begin, end);
+      case GgmlType::Q5_1: return MultiplyRows<DecodeQ5_1>(p, begin, end);
+      case GgmlType::IQ4_NL: return MultiplyRows<DecodeIQ4_NL>(p, begin, end);
+      case GgmlType::Q4_K: return MultiplyRows<DecodeQ4_K>(p, begin, end);
+      case GgmlType::Q5_K: return MultiplyRows<DecodeQ5_K>(p, begin, end);
+      case GgmlType::Q6_K: return MultiplyRows<DecodeQ6_K>(p, begin, end);
       case GgmlType::F16: return MultiplyRows<DecodeF16>(p, begin, end);
+      case GgmlType::BF16: return MultiplyRows<DecodeBF16>(p, begin, end);
       case GgmlType::F32: return MultiplyRows<DecodeF32>(p, begin, end);
       default: break;
     }

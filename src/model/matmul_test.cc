@@ -20,13 +20,13 @@ using formats::GgmlType;
 std::vector<std::uint8_t> random_matrix(GgmlType t, std::int64_t rows, std::int64_t cols, std::mt19937_64& rng) {
   const std::size_t row_bytes = formats::ggml_row_bytes(t, cols);
   std::vector<std::uint8_t> m(rows * row_bytes);
-  if (t == GgmlType::Q4_K || t == GgmlType::Q6_K) {
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K) {
     std::uniform_int_distribution<int> byte(0, 255);
     for (std::uint8_t& b : m) b = static_cast<std::uint8_t>(byte(rng));
-    const std::size_t block = t == GgmlType::Q4_K ? 144 : 210;
+    const std::size_t block = formats::ggml_type_info(t)->block_bytes;
     for (std::size_t at = 0; at < m.size(); at += block) {
-      // d = ±2^-6·(1 + mantissa), and for Q4_K dmin the same: finite, like a real model's.
-      for (std::size_t off : t == GgmlType::Q4_K ? std::vector<std::size_t>{0, 2} : std::vector<std::size_t>{208}) {
+      // d = ±2^-6·(1 + mantissa), and for Q4_K and Q5_K dmin the same: finite, like a real model's.
+      for (std::size_t off : t == GgmlType::Q6_K ? std::vector<std::size_t>{208} : std::vector<std::size_t>{0, 2}) {
         m[at + off + 1] = static_cast<std::uint8_t>((m[at + off + 1] & 0x83) | 0x24);
       }
     }
@@ -84,7 +84,7 @@ void for_each_target(Fn fn) {
 TEST(Matmul, FastMatchesReferenceForEveryType) {
   const GgmlType types[] = {GgmlType::F32,    GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                             GgmlType::Q4_1,   GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                            GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K};
+                            GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
   // Row counts around the 4-row and 2-row tiles and the 16-row cache block, token counts around
   // the 4-token tile; cols from one block to 2048.
   const Shape shapes[] = {{1, 256, 1}, {3, 512, 2}, {17, 256, 5}, {300, 256, 3}, {33, 2048, 17}, {5, 768, 4}};
@@ -94,7 +94,7 @@ TEST(Matmul, FastMatchesReferenceForEveryType) {
   double worst = 0.0;
   for_each_target([&] {
     for (GgmlType t : types) {
-      const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+      const bool k_quant = formats::ggml_type_info(t)->block_size == 256;
       std::vector<Shape> cases(std::begin(shapes), std::end(shapes));
       if (!k_quant) cases.insert(cases.end(), std::begin(small_block_shapes), std::end(small_block_shapes));
       for (std::size_t c = 0; c < cases.size(); ++c) {

@@ -23,7 +23,7 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::Q5_0, "Q5_0", 32, 22, true},    {GgmlType::Q5_1, "Q5_1", 32, 24, true},
     {GgmlType::Q8_0, "Q8_0", 32, 34, true},    {GgmlType::Q8_1, "Q8_1", 32, 36, false},
     {GgmlType::Q2_K, "Q2_K", 256, 84, false},  {GgmlType::Q3_K, "Q3_K", 256, 110, false},
-    {GgmlType::Q4_K, "Q4_K", 256, 144, true},  {GgmlType::Q5_K, "Q5_K", 256, 176, false},
+    {GgmlType::Q4_K, "Q4_K", 256, 144, true},  {GgmlType::Q5_K, "Q5_K", 256, 176, true},
     {GgmlType::Q6_K, "Q6_K", 256, 210, true},  {GgmlType::Q8_K, "Q8_K", 256, 292, false},
     {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, true}, {GgmlType::I8, "I8", 1, 1, false},
     {GgmlType::I16, "I16", 1, 2, false},       {GgmlType::I32, "I32", 1, 4, false},
@@ -137,6 +137,27 @@ void dequant_q4_k(const Byte* b, float* y) {  // d, dmin, scales[12], qs[128]
     for (int l = 0; l < 32; ++l) {
       y[l] = d1 * static_cast<float>(qs[l] & 0x0F) - m1;
       y[l + 32] = d2 * static_cast<float>(qs[l] >> 4) - m2;
+    }
+  }
+}
+
+void dequant_q5_k(const Byte* b, float* y) {  // d, dmin, scales[12], qh[32], qs[128]
+  const float d = get_f16(b), dmin = get_f16(b + 2);
+  const Byte* scales = b + 4;
+  const Byte* qh = b + 16;
+  const Byte* qs = b + 48;
+  // As Q4_K, with a fifth bit per element: bit 2·chunk (even sub-block) or 2·chunk + 1 (odd) of qh[l].
+  for (int chunk = 0; chunk < 4; ++chunk, qs += 32, y += 64) {
+    int sc, m;
+    q4_k_scale_min(2 * chunk, scales, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    q4_k_scale_min(2 * chunk + 1, scales, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (qs[l] & 0x0F) + ((qh[l] >> (2 * chunk)) & 1) * 16;
+      const int hi = (qs[l] >> 4) + ((qh[l] >> (2 * chunk + 1)) & 1) * 16;
+      y[l] = d1 * static_cast<float>(lo) - m1;
+      y[l + 32] = d2 * static_cast<float>(hi) - m2;
     }
   }
 }
@@ -335,6 +356,7 @@ DequantBlock dequantizer(GgmlType t) {
     case GgmlType::Q8_0: return dequant_q8_0;
     case GgmlType::IQ4_NL: return dequant_iq4_nl;
     case GgmlType::Q4_K: return dequant_q4_k;
+    case GgmlType::Q5_K: return dequant_q5_k;
     case GgmlType::Q6_K: return dequant_q6_k;
     default: return nullptr;
   }

@@ -49,7 +49,7 @@ std::size_t ggml_row_bytes(GgmlType t, std::int64_t n);
 
 // src holds n elements of type t (n a multiple of the block size); writes n floats, bit-identical
 // to llama.cpp's dequantize_row_* (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K,
-// Q6_K). Throws std::invalid_argument for a type without dequantization or a partial block.
+// Q5_K, Q6_K). Throws std::invalid_argument for a type without dequantization or a partial block.
 void dequantize_row(GgmlType t, const void* src, float* dst, std::int64_t n);
 
 // llama.cpp's reference quantizers (quantize_row_*_ref; IQ4_NL without importance weights),

@@ -176,6 +176,32 @@ TEST(GgmlDequant, Q4_K) {
   expect_floats(dequantize(GgmlType::Q4_K, b, 256), want);
 }
 
+TEST(GgmlDequant, Q5_K) {
+  // Q4_K's scales and nibbles, plus a fifth bit: bit 2c (even sub-block) or 2c + 1 (odd) of qh[l].
+  const int sc[8] = {1, 2, 3, 63, 17, 33, 48, 5};
+  const int mn[8] = {0, 1, 62, 7, 20, 0, 63, 9};
+  Bytes b(176);
+  put16(b, 0, 0x3C00);  // d = 1
+  put16(b, 2, 0x3800);  // dmin = 0.5
+  for (int i = 0; i < 4; ++i) {
+    b[4 + i] = static_cast<std::uint8_t>(sc[i] | ((sc[i + 4] >> 4) << 6));
+    b[8 + i] = static_cast<std::uint8_t>(mn[i] | ((mn[i + 4] >> 4) << 6));
+    b[12 + i] = static_cast<std::uint8_t>((sc[i + 4] & 15) | ((mn[i + 4] & 15) << 4));
+  }
+  std::vector<float> want(256);
+  for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<std::uint8_t>((37 * l + 11) & 0xFF);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      const int lo = l % 16, hi = (7 * l) % 16;
+      b[48 + 32 * c + l] = static_cast<std::uint8_t>(lo | (hi << 4));
+      const int lo5 = lo + 16 * ((b[16 + l] >> (2 * c)) & 1), hi5 = hi + 16 * ((b[16 + l] >> (2 * c + 1)) & 1);
+      want[64 * c + l] = static_cast<float>(sc[2 * c] * lo5) - 0.5f * mn[2 * c];
+      want[64 * c + 32 + l] = static_cast<float>(sc[2 * c + 1] * hi5) - 0.5f * mn[2 * c + 1];
+    }
+  }
+  expect_floats(dequantize(GgmlType::Q5_K, b, 256), want);
+}
+
 TEST(GgmlDequant, Q6_K) {
   // Element i has the 6-bit code q(i) = (5i + 3) mod 64 and the int8 scale of sub-block i / 16.
   const int scale[16] = {1, -1, 2, -2, 127, -128, 3, 0, 5, 7, -9, 11, 64, -64, 13, 1};
@@ -235,7 +261,7 @@ Bytes random_blocks(GgmlType t, int blocks, std::uint32_t seed) {
   for (std::uint8_t& byte : raw) byte = static_cast<std::uint8_t>(lcg_next(seed) >> 24);
   std::vector<std::size_t> scale_fields;
   switch (t) {
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: scale_fields = {0, 2}; break;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: scale_fields = {0, 2}; break;
     case GgmlType::Q6_K: scale_fields = {208}; break;
     case GgmlType::F16: case GgmlType::BF16: break;
     default: scale_fields = {0};
@@ -361,6 +387,9 @@ const DequantKat kDequantKats[] = {
     {GgmlType::Q4_K, 2, 19, 0x1ead67318bfce2e4ull,
      {{0, 0xc07f5a00}, {1, 0xc08f9580}, {15, 0xc092c400}, {16, 0xc0860a00},
       {31, 0xc095f280}, {33, 0xc078fd00}, {256, 0x40c530c0}, {511, 0x3d9a8000}}},
+    {GgmlType::Q5_K, 2, 21, 0xe08ddda06cf62104ull,
+     {{0, 0x42188bc0}, {1, 0x427f8ac0}, {15, 0x42931530}, {16, 0x429ff510},
+      {31, 0x42c024c0}, {33, 0x41d1f178}, {256, 0xc0047600}, {511, 0x3ec6cc00}}},
     {GgmlType::Q6_K, 2, 20, 0x159119e876c8ca43ull,
      {{0, 0xbe430400}, {1, 0xbf5b6480}, {15, 0xbf73c500}, {16, 0x420d09c0},
       {31, 0x41b19a80}, {33, 0x41656790}, {256, 0x419f4e80}, {511, 0xc1c7394c}}},
