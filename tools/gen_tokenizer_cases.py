@@ -16,7 +16,6 @@ import sys
 import unicodedata
 
 import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 CONTROL = 3
 
@@ -110,6 +109,8 @@ def read_vocab(path):
 
 
 def reference_tokenizer(tokens, types, merges, unk):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
     vocab = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)

@@ -33,10 +33,23 @@ Model Model::load(const std::string& path) {
   return e;
 }
 
+namespace {
+
+std::vector<std::int32_t> with_bos(const model::Tokenizer& t, std::vector<std::int32_t> ids) {
+  if (t.add_bos() && t.bos() >= 0 && !ids.empty()) ids.insert(ids.begin(), t.bos());
+  return ids;
+}
+
+}  // namespace
+
 std::vector<std::int32_t> Model::prompt_tokens(const std::string& text, bool chat) const {
-  if (!chat) return tokenizer->encode(text, /*parse_special=*/false);
+  if (!chat) return with_bos(*tokenizer, tokenizer->encode(text, /*parse_special=*/false));
   const model::ChatMessage turn{"user", text};
-  return tokenizer->encode_chat({&turn, 1}, /*add_generation_prompt=*/true);
+  return chat_tokens({&turn, 1});
+}
+
+std::vector<std::int32_t> Model::chat_tokens(std::span<const model::ChatMessage> messages) const {
+  return with_bos(*tokenizer, tokenizer->encode_chat(messages, /*add_generation_prompt=*/true));
 }
 
 std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool chat) const {
@@ -44,7 +57,7 @@ std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool ch
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
   if (static_cast<std::int64_t>(prompt.size()) > model->config().context)
     throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
-                            std::to_string(model->config().context));
+                            std::to_string(model->config().context) + model->config().context_note());
   return prompt;
 }
 

@@ -28,8 +28,11 @@ struct Model {
   static Model load(const std::string& path);
 
   // The prompt's token ids: the text as is, or wrapped as one user turn of the chat template; either
-  // way control-token text in it stays text (Tokenizer::encode_chat).
+  // way control-token text in it stays text (Tokenizer::encode_chat). Begins with bos when the
+  // model asks for it (tokenizer.ggml.add_bos_token), as llama.cpp does; an empty text stays empty.
   std::vector<std::int32_t> prompt_tokens(const std::string& text, bool chat) const;
+  // The chat template's tokens for these messages, with bos as prompt_tokens.
+  std::vector<std::int32_t> chat_tokens(std::span<const model::ChatMessage> messages) const;
   // prompt_tokens, refusing an empty prompt (std::invalid_argument) and one beyond the model's
   // context (std::out_of_range).
   std::vector<std::int32_t> checked_prompt(const std::string& text, bool chat) const;

@@ -72,11 +72,22 @@ double config_real(const std::string& key, double v, double lo, double hi) {
   return v;
 }
 
+// out may be x.
 void rms_norm(const float* x, const float* w, int d, float eps, float* out) {
   double ss = 0.0;
   for (int i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
   for (int i = 0; i < d; ++i) out[i] = x[i] * scale * w[i];
+}
+
+void add_bias(float* x, const std::vector<float>& b) {
+  for (std::size_t i = 0; i < b.size(); ++i) x[i] += b[i];
+}
+
+// gelu(x) with the tanh approximation, as GGML's gelu: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+float gelu_tanh(float x) {
+  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * static_cast<double>(x) * x * x));
+  return static_cast<float>(0.5 * x * (1.0 + t));
 }
 
 // The blocks whose tensors the file holds: the distinct N of its "blk.N.*" tensor names.
@@ -121,12 +132,19 @@ struct LlamaModel::RunState {
   std::vector<Job> jobs;
 };
 
+std::string LlamaConfig::context_note() const {
+  if (context >= trained_context) return "";
+  return " (capped at the sliding window of " + std::to_string(sliding_window) +
+         " positions: sliding-window attention is not applied yet, so every layer sees the whole sequence; the model "
+         "was trained for " + std::to_string(trained_context) + ")";
+}
+
 LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>()) {
   cfg_.arch = f.get_string("general.architecture");
-  if (cfg_.arch != "llama")
-    throw model_error("unsupported architecture '" + cfg_.arch + "' (supported: llama)");
+  traits_ = &architecture(cfg_.arch);
+  const Architecture& arch = *traits_;
   const std::string a = cfg_.arch + ".";
   const auto size = [&](const std::string& key) { return config_size(key, f.get_u32(key)); };
   cfg_.layers = size(a + "block_count");
@@ -139,18 +157,29 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   cfg_.heads = size(a + "attention.head_count");
   cfg_.kv_heads = f.find(a + "attention.head_count_kv") ? size(a + "attention.head_count_kv") : cfg_.heads;
   cfg_.d_ff = size(a + "feed_forward_length");
-  cfg_.context = size(a + "context_length");
+  cfg_.trained_context = cfg_.context = size(a + "context_length");
   // RoPE bases in use run from 1e4 to about 1e8 and ε from 1e-6 to 1e-5; ε's lower bound keeps it a
   // positive normal float, as the model stores it.
   const std::string theta_key = a + "rope.freq_base", eps_key = a + "attention.layer_norm_rms_epsilon";
   cfg_.rope_theta = static_cast<float>(config_real(theta_key, f.get_f64_or(theta_key, 10000.0), 1.0, 1e9));
   cfg_.rms_eps = static_cast<float>(config_real(eps_key, f.get_f64_or(eps_key, 1e-5), 1e-30, 0.1));
-  if (cfg_.d_model % cfg_.heads != 0 || cfg_.heads % cfg_.kv_heads != 0)
-    throw model_error(a + "embedding_length " + std::to_string(cfg_.d_model) + ", " + a + "attention.head_count " +
-                      std::to_string(cfg_.heads) + " and " + a + "attention.head_count_kv " +
-                      std::to_string(cfg_.kv_heads) + " are inconsistent: the head count must divide the width and "
-                      "the KV head count the head count");
-  cfg_.head_dim = cfg_.d_model / cfg_.heads;
+  if (cfg_.heads % cfg_.kv_heads != 0)
+    throw model_error(a + "attention.head_count " + std::to_string(cfg_.heads) + " and " + a +
+                      "attention.head_count_kv " + std::to_string(cfg_.kv_heads) +
+                      " are inconsistent: the KV head count must divide the head count");
+  if (f.find(a + "attention.key_length")) {
+    cfg_.head_dim = size(a + "attention.key_length");
+    const int v_len = f.find(a + "attention.value_length") ? size(a + "attention.value_length") : cfg_.head_dim;
+    if (v_len != cfg_.head_dim)
+      throw model_error(a + "attention.value_length " + std::to_string(v_len) + " differs from key_length " +
+                        std::to_string(cfg_.head_dim) + " (not supported)");
+  } else {
+    if (cfg_.d_model % cfg_.heads != 0)
+      throw model_error(a + "embedding_length " + std::to_string(cfg_.d_model) + " and " + a +
+                        "attention.head_count " + std::to_string(cfg_.heads) +
+                        " are inconsistent: the head count must divide the width");
+    cfg_.head_dim = cfg_.d_model / cfg_.heads;
+  }
   if (cfg_.head_dim % 2 != 0) throw model_error("head dimension must be even for RoPE");
   const std::uint32_t rope_dims = f.get_u32_or(a + "rope.dimension_count", cfg_.head_dim);
   if (static_cast<int>(rope_dims) != cfg_.head_dim)
@@ -160,11 +189,19 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   if (scaling == "linear") {
     const std::string factor_key = a + "rope.scaling.factor";
     cfg_.rope_freq_scale = static_cast<float>(1.0 / config_real(factor_key, f.get_f64(factor_key), 1.0 / 1024, 1024.0));
-  } else if (scaling != "none") {
-    throw model_error("unsupported RoPE scaling '" + scaling + "' (supported: none, linear)");
+  } else if (scaling != "none" && scaling != "llama3") {  // llama3: the factors are rope_freqs.weight
+    throw model_error("unsupported RoPE scaling '" + scaling + "' (supported: none, linear, llama3)");
   }
-  if (f.find_tensor("rope_freqs.weight")) throw model_error("per-frequency RoPE factors are not supported");
-  cfg_.rope_layout = cert::RopeLayout::interleaved;  // GGML's "normal" rope for the llama architecture
+  cfg_.rope_layout = arch.rope_layout;
+  const std::string cap_key = a + "final_logit_softcapping";
+  if (f.find(cap_key)) cfg_.logit_softcap = static_cast<float>(config_real(cap_key, f.get_f64(cap_key), 1e-3, 1e6));
+  int swa_period = arch.swa_period;
+  if (swa_period > 0) {
+    cfg_.sliding_window = size(a + "attention.sliding_window");
+    // The file may name its own period: every period-th layer is global.
+    if (f.find(a + "attention.sliding_window_pattern")) swa_period = size(a + "attention.sliding_window_pattern");
+    cfg_.context = std::min<std::int64_t>(cfg_.context, cfg_.sliding_window);
+  }
 
   const GgufTensorInfo& embd = f.tensor("token_embd.weight");
   if (embd.ne.size() != 2) throw model_error("token_embd.weight must be a matrix");
@@ -173,6 +210,26 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   output_norm_ = load_vector(f, "output_norm.weight", cfg_.d_model);
   cfg_.tied_output = f.find_tensor("output.weight") == nullptr;
   output_ = cfg_.tied_output ? tok_embd_ : bind_matrix(f, "output.weight", cfg_.d_model, cfg_.vocab);
+
+  // RoPE frequencies θ_j = base^{−2j/d}, divided by the file's per-frequency factors where it has
+  // them (Llama 3.1 / 3.2); sliding-window layers have their own base.
+  const int pairs = cfg_.head_dim / 2;
+  std::vector<float> factors(pairs, 1.0f);
+  if (f.find_tensor("rope_freqs.weight")) {
+    factors = load_vector(f, "rope_freqs.weight", pairs);
+    for (int j = 0; j < pairs; ++j)
+      if (!(std::isfinite(factors[j]) && factors[j] > 0.0f))
+        throw model_error("rope_freqs.weight[" + std::to_string(j) + "] must be finite and positive");
+    cfg_.rope_factors = true;
+  }
+  const auto frequencies = [&](double base) {
+    std::vector<float> inv(pairs);
+    for (int j = 0; j < pairs; ++j)
+      inv[j] = static_cast<float>(std::pow(base, -2.0 * j / cfg_.head_dim) / factors[j]);
+    return inv;
+  };
+  inv_freq_ = frequencies(cfg_.rope_theta);
+  swa_inv_freq_ = frequencies(arch.swa_rope_theta);
 
   const std::int64_t d = cfg_.d_model, q_dim = cfg_.heads * cfg_.head_dim, kv_dim = cfg_.kv_heads * cfg_.head_dim;
   for (int l = 0; l < cfg_.layers; ++l) {
@@ -187,16 +244,32 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
     L.w_gate = bind_matrix(f, p + "ffn_gate.weight", d, cfg_.d_ff);
     L.w_up = bind_matrix(f, p + "ffn_up.weight", d, cfg_.d_ff);
     L.w_down = bind_matrix(f, p + "ffn_down.weight", cfg_.d_ff, d);
+    if (arch.qkv_bias) {
+      L.bq = load_vector(f, p + "attn_q.bias", q_dim);
+      L.bk = load_vector(f, p + "attn_k.bias", kv_dim);
+      L.bv = load_vector(f, p + "attn_v.bias", kv_dim);
+    }
+    if (arch.qk_norm) {
+      L.q_norm = load_vector(f, p + "attn_q_norm.weight", cfg_.head_dim);
+      L.k_norm = load_vector(f, p + "attn_k_norm.weight", cfg_.head_dim);
+    }
+    if (arch.post_norms) {
+      L.post_attn_norm = load_vector(f, p + "post_attention_norm.weight", d);
+      L.post_ffw_norm = load_vector(f, p + "post_ffw_norm.weight", d);
+    }
     layers_.push_back(std::move(L));
   }
-  for (int j = 0; j < cfg_.head_dim / 2; ++j)
-    inv_freq_.push_back(static_cast<float>(std::pow(static_cast<double>(cfg_.rope_theta), -2.0 * j / cfg_.head_dim)));
+  // Pointers into the frequency tables once the layers no longer move.
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const bool sliding = swa_period > 0 && l % swa_period != swa_period - 1;
+    layers_[l].inv_freq = sliding ? swa_inv_freq_.data() : inv_freq_.data();
+  }
 }
 
-void LlamaModel::rope(float* x, int n_heads, std::int64_t pos) const {
+void LlamaModel::rope(float* x, int n_heads, std::int64_t pos, const float* inv_freq) const {
   const double p = static_cast<double>(pos) * cfg_.rope_freq_scale;
   for (int j = 0; j < cfg_.head_dim / 2; ++j) {
-    const double theta = p * inv_freq_[j];
+    const double theta = p * inv_freq[j];
     const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
     const cert::RopePair pr = cert::rope_pair(cfg_.rope_layout, cfg_.head_dim, j);
     for (int h = 0; h < n_heads; ++h) {
@@ -282,9 +355,14 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     }
   }
 
+  const Architecture& arch = *traits_;
   for (std::size_t r = 0; r < rows.size(); ++r)
     for (std::int64_t i = 0; i < static_cast<std::int64_t>(rows[r].tokens.size()); ++i)
       embedding_row(tok_embd_, rows[r].tokens[i], &x[(first[r] + i) * d]);
+  if (arch.embed_scale) {
+    const float scale = std::sqrt(static_cast<float>(d));
+    for (std::int64_t i = 0; i < n * d; ++i) x[i] *= scale;
+  }
 
   for (int l = 0; l < cfg_.layers; ++l) {
     const Layer& L = layers_[l];
@@ -292,11 +370,23 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     matmul(L.wq, xb, n, q, pool);
     matmul(L.wk, xb, n, k, pool);
     matmul(L.wv, xb, n, v, pool);
+    if (arch.qkv_bias)
+      for (std::int64_t i = 0; i < n; ++i) {
+        add_bias(&q[i * q_dim], L.bq);
+        add_bias(&k[i * kv_dim], L.bk);
+        add_bias(&v[i * kv_dim], L.bv);
+      }
+    if (arch.qk_norm)
+      for (std::int64_t i = 0; i < n; ++i) {
+        for (int h = 0; h < H; ++h) rms_norm(&q[i * q_dim + h * hd], L.q_norm.data(), hd, cfg_.rms_eps, &q[i * q_dim + h * hd]);
+        for (int h = 0; h < KV; ++h)
+          rms_norm(&k[i * kv_dim + h * hd], L.k_norm.data(), hd, cfg_.rms_eps, &k[i * kv_dim + h * hd]);
+      }
     for (std::size_t r = 0; r < rows.size(); ++r)
       for (std::int64_t j = 0; j < static_cast<std::int64_t>(rows[r].tokens.size()); ++j) {
         const std::int64_t i = first[r] + j, pos = rows[r].pos0 + j;
-        rope(&q[i * q_dim], H, pos);
-        rope(&k[i * kv_dim], KV, pos);
+        rope(&q[i * q_dim], H, pos, L.inv_freq);
+        rope(&k[i * kv_dim], KV, pos, L.inv_freq);
         for (int h = 0; h < KV; ++h) rows[r].cache->write(l, h, pos, &k[i * kv_dim + h * hd], &v[i * kv_dim + h * hd]);
         if (qkv_hook)
           qkv_hook(QkvCapture{l, pos, {&q[i * q_dim], static_cast<std::size_t>(q_dim)},
@@ -322,13 +412,24 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     // By reference: a std::function holds a reference_wrapper without allocating.
     pool.parallel_for(static_cast<std::int64_t>(jobs.size()), std::cref(attend_jobs));
     matmul(L.wo, att, n, xb, pool);
+    if (arch.post_norms)
+      for (std::int64_t i = 0; i < n; ++i) rms_norm(&xb[i * d], L.post_attn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
 
     for (std::int64_t i = 0; i < n; ++i) rms_norm(&x[i * d], L.ffn_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
     matmul(L.w_gate, xb, n, gate, pool);
     matmul(L.w_up, xb, n, up, pool);
-    for (std::int64_t i = 0; i < n * cfg_.d_ff; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    switch (arch.mlp) {
+      case Activation::silu:
+        for (std::int64_t i = 0; i < n * cfg_.d_ff; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        break;
+      case Activation::gelu_tanh:
+        for (std::int64_t i = 0; i < n * cfg_.d_ff; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+        break;
+    }
     matmul(L.w_down, gate, n, xb, pool);
+    if (arch.post_norms)
+      for (std::int64_t i = 0; i < n; ++i) rms_norm(&xb[i * d], L.post_ffw_norm.data(), d, cfg_.rms_eps, &xb[i * d]);
     for (std::int64_t i = 0; i < n * d; ++i) x[i] += xb[i];
   }
 
@@ -338,6 +439,9 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     for (std::int64_t i = rows[r].all_logits ? first[r] : first[r + 1] - 1; i < first[r + 1]; ++i, ++out)
       rms_norm(&x[i * d], output_norm_.data(), d, cfg_.rms_eps, &xb[out * d]);
   matmul(output_, xb, n_out, logits.data(), pool);
+  if (cfg_.logit_softcap > 0.0f)
+    for (std::int64_t i = 0; i < n_out * cfg_.vocab; ++i)
+      logits[i] = cfg_.logit_softcap * std::tanh(logits[i] / cfg_.logit_softcap);
   out = 0;
   for (BatchRow& row : rows) {
     const std::int64_t m = row.all_logits ? static_cast<std::int64_t>(row.tokens.size()) : 1;

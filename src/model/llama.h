@@ -1,5 +1,6 @@
-// The llama-family forward pass on CPU (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP),
-// reading its weights straight from a memory-mapped GGUF file and calling attention only
+// The decoder forward pass on CPU (RMSNorm, RoPE, grouped-query attention, gated MLP) for every
+// architecture of model/architecture.h — llama (Llama 2/3, Mistral, SmolLM), qwen2, qwen3,
+// gemma3 — reading its weights straight from a memory-mapped GGUF file and calling attention only
 // through the KvCache interface.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "base/thread_pool.h"
 #include "cert/witness.h"
 #include "kvcache/kv_cache.h"
+#include "model/architecture.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
 
@@ -25,22 +27,31 @@ struct NonFiniteError : std::runtime_error {
 };
 
 struct LlamaConfig {
-  std::string arch;
+  std::string arch;  // general.architecture; its traits are model::architecture(arch)
   int layers = 0;
   int d_model = 0;
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;  // attention.key_length, else d_model / heads
   int d_ff = 0;
   int vocab = 0;
+  // The positions a sequence may reach: the trained context, capped at the sliding window for an
+  // architecture with sliding-window layers (their window is not yet applied, so every layer
+  // attends to the whole sequence, which is exact only within the window).
   std::int64_t context = 0;
+  std::int64_t trained_context = 0;  // context_length as the file gives it
+  std::int64_t sliding_window = 0;   // attention.sliding_window of the sliding-window layers; 0: none
   float rope_theta = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear RoPE scaling: positions are multiplied by this
+  bool rope_factors = false;     // rope_freqs.weight divides each frequency (Llama 3.1 / 3.2 scaling)
+  float logit_softcap = 0.0f;    // final_logit_softcapping: logits = cap·tanh(logits / cap); 0: none
   float rms_eps = 1e-5f;
   cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
   bool tied_output = false;
 
   int group() const { return heads / kv_heads; }  // query heads per KV head
+  // Why context is below the trained context, for an error message ("" when it is not).
+  std::string context_note() const;
   kvcache::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
 };
 
@@ -95,19 +106,24 @@ class LlamaModel {
   struct Layer {
     std::vector<float> attn_norm, ffn_norm;
     WeightMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    std::vector<float> bq, bk, bv;                     // qkv_bias
+    std::vector<float> q_norm, k_norm;                 // qk_norm: head_dim each
+    std::vector<float> post_attn_norm, post_ffw_norm;  // post_norms
+    const float* inv_freq = nullptr;                   // its RoPE frequencies (global or sliding-window)
   };
 
   // The buffers of a forward pass (llama2.c's RunState), defined in llama.cc.
   struct RunState;
 
-  void rope(float* x, int n_heads, std::int64_t pos) const;
+  void rope(float* x, int n_heads, std::int64_t pos, const float* inv_freq) const;
   void forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits, RunState& s) const;
 
   LlamaConfig cfg_;
+  const Architecture* traits_ = nullptr;
   WeightMatrix tok_embd_, output_;
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;
-  std::vector<float> inv_freq_;  // θ_j = base^{−2j/d}
+  std::vector<float> inv_freq_, swa_inv_freq_;  // θ_j = base^{−2j/d} (÷ rope factor j), per base
   // The model's one run state, reused by every pass that finds it free; a pass that finds it
   // taken (another sequence's, on another thread) runs in a state of its own.
   std::unique_ptr<RunState> state_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,7 +55,44 @@ std::string byte_level_piece(const std::string& token) {
 constexpr std::string_view kDigitSplitPre[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"};
 
 // Texts of the tokens that end a turn in chat models, besides eos.
-constexpr std::string_view kEndOfTurnTexts[] = {"<|im_end|>", "<|endoftext|>"};
+constexpr std::string_view kEndOfTurnTexts[] = {"<|im_end|>", "<|endoftext|>", "<end_of_turn>"};
+
+constexpr std::string_view kStartOfTurn = "<start_of_turn>";
+constexpr std::string_view kEndOfTurn = "<end_of_turn>";
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+// A SentencePiece token's bytes: U+2581 as a space.
+std::string spm_piece(std::string_view token) {
+  std::string out;
+  for (std::size_t i = 0; i < token.size();) {
+    if (token.substr(i).starts_with(kSpmSpace)) {
+      out += ' ';
+      i += kSpmSpace.size();
+    } else {
+      out += token[i++];
+    }
+  }
+  return out;
+}
+
+// The byte a SentencePiece byte token "<0xXX>" stands for, or -1.
+int spm_byte(std::string_view token) {
+  if (token.size() != 6 || !token.starts_with("<0x") || token[5] != '>') return -1;
+  int v = 0;
+  for (char ch : token.substr(3, 2)) {
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+// Bytes of the UTF-8 sequence a lead byte announces (1 for a continuation or invalid byte), as
+// llama.cpp's unicode_len_utf8.
+std::size_t utf8_len(unsigned char lead) {
+  static constexpr std::size_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  return kLen[lead >> 4];
+}
 
 constexpr std::string_view kImStart = "<|im_start|>";
 constexpr std::string_view kImEnd = "<|im_end|>";
@@ -145,7 +183,16 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
   check_id("unk", vocab.unk);
   check_id("pad", vocab.pad);
 
+  if (vocab.model != "gpt2" && vocab.model != "llama")
+    throw TokenizerError("unsupported tokenizer model '" + vocab.model + "' (supported: gpt2, llama)");
+  const bool spm = vocab.model == "llama";
+  if (spm && vocab.scores.size() != n)
+    throw TokenizerError("SentencePiece vocabulary has " + std::to_string(n) + " tokens but " +
+                         std::to_string(vocab.scores.size()) + " scores");
   Tokenizer t;
+  t.spm_ = spm;
+  t.add_space_prefix_ = spm && vocab.add_space_prefix;
+  if (spm) t.scores_ = std::move(vocab.scores);
   t.bos_ = vocab.bos;
   t.eos_ = vocab.eos;
   t.add_bos_ = vocab.add_bos;
@@ -161,11 +208,18 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
     id_of.emplace(text, id);
     const auto type = vocab.token_types.empty() ? TokenType::normal : static_cast<TokenType>(vocab.token_types[i]);
     const bool special = type == TokenType::control || type == TokenType::user_defined;
-    t.pieces_.push_back(special ? text : byte_level_piece(text));
+    if (!spm) {
+      t.pieces_.push_back(special ? text : byte_level_piece(text));
+    } else if (const int byte = spm_byte(text); type == TokenType::byte && byte >= 0) {
+      t.pieces_.push_back(std::string(1, static_cast<char>(byte)));
+    } else {
+      t.pieces_.push_back(special ? text : spm_piece(text));
+    }
+    if (spm) t.spm_ids_.emplace(text, id);
     const bool end_of_turn = std::ranges::find(kEndOfTurnTexts, text) != std::end(kEndOfTurnTexts);
     // A chat marker is a control token even where the file calls it user-defined: text never forges one.
     if (special && !text.empty())
-      t.specials_.push_back({text, id, type == TokenType::control || end_of_turn || text == kImStart});
+      t.specials_.push_back({text, id, type == TokenType::control || end_of_turn || text == kImStart || text == kStartOfTurn});
     if (end_of_turn) t.end_of_generation_.push_back(id);
   }
   if (t.eos_ >= 0) t.end_of_generation_.push_back(t.eos_);
@@ -175,7 +229,13 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
 
   for (unsigned b = 0; b < 256; ++b) {
     std::string symbol;
-    utf8_append(symbol, kByteToCp[b]);
+    if (spm) {  // its byte token, else a token of the byte itself
+      static const char* hex = "0123456789ABCDEF";
+      symbol = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
+      if (!id_of.contains(symbol)) symbol = std::string(1, static_cast<char>(b));
+    } else {
+      utf8_append(symbol, kByteToCp[b]);
+    }
     const auto it = id_of.find(symbol);
     if (it != id_of.end()) {
       t.byte_token_[b] = it->second;
@@ -205,22 +265,38 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
   }
 
   t.chat_template_ = std::move(vocab.chat_template);
-  t.chatml_ = t.chat_template_.find(kImStart) != std::string::npos;
-  if (t.chatml_) t.default_system_ = default_system_message(t.chat_template_);
+  // The family the template names; without a template, the one whose markers are tokens.
+  const auto names = [&](std::string_view marker) {
+    return t.chat_template_.empty() ? id_of.contains(marker) : t.chat_template_.find(marker) != std::string::npos;
+  };
+  if (names(kImStart)) {
+    t.chat_family_ = ChatFamily::chatml;
+    t.default_system_ = default_system_message(t.chat_template_);
+  } else if (names(kStartOfTurn) && id_of.contains(kEndOfTurn)) {
+    t.chat_family_ = ChatFamily::gemma;
+  }
   return t;
 }
 
 Tokenizer Tokenizer::from_gguf(const GgufFile& file) {
   const std::string model = file.get_string_or("tokenizer.ggml.model", "");
   if (model.empty()) throw TokenizerError("GGUF file has no tokenizer (tokenizer.ggml.model is missing)");
-  if (model != "gpt2")
-    throw TokenizerError("unsupported tokenizer model '" + model + "': only 'gpt2' (byte-level BPE) is supported");
-  if (!file.find("tokenizer.ggml.merges")) throw TokenizerError("byte-level BPE tokenizer without tokenizer.ggml.merges");
+  if (model != "gpt2" && model != "llama")
+    throw TokenizerError("unsupported tokenizer model '" + model +
+                         "' (supported: gpt2, byte-level BPE; llama, SentencePiece)");
   Vocab v;
+  v.model = model;
+  if (model == "gpt2") {
+    if (!file.find("tokenizer.ggml.merges")) throw TokenizerError("byte-level BPE tokenizer without tokenizer.ggml.merges");
+    v.merges = file.get_string_array("tokenizer.ggml.merges");
+  } else {
+    if (!file.find("tokenizer.ggml.scores")) throw TokenizerError("SentencePiece tokenizer without tokenizer.ggml.scores");
+    for (double score : file.get_f64_array("tokenizer.ggml.scores")) v.scores.push_back(static_cast<float>(score));
+    v.add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", true);
+  }
   v.tokens = file.get_string_array("tokenizer.ggml.tokens");
   if (file.find("tokenizer.ggml.token_type"))
     for (std::int64_t type : file.get_int_array("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<std::int32_t>(type));
-  v.merges = file.get_string_array("tokenizer.ggml.merges");
   const auto id = [&](const char* key) {
     if (!file.find(key)) return std::int32_t{-1};
     const std::int64_t value = file.get_i64(key);
@@ -246,6 +322,17 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_sp
   std::vector<std::int32_t> out;
   out.reserve(text.size() / 3 + 1);
   Scratch s;
+  // SentencePiece writes a space before text at the start or after a special token, when the
+  // model asks for it.
+  bool after_special = true;
+  const auto encode_fragment = [&](std::string_view fragment, Scratch& sc, std::vector<std::int32_t>& ids) {
+    if (fragment.empty()) return;
+    if (!spm_) return this->encode_fragment(fragment, sc, ids);
+    std::string escaped = add_space_prefix_ && after_special ? std::string(kSpmSpace) : std::string();
+    for (char ch : fragment) escaped += ch == ' ' ? std::string(kSpmSpace) : std::string(1, ch);
+    after_special = false;
+    encode_spm(escaped, sc, ids);
+  };
   // Cut special tokens out first (leftmost, then longest), as the reference tokenizers do.
   std::size_t start = 0;
   for (std::size_t i = 0; i < text.size();) {
@@ -266,6 +353,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_sp
     out.push_back(hit->id);
     i += hit->text.size();
     start = i;
+    after_special = true;
   }
   encode_fragment(text.substr(start), s, out);
   return out;
@@ -368,6 +456,70 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
   for (std::int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
 }
 
+void Tokenizer::encode_spm(std::string_view text, Scratch&, std::vector<std::int32_t>& out) const {
+  struct Symbol {
+    std::size_t offset, n;  // n 0: merged into its left neighbour
+    int prev, next;
+  };
+  struct Bigram {
+    int left, right;
+    float score;
+    std::size_t size;
+    // Highest score first, then leftmost: the order llama.cpp's SPM queue pops.
+    bool operator<(const Bigram& o) const { return score < o.score || (score == o.score && left > o.left); }
+  };
+  std::vector<Symbol> sym;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t n = std::min(utf8_len(static_cast<unsigned char>(text[at])), text.size() - at);
+    const int index = static_cast<int>(sym.size());
+    sym.push_back({at, n, index - 1, at + n == text.size() ? -1 : index + 1});
+    at += n;
+  }
+  std::vector<Bigram> queue;
+  std::map<std::string, std::pair<int, int>, std::less<>> rev_merge;  // merged text -> the pair that formed it
+  const auto token_of = [&](std::string_view piece) {
+    const auto it = spm_ids_.find(std::string(piece));
+    return it == spm_ids_.end() ? -1 : it->second;
+  };
+  const auto try_add = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    const std::string_view merged = text.substr(sym[left].offset, sym[left].n + sym[right].n);
+    const int id = token_of(merged);
+    if (id < 0) return;
+    queue.push_back({left, right, scores_[id], merged.size()});
+    std::push_heap(queue.begin(), queue.end());
+    rev_merge[std::string(merged)] = {left, right};
+  };
+  for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
+  while (!queue.empty()) {
+    std::pop_heap(queue.begin(), queue.end());
+    const Bigram b = queue.back();
+    queue.pop_back();
+    Symbol& left = sym[b.left];
+    Symbol& right = sym[b.right];
+    if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;
+    left.n += right.n;
+    right.n = 0;
+    left.next = right.next;
+    if (right.next >= 0) sym[right.next].prev = b.left;
+    try_add(left.prev, b.left);
+    try_add(b.left, left.next);
+  }
+  // A symbol that is no token splits back along the merge that formed it, else into its bytes.
+  const std::function<void(const Symbol&)> resegment = [&](const Symbol& s) {
+    const std::string_view piece = text.substr(s.offset, s.n);
+    if (const int id = token_of(piece); id >= 0) return out.push_back(id);
+    const auto p = rev_merge.find(piece);
+    if (p == rev_merge.end()) {
+      for (char ch : piece) out.push_back(byte_token_[static_cast<unsigned char>(ch)]);
+      return;
+    }
+    resegment(sym[p->second.first]);
+    resegment(sym[p->second.second]);
+  };
+  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[i].next) resegment(sym[i]);
+}
+
 const std::string& Tokenizer::token_piece(std::int32_t id) const {
   if (id < 0 || id >= vocab_size())
     throw TokenizerError("token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
@@ -389,11 +541,13 @@ bool Tokenizer::is_end_of_generation(std::int32_t id) const {
 // by "<|im_start|>assistant\n" when a reply is to be generated.
 std::vector<Tokenizer::ChatPiece> Tokenizer::chat_pieces(std::span<const ChatMessage> messages,
                                                          bool add_generation_prompt) const {
-  if (chat_template_.empty()) throw TokenizerError("the model has no chat template (tokenizer.chat_template)");
-  if (!chatml_)
-    throw TokenizerError("unsupported chat template (only the ChatML family, with <|im_start|>, is supported): \"" +
-                         template_excerpt(chat_template_) + "\"");
+  if (chat_family_ == ChatFamily::none && chat_template_.empty())
+    throw TokenizerError("the model has no chat template (tokenizer.chat_template) and no chat markers");
+  if (chat_family_ == ChatFamily::none)
+    throw TokenizerError("unsupported chat template (supported: the ChatML family, with <|im_start|>, and Gemma's, with "
+                         "<start_of_turn>): \"" + template_excerpt(chat_template_) + "\"");
   std::vector<ChatPiece> pieces;
+  if (chat_family_ == ChatFamily::gemma) return gemma_pieces(messages, add_generation_prompt);
   const auto turn = [&](std::string_view role, std::string_view content) {
     pieces.push_back({std::string(kImStart), true});
     pieces.push_back({std::string(role).append("\n").append(content), false});
@@ -405,6 +559,37 @@ std::vector<Tokenizer::ChatPiece> Tokenizer::chat_pieces(std::span<const ChatMes
   if (add_generation_prompt) {
     pieces.push_back({std::string(kImStart), true});
     pieces.push_back({"assistant\n", false});
+  }
+  return pieces;
+}
+
+// Gemma: "<start_of_turn>{role}\n{content, trimmed}<end_of_turn>\n" per message, the assistant
+// called "model", a leading system message written before the first user message's content
+// with a blank line, then "<start_of_turn>model\n" when a reply is to be generated.
+std::vector<Tokenizer::ChatPiece> Tokenizer::gemma_pieces(std::span<const ChatMessage> messages,
+                                                          bool add_generation_prompt) {
+  const auto trim = [](std::string_view v) {
+    const std::string_view ws = " \t\n\r\f\v";
+    const std::size_t b = v.find_first_not_of(ws);
+    return b == std::string_view::npos ? std::string() : std::string(v.substr(b, v.find_last_not_of(ws) - b + 1));
+  };
+  std::vector<ChatPiece> pieces;
+  std::string prefix;
+  std::size_t i = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    prefix = trim(messages[0].content) + "\n\n";
+    i = 1;
+  }
+  for (bool first = true; i < messages.size(); ++i, first = false) {
+    const std::string role = messages[i].role == "assistant" ? "model" : messages[i].role;
+    pieces.push_back({std::string(kStartOfTurn), true});
+    pieces.push_back({role + "\n" + (first ? prefix : std::string()) + trim(messages[i].content), false});
+    pieces.push_back({std::string(kEndOfTurn), true});
+    pieces.push_back({"\n", false});
+  }
+  if (add_generation_prompt) {
+    pieces.push_back({std::string(kStartOfTurn), true});
+    pieces.push_back({"model\n", false});
   }
   return pieces;
 }

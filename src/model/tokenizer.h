@@ -1,10 +1,16 @@
-// Byte-level BPE tokenizer (GGUF tokenizer model "gpt2") and ChatML chat formatting.
+// The two tokenizers GGUF models ship, and their chat formats.
 //
-// Encoding follows the reference tokenizers: special tokens are cut out of the text first, the
-// rest is split into pre-tokens (the GPT-2 regex, preceded by a one-digit split for the
-// "smollm" family), each pre-token's bytes are mapped to GPT-2's printable byte alphabet and
-// merged by rank. Decoding maps the pieces back to bytes, so decode(encode(x)) == x for any
-// byte string whose bytes all have a token, valid UTF-8 or not.
+// Byte-level BPE (tokenizer model "gpt2": Llama 3, Qwen, SmolLM): special tokens are cut out of
+// the text first, the rest is split into pre-tokens (the GPT-2 regex, preceded by a one-digit
+// split for the "smollm" family), each pre-token's bytes are mapped to GPT-2's printable byte
+// alphabet and merged by rank.
+// SentencePiece BPE (tokenizer model "llama": Gemma, Llama 2, Mistral): special tokens are cut
+// out the same way; each remaining fragment has its spaces written as U+2581, is split into
+// UTF-8 characters and merged pair by pair, the pair whose merged text is the highest-scoring
+// token first (leftmost on a tie), as llama.cpp's SPM tokenizer does; a character left without
+// a token becomes its bytes' <0xXX> tokens.
+// Decoding maps the pieces back to bytes, so decode(encode(x)) == x for any byte string whose
+// bytes all have a token, valid UTF-8 or not (SentencePiece: the text after any space prefix).
 //
 // A Tokenizer does not change after construction: concurrent calls need no locking.
 #pragma once
@@ -40,12 +46,15 @@ enum class TokenType : std::int32_t {
 
 // Everything a tokenizer is built from: the tokenizer.* metadata of a GGUF file.
 struct Vocab {
+  std::string model = "gpt2";            // tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece)
   std::vector<std::string> tokens;       // byte-level strings, or literal text for special tokens
+  std::vector<float> scores;             // SentencePiece: the merge priority of each token
   std::vector<std::int32_t> token_types; // TokenType values; empty means all normal
   std::vector<std::string> merges;       // "left right", highest priority first
   std::int32_t bos = -1, eos = -1, unk = -1, pad = -1;  // -1: the model has none
   std::string pre;                       // pre-tokenizer name (tokenizer.ggml.pre)
   bool add_bos = false;
+  bool add_space_prefix = false;         // SentencePiece: a space before text that follows a special token or starts
   std::string chat_template;             // Jinja source, as shipped with the model
 };
 
@@ -60,7 +69,7 @@ class Tokenizer {
   // unknown token). A pre-tokenizer name outside the "smollm" family (see tokenizer.cc) selects
   // the plain GPT-2 regex.
   static Tokenizer from_vocab(Vocab vocab);
-  // Throws TokenizerError when the file has no tokenizer or one other than "gpt2".
+  // Throws TokenizerError when the file has no tokenizer or one other than "gpt2" or "llama".
   static Tokenizer from_gguf(const GgufFile& file);
 
   // Token ids of text. Control tokens written in the text (<|im_start|>) become their ids when
@@ -83,10 +92,12 @@ class Tokenizer {
   // eos, and the end-of-turn/end-of-text tokens (<|im_end|>, <|endoftext|>) a chat model emits.
   bool is_end_of_generation(std::int32_t id) const;
 
-  // The prompt the model's chat template renders for these messages. Only the ChatML family
-  // (templates containing "<|im_start|>") is supported; it is formatted natively, including
-  // the default system message such templates insert when the first message is not one.
-  // Throws TokenizerError naming the template otherwise.
+  // The prompt the model's chat template renders for these messages, formatted natively for the
+  // known families: ChatML (templates containing "<|im_start|>", with the default system message
+  // such templates insert when the first message is not one) and Gemma ("<start_of_turn>": the
+  // assistant is "model", a system message opens the first user turn, contents are trimmed). A
+  // GGUF without a template gets the family its special tokens name. Throws TokenizerError naming
+  // the template otherwise.
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
   // The token ids of that prompt, which every chat caller feeds the model: the template's own
   // markers become their tokens and each role and content is encoded with parse_special off, so
@@ -114,8 +125,11 @@ class Tokenizer {
 
   // The chat prompt of apply_chat_template as its pieces, in order.
   std::vector<ChatPiece> chat_pieces(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  static std::vector<ChatPiece> gemma_pieces(std::span<const ChatMessage> messages, bool add_generation_prompt);
 
   void encode_fragment(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
+  // SentencePiece: one fragment (spaces already written as U+2581).
+  void encode_spm(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
   void encode_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const;
   const Merge* find_merge(std::int32_t left, std::int32_t right) const;
 
@@ -128,8 +142,12 @@ class Tokenizer {
   bool split_digits_ = false;
   std::int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
+  bool spm_ = false;                                    // SentencePiece
+  std::unordered_map<std::string, std::int32_t> spm_ids_;  // token text (U+2581 for spaces) -> id
+  std::vector<float> scores_;
+  bool add_space_prefix_ = false;
   std::string chat_template_;
-  bool chatml_ = false;
+  enum class ChatFamily { none, chatml, gemma } chat_family_ = ChatFamily::none;
   std::optional<std::string> default_system_;
 };
 

@@ -738,15 +738,15 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   job->id = ++next_id_;
   job->response_id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
   engine::BatchRequest& r = job->req;
-  r.prompt = chat ? model_.tokenizer->encode_chat(job->messages, true)
+  r.prompt = chat ? model_.chat_tokens(job->messages)
                   : model_.prompt_tokens(job->prompt, false);
   if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt", "invalid_value");
   const std::int64_t context = model_.model->config().context;
   if (static_cast<std::int64_t>(r.prompt.size()) >= context)
     throw ApiError(400,
-                   fmt::format("the prompt has {} tokens; the model's context is {} (the prompt and at least one new "
+                   fmt::format("the prompt has {} tokens; the model's context is {}{} (the prompt and at least one new "
                                "token must fit)",
-                               r.prompt.size(), context),
+                               r.prompt.size(), context, model_.model->config().context_note()),
                    chat ? "messages" : "prompt", "context_length_exceeded");
   // The prompt and its new tokens fit the context: a budget beyond it is refused when the body
   // asked for it, and the server's default is cut to what fits.
