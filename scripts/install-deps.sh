@@ -33,11 +33,12 @@ else
 fi
 
 # The Python packages the tests drive (the `openai` client against `witcert serve`, numpy and
-# pytest for the `witcert` package) and matplotlib for `witcert eval`'s plots, from PyPI into a
+# pytest for the `witcert` package), matplotlib for `witcert eval`'s plots and gguf for the
+# synthetic models of every architecture and their numpy reference (tools/), from PyPI into a
 # virtual environment of the checkout, .venv.
 cd "$(dirname "$0")/.."
-readonly python_packages=("openai==1.109.1" "numpy==2.2.6" "pytest==8.4.2" "matplotlib==3.10.7")
-if ! .venv/bin/python -c "import openai, numpy, pytest, matplotlib" 2>/dev/null; then
+readonly python_packages=("openai==1.109.1" "numpy==2.2.6" "pytest==8.4.2" "matplotlib==3.10.7" "gguf==0.19.0")
+if ! .venv/bin/python -c "import openai, numpy, pytest, matplotlib, gguf" 2>/dev/null; then
   echo "install-deps: creating .venv with ${python_packages[*]}"
   python3 -m venv .venv
   .venv/bin/pip install -q "${python_packages[@]}"

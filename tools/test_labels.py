@@ -7,7 +7,7 @@
 
 A test is `e2e` when it, its fixture or a file-level helper it uses runs a subprocess (WITCERT_BIN,
 popen, fork, exec, system), `model` when one of them names the real model (its file name or
-RealModelFixture), else `unit`. Helpers count through each other, so a test that calls a function
+RealModelFixture) or Gemma 3 270M, else `unit`. Helpers count through each other, so a test that calls a function
 that builds options from `model_path()` is `model` too.
 """
 import json
@@ -19,7 +19,7 @@ import sys
 KINDS = ("unit", "model", "e2e", "browser", "gpu")
 MARKERS = {
     "e2e": re.compile(r"\bWITCERT_BIN\b|\bpopen\s*\(|\bfork\s*\(|\bexec[lv]p?e?\s*\(|\bsystem\s*\("),
-    "model": re.compile(r"SmolLM2-135M-Instruct|\bRealModelFixture\b"),
+    "model": re.compile(r"SmolLM2-135M-Instruct|gemma-3-270m|\bRealModelFixture\b"),
 }
 TEST = re.compile(r"\s*(?:TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # Comments go; strings stay, since the model's file name is one.

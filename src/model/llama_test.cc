@@ -296,6 +296,43 @@ TEST_F(TinyModel, QkvHookSeesPostRopeKeysAsCached) {
   EXPECT_EQ(calls, 2 * 3);
 }
 
+// An architecture WitCert does not run is refused naming it and the supported ones; a supported
+// one's own metadata that is missing or impossible is refused naming its key.
+TEST(TinyModelMetadata, ArchitecturesRefuseWhatTheyCannotRun) {
+  const auto str = [](const std::string& v) { return GgufValue{GgufType::STRING, v}; };
+  const auto u32 = [](std::uint64_t v) { return GgufValue{GgufType::UINT32, v}; };
+  const auto f32 = [](double v) { return GgufValue{GgufType::FLOAT32, v}; };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<std::pair<std::map<std::string, GgufValue>, std::vector<std::string>>> bad = {
+      {{{"general.architecture", str("mamba")}}, {"'mamba'", "llama, qwen2, qwen3, gemma3"}},
+      {{{"general.architecture", str("qwen2")}}, {"qwen2.block_count"}},  // the file's keys are llama.*
+      {{{"llama.attention.key_length", u32(0)}}, {"llama.attention.key_length"}},
+      {{{"llama.attention.key_length", u32(16)}, {"llama.attention.value_length", u32(32)}}, {"value_length"}},
+      {{{"llama.attention.key_length", u32(15)}}, {"even"}},
+      {{{"llama.final_logit_softcapping", f32(nan)}}, {"llama.final_logit_softcapping"}},
+      {{{"llama.final_logit_softcapping", f32(0.0)}}, {"llama.final_logit_softcapping"}},
+      {{{"llama.rope.scaling.type", str("yarn")}}, {"'yarn'"}},
+  };
+  for (const auto& [meta, words] : bad) {
+    Tiny c;
+    c.meta = meta;
+    TinyWeights w;
+    const GgufFile file = GgufFile::open(write_tiny_model(c, w, testing_util::scratch_path("bad_arch.gguf")));
+    try {
+      LlamaModel model(file);
+      ADD_FAILURE() << words[0] << ": accepted";
+    } catch (const std::runtime_error& e) {
+      for (const std::string& word : words) EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  }
+  // key_length apart from the width: 4 heads of 16 over a width of 64 is the default; 24 loads too.
+  Tiny c;
+  c.meta = {{"llama.attention.key_length", u32(24)}};
+  TinyWeights w;
+  const GgufFile file = GgufFile::open(write_tiny_model(c, w, testing_util::scratch_path("key_length.gguf")));
+  EXPECT_THROW(LlamaModel{file}, std::runtime_error);  // its q projection has 64 rows, not 4 × 24
+}
+
 // Metadata that would make every logit silently wrong is rejected at load, naming its key; the
 // ends of the accepted ranges load.
 TEST(TinyModelMetadata, RejectsValuesOutOfRangeNamingTheKey) {
