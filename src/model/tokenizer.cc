@@ -325,13 +325,19 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_sp
   // SentencePiece writes a space before text at the start or after a special token, when the
   // model asks for it.
   bool after_special = true;
-  const auto encode_fragment = [&](std::string_view fragment, Scratch& sc, std::vector<std::int32_t>& ids) {
+  const auto encode_text = [&](std::string_view fragment) {
     if (fragment.empty()) return;
-    if (!spm_) return this->encode_fragment(fragment, sc, ids);
+    if (!spm_) return encode_fragment(fragment, s, out);
     std::string escaped = add_space_prefix_ && after_special ? std::string(kSpmSpace) : std::string();
-    for (char ch : fragment) escaped += ch == ' ' ? std::string(kSpmSpace) : std::string(1, ch);
+    for (char ch : fragment) {
+      if (ch == ' ') {
+        escaped += kSpmSpace;
+      } else {
+        escaped += ch;
+      }
+    }
     after_special = false;
-    encode_spm(escaped, sc, ids);
+    encode_spm(escaped, out);
   };
   // Cut special tokens out first (leftmost, then longest), as the reference tokenizers do.
   std::size_t start = 0;
@@ -349,13 +355,13 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool parse_sp
       ++i;
       continue;
     }
-    encode_fragment(text.substr(start, i - start), s, out);
+    encode_text(text.substr(start, i - start));
     out.push_back(hit->id);
     i += hit->text.size();
     start = i;
     after_special = true;
   }
-  encode_fragment(text.substr(start), s, out);
+  encode_text(text.substr(start));
   return out;
 }
 
@@ -456,7 +462,7 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
   for (std::int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
 }
 
-void Tokenizer::encode_spm(std::string_view text, Scratch&, std::vector<std::int32_t>& out) const {
+void Tokenizer::encode_spm(std::string_view text, std::vector<std::int32_t>& out) const {
   struct Symbol {
     std::size_t offset, n;  // n 0: merged into its left neighbour
     int prev, next;

@@ -129,7 +129,7 @@ class Tokenizer {
 
   void encode_fragment(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
   // SentencePiece: one fragment (spaces already written as U+2581).
-  void encode_spm(std::string_view text, Scratch& s, std::vector<std::int32_t>& out) const;
+  void encode_spm(std::string_view text, std::vector<std::int32_t>& out) const;
   void encode_word(std::string_view word, Scratch& s, std::vector<std::int32_t>& out) const;
   const Merge* find_merge(std::int32_t left, std::int32_t right) const;
 

@@ -123,30 +123,15 @@ void q4_k_scale_min(int j, const Byte* s, int* scale, int* min) {
   }
 }
 
-void dequant_q4_k(const Byte* b, float* y) {  // d, dmin, scales[12], qs[128]
-  const float d = get_f16(b), dmin = get_f16(b + 2);
-  const Byte* scales = b + 4;
-  const Byte* qs = b + 16;
-  // Each 64 elements share 32 bytes: low nibbles are the first sub-block of 32, high the second.
-  for (int chunk = 0; chunk < 4; ++chunk, qs += 32, y += 64) {
-    int sc, m;
-    q4_k_scale_min(2 * chunk, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    q4_k_scale_min(2 * chunk + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    for (int l = 0; l < 32; ++l) {
-      y[l] = d1 * static_cast<float>(qs[l] & 0x0F) - m1;
-      y[l + 32] = d2 * static_cast<float>(qs[l] >> 4) - m2;
-    }
-  }
-}
-
-void dequant_q5_k(const Byte* b, float* y) {  // d, dmin, scales[12], qh[32], qs[128]
+// Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (the same with qh[32] before qs). Each 64 elements
+// share 32 qs bytes: low nibbles are the first sub-block of 32, high the second; Q5_K adds a fifth
+// bit per element, bit 2·chunk (even sub-block) or 2·chunk + 1 (odd) of qh[l].
+template <bool kFifth>
+void dequant_k4(const Byte* b, float* y) {
   const float d = get_f16(b), dmin = get_f16(b + 2);
   const Byte* scales = b + 4;
   const Byte* qh = b + 16;
-  const Byte* qs = b + 48;
-  // As Q4_K, with a fifth bit per element: bit 2·chunk (even sub-block) or 2·chunk + 1 (odd) of qh[l].
+  const Byte* qs = b + (kFifth ? 48 : 16);
   for (int chunk = 0; chunk < 4; ++chunk, qs += 32, y += 64) {
     int sc, m;
     q4_k_scale_min(2 * chunk, scales, &sc, &m);
@@ -154,8 +139,8 @@ void dequant_q5_k(const Byte* b, float* y) {  // d, dmin, scales[12], qh[32], qs
     q4_k_scale_min(2 * chunk + 1, scales, &sc, &m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
-      const int lo = (qs[l] & 0x0F) + ((qh[l] >> (2 * chunk)) & 1) * 16;
-      const int hi = (qs[l] >> 4) + ((qh[l] >> (2 * chunk + 1)) & 1) * 16;
+      const int lo = (qs[l] & 0x0F) + (kFifth ? ((qh[l] >> (2 * chunk)) & 1) * 16 : 0);
+      const int hi = (qs[l] >> 4) + (kFifth ? ((qh[l] >> (2 * chunk + 1)) & 1) * 16 : 0);
       y[l] = d1 * static_cast<float>(lo) - m1;
       y[l + 32] = d2 * static_cast<float>(hi) - m2;
     }
@@ -355,8 +340,8 @@ DequantBlock dequantizer(GgmlType t) {
     case GgmlType::Q5_1: return dequant_q5_1;
     case GgmlType::Q8_0: return dequant_q8_0;
     case GgmlType::IQ4_NL: return dequant_iq4_nl;
-    case GgmlType::Q4_K: return dequant_q4_k;
-    case GgmlType::Q5_K: return dequant_q5_k;
+    case GgmlType::Q4_K: return dequant_k4<false>;
+    case GgmlType::Q5_K: return dequant_k4<true>;
     case GgmlType::Q6_K: return dequant_q6_k;
     default: return nullptr;
   }

@@ -149,12 +149,16 @@ TEST(GgmlDequant, IQ4_NL) {
   expect_floats(dequantize(GgmlType::IQ4_NL, b, 32), want);
 }
 
-TEST(GgmlDequant, Q4_K) {
-  // Super-block of 256 = 8 sub-blocks of 32, each with a 6-bit scale and min; 6-bit values above
-  // 15 in sub-blocks 4..7 exercise the split storage of their top two bits.
-  const int sc[8] = {1, 2, 3, 63, 17, 33, 48, 5};
-  const int mn[8] = {0, 1, 62, 7, 20, 0, 63, 9};
-  Bytes b(144);
+// Q4_K's and Q5_K's scales of the tests: 6-bit values above 15 in sub-blocks 4..7 exercise the
+// split storage of their top two bits.
+constexpr int kK4Scales[8] = {1, 2, 3, 63, 17, 33, 48, 5};
+constexpr int kK4Mins[8] = {0, 1, 62, 7, 20, 0, 63, 9};
+
+// A zeroed block of `bytes` with d = 1, dmin = 0.5 and the scales above packed.
+Bytes k4_block(std::size_t bytes) {
+  const int* sc = kK4Scales;
+  const int* mn = kK4Mins;
+  Bytes b(bytes);
   put16(b, 0, 0x3C00);  // d = 1
   put16(b, 2, 0x3800);  // dmin = 0.5
   for (int i = 0; i < 4; ++i) {
@@ -162,6 +166,15 @@ TEST(GgmlDequant, Q4_K) {
     b[8 + i] = static_cast<std::uint8_t>(mn[i] | ((mn[i + 4] >> 4) << 6));
     b[12 + i] = static_cast<std::uint8_t>((sc[i + 4] & 15) | ((mn[i + 4] & 15) << 4));
   }
+  return b;
+}
+
+TEST(GgmlDequant, Q4_K) {
+  // Super-block of 256 = 8 sub-blocks of 32, each with a 6-bit scale and min; 6-bit values above
+  // 15 in sub-blocks 4..7 exercise the split storage of their top two bits.
+  Bytes b = k4_block(144);
+  const int* sc = kK4Scales;
+  const int* mn = kK4Mins;
   // 32 bytes per 64 elements: the low nibble of byte l is element l of the even sub-block, the
   // high nibble element l of the odd one.
   std::vector<float> want(256);
@@ -178,16 +191,9 @@ TEST(GgmlDequant, Q4_K) {
 
 TEST(GgmlDequant, Q5_K) {
   // Q4_K's scales and nibbles, plus a fifth bit: bit 2c (even sub-block) or 2c + 1 (odd) of qh[l].
-  const int sc[8] = {1, 2, 3, 63, 17, 33, 48, 5};
-  const int mn[8] = {0, 1, 62, 7, 20, 0, 63, 9};
-  Bytes b(176);
-  put16(b, 0, 0x3C00);  // d = 1
-  put16(b, 2, 0x3800);  // dmin = 0.5
-  for (int i = 0; i < 4; ++i) {
-    b[4 + i] = static_cast<std::uint8_t>(sc[i] | ((sc[i + 4] >> 4) << 6));
-    b[8 + i] = static_cast<std::uint8_t>(mn[i] | ((mn[i + 4] >> 4) << 6));
-    b[12 + i] = static_cast<std::uint8_t>((sc[i + 4] & 15) | ((mn[i + 4] & 15) << 4));
-  }
+  Bytes b = k4_block(176);
+  const int* sc = kK4Scales;
+  const int* mn = kK4Mins;
   std::vector<float> want(256);
   for (int l = 0; l < 32; ++l) b[16 + l] = static_cast<std::uint8_t>((37 * l + 11) & 0xFF);
   for (int c = 0; c < 4; ++c) {
