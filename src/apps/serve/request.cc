@@ -68,6 +68,48 @@ std::vector<model::ChatMessage> chat_messages(const json& msgs) {
   return turns;
 }
 
+namespace {
+
+// The body as a JSON object whose keys are all in `keys`.
+json object_body(std::string_view text, const std::vector<std::string>& keys) {
+  json body;
+  try {
+    body = engine::parse_json(text);
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, std::string("the body is not accepted: ") + e.what(), "", "invalid_json");
+  }
+  require(body.is_object(), "the body must be a JSON object", "");
+  for (const auto& item : body.items())
+    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
+      throw ApiError(400, fmt::format("'{}' is not supported by this endpoint", item.key()), item.key(),
+                     "unsupported_parameter");
+  return body;
+}
+
+}  // namespace
+
+TokenizeSpec parse_tokenize(std::string_view text) {
+  const json body = object_body(text, {"content", "add_special", "parse_special", "with_pieces"});
+  require(body.contains("content") && body.at("content").is_string(), "content must be a string", "content");
+  TokenizeSpec t;
+  t.content = body.at("content").get<std::string>();
+  field(body, "add_special", t.add_special);
+  field(body, "parse_special", t.parse_special);
+  field(body, "with_pieces", t.with_pieces);
+  return t;
+}
+
+std::vector<std::int64_t> parse_detokenize(std::string_view text) {
+  const json body = object_body(text, {"tokens"});
+  require(body.contains("tokens") && body.at("tokens").is_array(), "tokens must be an array of token ids", "tokens");
+  std::vector<std::int64_t> ids;
+  for (const json& t : body.at("tokens")) {
+    require(t.is_number_integer() && t.get<std::int64_t>() >= 0, "tokens must be an array of token ids", "tokens");
+    ids.push_back(t.get<std::int64_t>());
+  }
+  return ids;
+}
+
 RequestSpec parse_request(std::string_view text, bool chat, const RequestDefaults& d) {
   json body;
   try {

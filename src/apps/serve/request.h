@@ -59,6 +59,18 @@ struct RequestSpec {
 // of range; nothing else escapes.
 RequestSpec parse_request(std::string_view body, bool chat, const RequestDefaults& d);
 
+// The body of POST /tokenize, as llama-server takes it: the text, whether to add the model's bos,
+// whether special-token text becomes its token (on by default, as llama-server), and whether each
+// id comes with its piece. Throws ApiError 400 naming the field for anything else.
+struct TokenizeSpec {
+  std::string content;
+  bool add_special = false, parse_special = true, with_pieces = false;
+};
+TokenizeSpec parse_tokenize(std::string_view body);
+// The ids of a POST /detokenize body {"tokens": [...]}, each a non-negative integer (the server
+// checks them against its vocabulary). Throws ApiError 400 naming the field.
+std::vector<std::int64_t> parse_detokenize(std::string_view body);
+
 // Chat messages from a JSON array of {role, content} (role system, user or assistant). Throws
 // std::invalid_argument saying what is wrong.
 std::vector<model::ChatMessage> chat_messages(const nlohmann::json& messages);

@@ -657,7 +657,16 @@ void Server::route() {
       send_error(res, *bad);
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    // A browser's CORS preflight carries no credentials: it is answered for every route.
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool model_route = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (!model_route) return httplib::Server::HandlerResponse::Unhandled;
     if (!opts_.api_key.empty() && !same_key(req.get_header_value("Authorization"), "Bearer " + opts_.api_key)) {
       send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
@@ -670,6 +679,10 @@ void Server::route() {
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Every answer may be read by a page of any origin; the API key still guards the model routes.
+  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Origin", "*");
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown";
@@ -706,10 +719,49 @@ void Server::route() {
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.exposition(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  const auto model_object = [this] {
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(started_.time_since_epoch()).count();
-    json data = json::array({{{"id", opts_.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "witcert"}}});
-    res.set_content(json_text({{"object", "list"}, {"data", data}}), "application/json");
+    return json{{"id", opts_.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "witcert"}};
+  };
+  s.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json_text({{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
+  });
+  s.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != opts_.model_name)
+      return send_error(res, ApiError(404, fmt::format("model '{}' is not served here (it serves '{}')",
+                                                       req.matches[1].str(), opts_.model_name),
+                                      "model", "model_not_found"));
+    res.set_content(json_text(model_object()), "application/json");
+  });
+  // llama-server's token endpoints: the model's own ids for a text, and the text of ids.
+  s.Post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+    try {
+      const TokenizeSpec t = parse_tokenize(read_body(reader, res, opts_.max_body));
+      const model::Tokenizer& tok = *model_.tokenizer;
+      std::vector<std::int32_t> ids = tok.encode(t.content, t.parse_special);
+      if (t.add_special && tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
+      json tokens = json::array();
+      for (const std::int32_t id : ids)
+        tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", tok.token_piece(id)}} : json(id));
+      res.set_content(json_text({{"tokens", tokens}}), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  s.Post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+    try {
+      const std::vector<std::int64_t> ids = parse_detokenize(read_body(reader, res, opts_.max_body));
+      const model::Tokenizer& tok = *model_.tokenizer;
+      std::string text;
+      for (const std::int64_t id : ids) {
+        if (id >= tok.vocab_size())
+          throw ApiError(400, fmt::format("token id {} is outside the vocabulary of {}", id, tok.vocab_size()), "tokens");
+        text += tok.token_piece(static_cast<std::int32_t>(id));
+      }
+      res.set_content(json_text({{"content", text}}), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
   });
   // The requests in the engine now, each with its meter so far (answered between two steps).
   s.Get("/v1/witcert/requests", [this](const httplib::Request&, httplib::Response& res) {

@@ -330,6 +330,73 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
   EXPECT_EQ(res->status, 200) << res->body;
 }
 
+// llama-server's /tokenize and /detokenize, GET /v1/models/{id} and CORS, with the API key and
+// the body checks of every model route.
+TEST_F(Serve, TokenEndpointsModelByIdAndCors) {
+  ServeOptions o = options(dither());
+  o.api_key = "sekret";
+  o.max_body = 4096;
+  Running r(o);
+  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  engine::Model m = engine::Model::load(model_path());
+  const std::string text = "Hello <|im_start|> w\xc3\xb6rld, 12 ";
+  const json ids = post(r, "/tokenize", {{"content", text}}, 200, auth).at("tokens");
+  EXPECT_EQ(ids.get<std::vector<std::int32_t>>(), m.tokenizer->encode(text, true));
+  const json plain = post(r, "/tokenize", {{"content", text}, {"parse_special", false}}, 200, auth).at("tokens");
+  EXPECT_EQ(plain.get<std::vector<std::int32_t>>(), m.tokenizer->encode(text, false));
+  const json pieces = post(r, "/tokenize", {{"content", text}, {"with_pieces", true}}, 200, auth).at("tokens");
+  std::string joined;
+  for (const json& p : pieces) joined += p.at("piece").get<std::string>();
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(post(r, "/detokenize", {{"tokens", ids}}, 200, auth).at("content"), text);
+  EXPECT_EQ(post(r, "/detokenize", {{"tokens", json::array()}}, 200, auth).at("content"), "");
+  const auto rejects = [&](const std::string& path, const std::string& body, const std::string& param) {
+    httplib::Client c = r.client();
+    const auto res = c.Post(path, auth, body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << body << " → " << res->body;
+    const json got = json::parse(res->body).at("error").at("param");
+    EXPECT_EQ(got.is_null() ? std::string() : got.get<std::string>(), param) << body;
+  };
+  rejects("/tokenize", "{\"content\": ", "");
+  rejects("/tokenize", "[]", "");
+  rejects("/tokenize", json{{"content", 5}}.dump(), "content");
+  rejects("/tokenize", json::object().dump(), "content");
+  rejects("/tokenize", json{{"content", "a"}, {"add_special", "yes"}}.dump(), "add_special");
+  rejects("/tokenize", json{{"content", "a"}, {"bos", true}}.dump(), "bos");
+  rejects("/detokenize", json{{"tokens", {1, -1}}}.dump(), "tokens");
+  rejects("/detokenize", json{{"tokens", {1, 2.5}}}.dump(), "tokens");
+  rejects("/detokenize", json{{"tokens", {m.tokenizer->vocab_size()}}}.dump(), "tokens");
+  rejects("/detokenize", json{{"tokens", "1 2"}}.dump(), "tokens");
+  rejects("/detokenize", "{\"tokens\": [18446744073709551615]}", "tokens");
+  httplib::Client c = r.client();
+  EXPECT_EQ(c.Post("/tokenize", json{{"content", "a"}}.dump(), "application/json")->status, 401);
+  EXPECT_EQ(c.Post("/tokenize", auth, std::string(5000, ' '), "application/json")->status, 413);
+
+  const std::string name = json::parse(c.Get("/v1/models", auth)->body).at("data").at(0).at("id");
+  const auto one = c.Get(("/v1/models/" + name).c_str(), auth);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body).at("id"), name);
+  const auto other = c.Get("/v1/models/gpt-4", auth);
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_EQ(json::parse(other->body).at("error").at("code"), "model_not_found");
+  EXPECT_EQ(c.Get(("/v1/models/" + name).c_str())->status, 401);
+
+  // A preflight needs no key; every answer, errors included, allows any origin.
+  const auto pre = c.Options("/v1/chat/completions", {{"Origin", "http://example.com"},
+                                                      {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  for (const auto& res : {c.Get("/health"), c.Get("/v1/models", auth), c.Get("/v1/models")}) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "*") << res->status;
+  }
+}
+
 TEST_F(Serve, AStartThatCannotServeSaysWhy) {
   ServeOptions tiny = options(dither());
   tiny.batch.kv_memory = 100000;  // not one page beside a sequence's own state
