@@ -800,6 +800,9 @@ TEST(CliEngine, DemoPrintsItsTableAndGatesWithinTau) {
   const Result r = run("demo --model " + kModel + " --tokens 200 --report " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("fp16 answer: "), std::string::npos) << r.out;
+  // Into a pipe, each run's prefill is one finished line, never a line redrawn with carriage returns.
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" prompt tokens\n"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(std::ifstream(dir + "/report.json"));
   EXPECT_NE(j["fp16_text"].get<std::string>().find("orange-falcon-17"), std::string::npos) << j["fp16_text"];
   ASSERT_EQ(j["runs"].size(), 6u);

@@ -11,6 +11,8 @@
 #include <memory>
 #include <ostream>
 
+#include <unistd.h>
+
 #include "apps/report/heatmap.h"
 #include "attention/cpu/exact_cache.h"
 #include "engine/cache_factory.h"
@@ -72,14 +74,18 @@ std::string ratio(bool has, double v) { return has ? fmt::format("{:.3f}", v) : 
 
 }  // namespace
 
-Progress progress_bar(std::ostream& err, const std::string& label) {
-  return [&err, label](std::int64_t done, std::int64_t total) {
+Progress progress_bar(std::ostream& err, const std::string& label, bool terminal) {
+  return [&err, label, terminal](std::int64_t done, std::int64_t total) {
+    // A log file gets one line when the prefill is done, not a line rewritten with carriage returns.
+    if (!terminal && done != total) return;
     const int width = 30, filled = static_cast<int>(width * done / std::max<std::int64_t>(1, total));
-    err << fmt::format("\r  {:<28} [{}{}] {}/{} prompt tokens", label, std::string(filled, '#'),
+    err << fmt::format("{}  {:<28} [{}{}] {}/{} prompt tokens", terminal ? "\r" : "", label, std::string(filled, '#'),
                        std::string(width - filled, '.'), done, total)
         << (done == total ? "\n" : "") << std::flush;
   };
 }
+
+bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
                        const Progress& progress) {

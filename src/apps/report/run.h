@@ -62,8 +62,10 @@ Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32
 RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
                        int threads, const Fp16Reference& ref, const Progress& progress = {});
 
-// A progress bar on stderr for one run's prefill.
-Progress progress_bar(std::ostream& err, const std::string& label);
+// Whether stderr is a terminal (not a file or a pipe).
+bool stderr_is_terminal();
+// A progress bar for one run's prefill: redrawn in place on a terminal, one line when done otherwise.
+Progress progress_bar(std::ostream& err, const std::string& label, bool terminal = stderr_is_terminal());
 
 // Writes report.json, report.md, heatmap-<i>.svg and meter-<i>.jsonl into dir (created if
 // missing); with an expected answer, the table says whether each run's text contains it.
