@@ -152,6 +152,22 @@ TEST(Cli, BoundRefusesDeeplyNestedLinesAndContinues) {
   EXPECT_TRUE(v[3].contains("meter")) << v[3];
 }
 
+// A mistyped flag or command is refused with the closest name (a neighbour swap counts as one
+// edit); a word far from every name gets no guess.
+TEST(Cli, MistypedNamesGetSuggestions) {
+  const Result flag = run("generate --prompt x --tua 0.2");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.out.find("--tua (did you mean --tau?)"), std::string::npos) << flag.out;
+  const Result flag2 = run("serve --kv-memroy 1G");
+  EXPECT_NE(flag2.out.find("--kv-memroy (did you mean --kv-memory?)"), std::string::npos) << flag2.out;
+  const Result command = run("generat --prompt x");
+  EXPECT_EQ(command.exit_code, 2);
+  EXPECT_NE(command.out.find("unknown command 'generat' (did you mean generate?)"), std::string::npos) << command.out;
+  const Result far = run("generate --prompt x --zzzzzzzz 1");
+  EXPECT_EQ(far.exit_code, 2);
+  EXPECT_EQ(far.out.find("did you mean"), std::string::npos) << far.out;
+}
+
 TEST(Cli, SelfcheckPasses) {
   const Result r = run("selfcheck");
   EXPECT_EQ(r.exit_code, 0) << r.out;

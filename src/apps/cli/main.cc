@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -235,6 +236,47 @@ void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, cons
       throw UsageError(opt->get_name() + " applies to dither-int8 keys only; " + formats_flag + " gives none");
 }
 
+// Edits between a and b: insertions, deletions, substitutions and swaps of neighbours.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// " (did you mean X?)" for the closest of `names` to `word` within a third of its length, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(1, word.size() / 3) + 1;
+  for (const std::string& n : names)
+    if (const std::size_t d = edit_distance(word, n); d < best_distance) {
+      best = n;
+      best_distance = d;
+    }
+  return best.empty() ? "" : " (did you mean " + best + "?)";
+}
+
+// The suggestions for the flags of argv that `cmd` does not know.
+std::string flag_suggestions(const CLI::App& cmd, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : cmd.get_options())
+    for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
+  std::string out;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) continue;
+    arg = arg.substr(0, arg.find('='));
+    if (std::find(names.begin(), names.end(), arg) != names.end()) continue;
+    if (const std::string hint = did_you_mean(arg, names); !hint.empty()) out += "; " + arg + hint;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -394,13 +436,21 @@ int main(int argc, char** argv) {
         known = known || c->get_name() == argv[1];
         names += (names.empty() ? "" : ", ") + c->get_name();
       }
-      if (!known) throw UsageError("unknown command '" + std::string(argv[1]) + "' (commands: " + names + ")");
+      if (!known) {
+        std::vector<std::string> all;
+        for (const CLI::App* c : commands) all.push_back(c->get_name());
+        throw UsageError("unknown command '" + std::string(argv[1]) + "'" + did_you_mean(argv[1], all) +
+                         " (commands: " + names + ")");
+      }
     }
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
-      throw UsageError(e.what());
+      std::string hints;
+      for (const CLI::App* c : commands)
+        if (argc > 1 && c->get_name() == argv[1]) hints = flag_suggestions(*c, argc, argv);
+      throw UsageError(e.what() + hints);
     }
     if (*generate) {
       if (!given(gen_kv))
