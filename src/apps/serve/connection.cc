@@ -200,9 +200,11 @@ GuardedServer::GuardedServer(const ConnectionLimits& limits) : limits_(limits) {
   // The idle wait between requests is the connection's own (ConnectionLimits::idle_timeout).
   set_keep_alive_max_count(1000);
   set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(limits_.idle_timeout.count() / 1000)));
+  // Every answer may be read by a page of any origin (the API key still guards the model routes).
   // An error response ends its connection: the request's body may be unread, and reading on would
   // take it for the next request.
   set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Origin", "*");
     if (res.status < 400) return;
     res.headers.erase("Keep-Alive");
     if (!res.has_header("Connection")) res.set_header("Connection", "close");

@@ -680,10 +680,6 @@ void Server::route() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  // Every answer may be read by a page of any origin; the API key still guards the model routes.
-  s.set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
-    res.set_header("Access-Control-Allow-Origin", "*");
-  });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown";
     try {
