@@ -1,6 +1,7 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +54,11 @@ std::string byte_level_piece(const std::string& token) {
 // them so). Any other name gets the GPT-2 regex alone: it is the base every byte-level BPE
 // variant refines, and a mismatch there costs tokenization quality, never the round trip.
 constexpr std::string_view kDigitSplitPre[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"};
+// Pre-tokenizer names of Llama 3's regex (numbers in runs of up to three digits; a whole pre-token
+// that is a token is taken as it is) and of Qwen 2's (the same with single digits), as llama.cpp
+// groups them.
+constexpr std::string_view kLlama3Pre[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "pixtral"};
+constexpr std::string_view kQwen2Pre[] = {"qwen2", "deepseek-r1-qwen", "megrez"};
 
 // Texts of the tokens that end a turn in chat models, besides eos.
 constexpr std::string_view kEndOfTurnTexts[] = {"<|im_end|>", "<|endoftext|>", "<end_of_turn>"};
@@ -197,6 +203,8 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
   t.eos_ = vocab.eos;
   t.add_bos_ = vocab.add_bos;
   t.split_digits_ = std::ranges::find(kDigitSplitPre, vocab.pre) != std::end(kDigitSplitPre);
+  if (std::ranges::find(kLlama3Pre, vocab.pre) != std::end(kLlama3Pre)) t.pre_ = PreTokenizer::llama3;
+  if (std::ranges::find(kQwen2Pre, vocab.pre) != std::end(kQwen2Pre)) t.pre_ = PreTokenizer::qwen2;
 
   // Token text -> id; a text listed twice keeps its first id.
   std::unordered_map<std::string_view, std::int32_t> id_of;
@@ -210,6 +218,7 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
     const bool special = type == TokenType::control || type == TokenType::user_defined;
     if (!spm) {
       t.pieces_.push_back(special ? text : byte_level_piece(text));
+      if (t.pre_ == PreTokenizer::llama3 && !special) t.word_ids_.emplace(t.pieces_.back(), id);
     } else if (const int byte = spm_byte(text); type == TokenType::byte && byte >= 0) {
       t.pieces_.push_back(std::string(1, static_cast<char>(byte)));
     } else {
@@ -404,6 +413,62 @@ void Tokenizer::encode_fragment(std::string_view text, Scratch& s, std::vector<s
     return j == end || j - i == 1 ? j : j - 1;
   };
 
+  // Llama 3's and Qwen 2's regex, one match starting at i:
+  //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+  //   \s*[\r\n]+|\s+(?!\S)|\s+      (Qwen 2: \p{N} alone)
+  const auto newline = [&](std::size_t k) { return c[k].cp == '\r' || c[k].cp == '\n'; };
+  const auto lower = [&](std::size_t k) { return c[k].cp < 128 ? static_cast<char32_t>(std::tolower(static_cast<int>(c[k].cp))) : c[k].cp; };
+  const auto match_llama3 = [&](std::size_t i) -> std::size_t {
+    if (c[i].cp == '\'' && i + 1 < n) {
+      const char32_t a = lower(i + 1);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+      if (i + 2 < n) {
+        const char32_t b = lower(i + 2);
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    std::size_t k = i;
+    if (c[k].cls != CharClass::letter && c[k].cls != CharClass::number && !newline(k) && k + 1 < n &&
+        c[k + 1].cls == CharClass::letter)
+      ++k;
+    if (c[k].cls == CharClass::letter) {
+      while (k < n && c[k].cls == CharClass::letter) ++k;
+      return k;
+    }
+    if (c[i].cls == CharClass::number) {  // \p{N}{1,3} or \p{N}
+      const std::size_t most = pre_ == PreTokenizer::llama3 ? 3 : 1;
+      std::size_t j = i;
+      while (j < n && j - i < most && c[j].cls == CharClass::number) ++j;
+      return j;
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n]*
+    k = c[i].cp == ' ' && i + 1 < n && c[i + 1].cls == CharClass::other ? i + 1 : i;
+    if (c[k].cls == CharClass::other) {
+      while (k < n && c[k].cls == CharClass::other) ++k;
+      while (k < n && newline(k)) ++k;
+      return k;
+    }
+    // The blank run from i: \s*[\r\n]+ ends after its last newline; else \s+(?!\S) leaves its
+    // last blank to the word after it, and \s+ takes a lone one.
+    std::size_t j = i;
+    std::size_t after_newline = i;
+    while (j < n && c[j].cls == CharClass::space) {
+      if (newline(j)) after_newline = j + 1;
+      ++j;
+    }
+    if (after_newline > i) return after_newline;
+    return j == n || j - i == 1 ? j : j - 1;
+  };
+  if (pre_ != PreTokenizer::gpt2) {
+    for (std::size_t i = 0; i < n;) {
+      const std::size_t j = match_llama3(i);
+      encode_word(text.substr(c[i].offset, c[j].offset - c[i].offset), s, out);
+      i = j;
+    }
+    return;
+  }
+
   for (std::size_t seg = 0; seg < n;) {
     std::size_t seg_end = n;
     if (split_digits_) {
@@ -428,6 +493,9 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
     out.push_back(byte_token_[static_cast<unsigned char>(word[0])]);
     return;
   }
+  // Llama 3 takes a pre-token that is itself a token as it is, whatever its merges would give.
+  if (pre_ == PreTokenizer::llama3)
+    if (const auto it = word_ids_.find(std::string(word)); it != word_ids_.end()) return out.push_back(it->second);
   const auto size = static_cast<std::int32_t>(word.size());
   auto& sym = s.symbols;
   auto& heap = s.heap;

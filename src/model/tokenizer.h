@@ -2,8 +2,10 @@
 //
 // Byte-level BPE (tokenizer model "gpt2": Llama 3, Qwen, SmolLM): special tokens are cut out of
 // the text first, the rest is split into pre-tokens (the GPT-2 regex, preceded by a one-digit
-// split for the "smollm" family), each pre-token's bytes are mapped to GPT-2's printable byte
-// alphabet and merged by rank.
+// split for the "smollm" family; Llama 3's regex, numbers in runs of up to three digits, for the
+// "llama-bpe" family; Qwen 2's, single digits, for "qwen2"), each pre-token's bytes are mapped to
+// GPT-2's printable byte alphabet and merged by rank (Llama 3 takes a pre-token that is a token
+// as it is).
 // SentencePiece BPE (tokenizer model "llama": Gemma, Llama 2, Mistral): special tokens are cut
 // out the same way; each remaining fragment has its spaces written as U+2581, is split into
 // UTF-8 characters and merged pair by pair, the pair whose merged text is the highest-scoring
@@ -140,6 +142,10 @@ class Tokenizer {
   std::array<bool, 256> special_first_byte_{};
   std::vector<std::int32_t> end_of_generation_;
   bool split_digits_ = false;
+  // The regex that splits text into pre-tokens: GPT-2's (with split_digits_ for the "smollm"
+  // family), Llama 3's or Qwen 2's.
+  enum class PreTokenizer { gpt2, llama3, qwen2 } pre_ = PreTokenizer::gpt2;
+  std::unordered_map<std::string, std::int32_t> word_ids_;  // Llama 3: a normal token's bytes -> id
   std::int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
   bool spm_ = false;                                    // SentencePiece

@@ -314,6 +314,34 @@ TEST(TokenizerVocab, DigitSplitDependsOnPreTokenizer) {
   EXPECT_EQ(gpt2.encode(" 1"), ids_of({257}));
 }
 
+// Llama 3's pre-tokenizer splits numbers into runs of up to three digits, matches contractions in
+// any case and takes a pre-token that is a token as it is; Qwen 2's splits every digit; GPT-2's
+// keeps a number whole. (llama.cpp's own vocabularies and cases agree with all three:
+// ggml-vocab-{llama-bpe,qwen2,gpt-2}.gguf.inp/.out of its source, 46 cases each.)
+TEST(TokenizerVocab, Llama3AndQwen2PreTokenizers) {
+  // ids: 12 256, 123 257, 1234 258, 'T 259, ab 260, abc 261
+  const std::vector<std::string> extra = {"12", "123", "1234", "'T", "ab", "abc"};
+  const std::vector<std::string> merges = {"1 2", "12 3", "123 4", "' T", "a b"};
+  const Tokenizer gpt2 = Tokenizer::from_vocab(byte_vocab(extra, merges, "default"));
+  const Tokenizer llama3 = Tokenizer::from_vocab(byte_vocab(extra, merges, "llama-bpe"));
+  const Tokenizer qwen2 = Tokenizer::from_vocab(byte_vocab(extra, merges, "qwen2"));
+  EXPECT_EQ(gpt2.encode("1234"), ids_of({258}));
+  EXPECT_EQ(llama3.encode("1234"), ids_of({257, '4'}));
+  EXPECT_EQ(llama3.encode("1234567"), ids_of({257, '4', '5', '6', '7'}));
+  EXPECT_EQ(qwen2.encode("1234"), ids_of({'1', '2', '3', '4'}));
+  EXPECT_EQ(gpt2.encode("DON'T"), ids_of({'D', 'O', 'N', '\'', 'T'}));
+  EXPECT_EQ(llama3.encode("DON'T"), ids_of({'D', 'O', 'N', 259}));
+  EXPECT_EQ(qwen2.encode("DON'T"), ids_of({'D', 'O', 'N', 259}));
+  // "abc" has no merge beyond ab, but is a token: Llama 3 takes it whole.
+  EXPECT_EQ(gpt2.encode("abc"), ids_of({260, 'c'}));
+  EXPECT_EQ(qwen2.encode("abc"), ids_of({260, 'c'}));
+  EXPECT_EQ(llama3.encode("abc"), ids_of({261}));
+  // Whitespace and newlines: every byte comes back.
+  for (const Tokenizer* t : {&gpt2, &llama3, &qwen2})
+    for (const char* text : {"x  \n y", "a\r\n\r\nb", "  lead", "trail  ", "\t\t1,2;;3\n", "don't 'S 'll"})
+      EXPECT_EQ(t->decode(t->encode(text)), text);
+}
+
 TEST(TokenizerVocab, SpecialTokens) {
   Vocab v = byte_vocab({"<ctl>", "<ctl-long>", "<user>"}, {});
   v.token_types.assign(v.tokens.size(), static_cast<std::int32_t>(TokenType::normal));
