@@ -253,7 +253,7 @@ void BatchEngine::build_pool(std::int64_t capacity, std::int64_t pages, bool exa
   retired_.clear();
   capacity_ = capacity;
   pool_ = make_pool(model_.config(), capacity_, std::max<std::int64_t>(pages, 1), cache_, exact_tier);
-  sequence_bytes_ = pool_.sequence_bytes(capacity_);
+  sequence_bytes_ = pool_.sequence_bytes();
   stats_.pool_pages = pool_.pages();
   stats_.pool_bytes = pool_.bytes();
   stats_.backing_bytes = pool_.backing_bytes();
@@ -450,7 +450,7 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
 }
 
 BatchResult run_alone(const model::LlamaModel& model, ThreadPool& threads, const BatchRequest& request,
-                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token, BatchStats* stats) {
+                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token) {
   BatchOptions opts;
   opts.max_seqs = 1;
   opts.share_prefixes = false;
@@ -469,7 +469,6 @@ BatchResult run_alone(const model::LlamaModel& model, ThreadPool& threads, const
     engine.step();
     if (end) engine.cancel(id);  // between steps: no forward pass runs for the last token
   }
-  if (stats) *stats = engine.stats();
   if (result.finish == Finish::error) {
     if (result.non_finite) throw model::NonFiniteError(result.error);
     throw std::invalid_argument(result.error);

@@ -204,10 +204,8 @@ using TokenHandler = std::function<bool(std::int32_t token, std::span<const floa
 
 // One request alone, as a batch of one over a pool of its own size: what `generate`, the C API and
 // Python run, so that one loop serves every request. Throws what the request's error would say:
-// model::NonFiniteError for non-finite activations, std::invalid_argument otherwise. stats, when
-// set, receives the engine's counters (its decode time among them).
+// model::NonFiniteError for non-finite activations, std::invalid_argument otherwise.
 BatchResult run_alone(const model::LlamaModel& model, ThreadPool& threads, const BatchRequest& request,
-                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token = {},
-                      BatchStats* stats = nullptr);
+                      std::vector<std::int32_t> stop_tokens, const TokenHandler& on_token = {});
 
 }  // namespace witcert::engine

@@ -78,7 +78,7 @@ int Pool::page_size() const { return kv ? kv->config().page_size : 0; }
 std::size_t Pool::bytes() const { return kv ? kv->bytes() : 0; }
 std::size_t Pool::backing_bytes() const { return kv ? kv->backing_bytes() : 0; }
 bool Pool::has_exact_tier() const { return !certified || (kv && kv->has_exact_tier()); }
-std::size_t Pool::sequence_bytes(std::int64_t) const { return kv ? kvcache::KvStore(kv).sequence().bytes() : 0; }
+std::size_t Pool::sequence_bytes() const { return kv ? kvcache::KvStore(kv).sequence().bytes() : 0; }
 
 Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int64_t pages, const CacheOptions& opts,
                bool exact_tier) {
@@ -143,7 +143,7 @@ PoolSizing size_pool(const model::LlamaConfig& model, std::int64_t capacity, con
   PoolSizing s;
   s.page_bytes = two.bytes() - one.bytes();
   s.fixed_bytes = one.bytes() - s.page_bytes;
-  s.sequence_bytes = one.sequence_bytes(capacity);
+  s.sequence_bytes = one.sequence_bytes();
   const std::size_t reserved = s.fixed_bytes + static_cast<std::size_t>(max_seqs) * s.sequence_bytes;
   if (static_cast<std::size_t>(budget) < reserved + s.page_bytes)
     throw std::invalid_argument("kv_memory " + std::to_string(budget) + " bytes holds not one page of " +

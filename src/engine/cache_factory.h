@@ -41,9 +41,9 @@ struct Pool {
   std::size_t bytes() const;
   std::size_t backing_bytes() const;
   bool has_exact_tier() const;  // a gate or soundness check can read exact rows (the plain cache is exact)
-  // Measured bytes of the own state of a sequence of up to `capacity` positions (page table,
-  // group blocks, ring, repair flags), from a probe sequence over this pool.
-  std::size_t sequence_bytes(std::int64_t capacity) const;
+  // Measured bytes of the own state of a sequence over this pool, whose pool config fixes its
+  // capacity (page table, group blocks, ring, repair flags), from a probe sequence.
+  std::size_t sequence_bytes() const;
 };
 
 // How many pages a memory budget holds, measured from allocations: the bytes of a pool of one

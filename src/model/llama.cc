@@ -220,7 +220,6 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
     for (int j = 0; j < pairs; ++j)
       if (!(std::isfinite(factors[j]) && factors[j] > 0.0f))
         throw model_error("rope_freqs.weight[" + std::to_string(j) + "] must be finite and positive");
-    cfg_.rope_factors = true;
   }
   const auto frequencies = [&](double base) {
     std::vector<float> inv(pairs);
@@ -266,18 +265,22 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   }
 }
 
-void LlamaModel::rope(float* x, int n_heads, std::int64_t pos, const float* inv_freq) const {
+void LlamaModel::rope(float* q, float* k, std::int64_t pos, const float* inv_freq) const {
   const double p = static_cast<double>(pos) * cfg_.rope_freq_scale;
   for (int j = 0; j < cfg_.head_dim / 2; ++j) {
     const double theta = p * inv_freq[j];
     const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
     const cert::RopePair pr = cert::rope_pair(cfg_.rope_layout, cfg_.head_dim, j);
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = x + h * cfg_.head_dim;
-      const float a = v[pr.lo], b = v[pr.hi];
-      v[pr.lo] = a * c - b * s;
-      v[pr.hi] = a * s + b * c;
-    }
+    const auto rotate = [&](float* x, int n_heads) {
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = x + h * cfg_.head_dim;
+        const float a = v[pr.lo], b = v[pr.hi];
+        v[pr.lo] = a * c - b * s;
+        v[pr.hi] = a * s + b * c;
+      }
+    };
+    rotate(q, cfg_.heads);
+    rotate(k, cfg_.kv_heads);
   }
 }
 
@@ -385,8 +388,7 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
     for (std::size_t r = 0; r < rows.size(); ++r)
       for (std::int64_t j = 0; j < static_cast<std::int64_t>(rows[r].tokens.size()); ++j) {
         const std::int64_t i = first[r] + j, pos = rows[r].pos0 + j;
-        rope(&q[i * q_dim], H, pos, L.inv_freq);
-        rope(&k[i * kv_dim], KV, pos, L.inv_freq);
+        rope(&q[i * q_dim], &k[i * kv_dim], pos, L.inv_freq);
         for (int h = 0; h < KV; ++h) rows[r].cache->write(l, h, pos, &k[i * kv_dim + h * hd], &v[i * kv_dim + h * hd]);
         if (qkv_hook)
           qkv_hook(QkvCapture{l, pos, {&q[i * q_dim], static_cast<std::size_t>(q_dim)},

@@ -43,7 +43,6 @@ struct LlamaConfig {
   std::int64_t sliding_window = 0;   // attention.sliding_window of the sliding-window layers; 0: none
   float rope_theta = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear RoPE scaling: positions are multiplied by this
-  bool rope_factors = false;     // rope_freqs.weight divides each frequency (Llama 3.1 / 3.2 scaling)
   float logit_softcap = 0.0f;    // final_logit_softcapping: logits = cap·tanh(logits / cap); 0: none
   float rms_eps = 1e-5f;
   cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
@@ -115,7 +114,8 @@ class LlamaModel {
   // The buffers of a forward pass (llama2.c's RunState), defined in llama.cc.
   struct RunState;
 
-  void rope(float* x, int n_heads, std::int64_t pos, const float* inv_freq) const;
+  // Rotates one position's query heads q and key heads k, each angle computed once for both.
+  void rope(float* q, float* k, std::int64_t pos, const float* inv_freq) const;
   void forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::span<float> logits, RunState& s) const;
 
   LlamaConfig cfg_;

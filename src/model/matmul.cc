@@ -109,6 +109,9 @@ struct DecodeF32 {
   }
 };
 
+// The fp16 at p, as a float.
+HWY_INLINE float F16At(const std::uint8_t* p) { return fp16_to_float(static_cast<f16>(p[0] | (p[1] << 8))); }
+
 // The 32 bits of a little-endian word at p: bit e belongs to column e (Q5_0, Q5_1).
 HWY_INLINE std::uint32_t Word32(const std::uint8_t* p) {
   std::uint32_t v;
@@ -178,7 +181,7 @@ struct DecodeIQ4_NL {  // d, qs[16]: w = d·kvalues[q], through a 16-entry table
   static constexpr std::size_t kBytes = 18;
   static HWY_INLINE void Decode(const std::uint8_t* row, std::size_t g, VF* w) {
     const std::uint8_t* p = row + g * kBytes;
-    const float d = fp16_to_float(static_cast<f16>(p[0] | (p[1] << 8)));
+    const float d = F16At(p);
     HWY_ALIGN float x[kGroup];
     for (std::size_t j = 0; j < 16; ++j) {
       x[j] = d * static_cast<float>(formats::kIq4nlValues[p[2 + j] & 0x0F]);
@@ -191,20 +194,6 @@ struct DecodeIQ4_NL {  // d, qs[16]: w = d·kvalues[q], through a 16-entry table
 // K-quants: 256 columns per super-block, eight groups of 32 with their own scales.
 constexpr std::size_t kSuperGroups = 8;
 
-HWY_INLINE float F16At(const std::uint8_t* p) { return fp16_to_float(static_cast<f16>(p[0] | (p[1] << 8))); }
-
-// Q4_K and Q5_K: group j's 6-bit (scale, min) from the 12 packed bytes, as llama.cpp's
-// get_scale_min_k4.
-HWY_INLINE void ScaleMinK4(std::size_t j, const std::uint8_t* s, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176 bytes: the same with qh[32] before
 // qs): group j takes the low nibbles of 32 qs bytes when even, the high ones when odd, plus bit j of
 // each qh byte as a fifth bit; w = (d·scale)·q − dmin·min.
@@ -215,7 +204,7 @@ HWY_INLINE void DecodeK4(const std::uint8_t* row, std::size_t g, VF* w) {
   const std::uint8_t* b = row + (g / kSuperGroups) * (kFifth ? 176 : 144);
   const std::size_t j = g % kSuperGroups;
   int sc, mn;
-  ScaleMinK4(j, b + 4, &sc, &mn);
+  formats::q4_k_scale_min(static_cast<int>(j), b + 4, &sc, &mn);
   const VF d1 = hn::Set(DF(), F16At(b) * static_cast<float>(sc));
   const VF m1 = hn::Set(DF(), F16At(b + 2) * static_cast<float>(mn));
   const std::uint8_t* qh = b + 16;

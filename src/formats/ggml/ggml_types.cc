@@ -110,19 +110,6 @@ void dequant_iq4_nl(const Byte* b, float* y) {  // d, qs[16] (indices into the c
   }
 }
 
-// Q4_K packs eight 6-bit (scale, min) pairs into 12 bytes: pairs 0-3 in the low 6 bits of bytes
-// 0-3 (scale) and 4-7 (min); pairs 4-7 take their low 4 bits from bytes 8-11 and their top 2
-// bits from the spare top bits of bytes 0-7.
-void q4_k_scale_min(int j, const Byte* s, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K (d, dmin, scales[12], qs[128]) and Q5_K (the same with qh[32] before qs). Each 64 elements
 // share 32 qs bytes: low nibbles are the first sub-block of 32, high the second; Q5_K adds a fifth
 // bit per element, bit 2·chunk (even sub-block) or 2·chunk + 1 (odd) of qh[l].

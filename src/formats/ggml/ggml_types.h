@@ -58,6 +58,20 @@ void dequantize_row(GgmlType t, const void* src, float* dst, std::int64_t n);
 // std::invalid_argument for other types or a partial block.
 void quantize_row(GgmlType t, const float* src, void* dst, std::int64_t n);
 
+// Q4_K and Q5_K pack eight 6-bit (scale, min) pairs into 12 bytes: pairs 0-3 in the low 6 bits of
+// bytes 0-3 (scale) and 4-7 (min); pairs 4-7 take their low 4 bits from bytes 8-11 and their top 2
+// bits from the spare top bits of bytes 0-7. Pair j of the bytes at s, as llama.cpp's
+// get_scale_min_k4; the dequantizer and the matmul's decoders both read it.
+inline void q4_k_scale_min(int j, const std::uint8_t* s, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
 // The IQ4_NL code book (llama.cpp's kvalues_iq4nl), sorted ascending.
 inline constexpr std::int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                  1,    13,   25,  38,  53,  69,  89,  113};
