@@ -33,23 +33,17 @@ Model Model::load(const std::string& path) {
   return e;
 }
 
-namespace {
-
-std::vector<std::int32_t> with_bos(const model::Tokenizer& t, std::vector<std::int32_t> ids) {
-  if (t.add_bos() && t.bos() >= 0 && !ids.empty()) ids.insert(ids.begin(), t.bos());
-  return ids;
-}
-
-}  // namespace
-
 std::vector<std::int32_t> Model::prompt_tokens(const std::string& text, bool chat) const {
-  if (!chat) return with_bos(*tokenizer, tokenizer->encode(text, /*parse_special=*/false));
+  if (!chat) {
+    std::vector<std::int32_t> ids = tokenizer->encode(text, /*parse_special=*/false);
+    return ids.empty() ? ids : tokenizer->with_bos(std::move(ids));  // an empty prompt stays empty
+  }
   const model::ChatMessage turn{"user", text};
   return chat_tokens({&turn, 1});
 }
 
 std::vector<std::int32_t> Model::chat_tokens(std::span<const model::ChatMessage> messages) const {
-  return with_bos(*tokenizer, tokenizer->encode_chat(messages, /*add_generation_prompt=*/true));
+  return tokenizer->with_bos(tokenizer->encode_chat(messages, /*add_generation_prompt=*/true));
 }
 
 std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool chat) const {

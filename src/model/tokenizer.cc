@@ -218,13 +218,13 @@ Tokenizer Tokenizer::from_vocab(Vocab vocab) {
     const bool special = type == TokenType::control || type == TokenType::user_defined;
     if (!spm) {
       t.pieces_.push_back(special ? text : byte_level_piece(text));
-      if (t.pre_ == PreTokenizer::llama3 && !special) t.word_ids_.emplace(t.pieces_.back(), id);
+      if (t.pre_ == PreTokenizer::llama3 && !special) t.whole_ids_.emplace(t.pieces_.back(), id);
     } else if (const int byte = spm_byte(text); type == TokenType::byte && byte >= 0) {
       t.pieces_.push_back(std::string(1, static_cast<char>(byte)));
     } else {
       t.pieces_.push_back(special ? text : spm_piece(text));
     }
-    if (spm) t.spm_ids_.emplace(text, id);
+    if (spm) t.whole_ids_.emplace(text, id);
     const bool end_of_turn = std::ranges::find(kEndOfTurnTexts, text) != std::end(kEndOfTurnTexts);
     // A chat marker is a control token even where the file calls it user-defined: text never forges one.
     if (special && !text.empty())
@@ -495,7 +495,7 @@ void Tokenizer::encode_word(std::string_view word, Scratch& s, std::vector<std::
   }
   // Llama 3 takes a pre-token that is itself a token as it is, whatever its merges would give.
   if (pre_ == PreTokenizer::llama3)
-    if (const auto it = word_ids_.find(std::string(word)); it != word_ids_.end()) return out.push_back(it->second);
+    if (const auto it = whole_ids_.find(std::string(word)); it != whole_ids_.end()) return out.push_back(it->second);
   const auto size = static_cast<std::int32_t>(word.size());
   auto& sym = s.symbols;
   auto& heap = s.heap;
@@ -552,8 +552,8 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<std::int32_t>& out
   std::vector<Bigram> queue;
   std::map<std::string, std::pair<int, int>, std::less<>> rev_merge;  // merged text -> the pair that formed it
   const auto token_of = [&](std::string_view piece) {
-    const auto it = spm_ids_.find(std::string(piece));
-    return it == spm_ids_.end() ? -1 : it->second;
+    const auto it = whole_ids_.find(std::string(piece));
+    return it == whole_ids_.end() ? -1 : it->second;
   };
   const auto try_add = [&](int left, int right) {
     if (left < 0 || right < 0) return;
@@ -620,8 +620,8 @@ std::vector<Tokenizer::ChatPiece> Tokenizer::chat_pieces(std::span<const ChatMes
   if (chat_family_ == ChatFamily::none)
     throw TokenizerError("unsupported chat template (supported: the ChatML family, with <|im_start|>, and Gemma's, with "
                          "<start_of_turn>): \"" + template_excerpt(chat_template_) + "\"");
-  std::vector<ChatPiece> pieces;
   if (chat_family_ == ChatFamily::gemma) return gemma_pieces(messages, add_generation_prompt);
+  std::vector<ChatPiece> pieces;
   const auto turn = [&](std::string_view role, std::string_view content) {
     pieces.push_back({std::string(kImStart), true});
     pieces.push_back({std::string(role).append("\n").append(content), false});

@@ -91,6 +91,11 @@ class Tokenizer {
   std::int32_t bos() const { return bos_; }
   std::int32_t eos() const { return eos_; }
   bool add_bos() const { return add_bos_; }
+  // ids with bos in front when the model asks for it (add_bos_token), as llama.cpp adds it.
+  std::vector<std::int32_t> with_bos(std::vector<std::int32_t> ids) const {
+    if (add_bos_ && bos_ >= 0) ids.insert(ids.begin(), bos_);
+    return ids;
+  }
   // eos, and the end-of-turn/end-of-text tokens (<|im_end|>, <|endoftext|>) a chat model emits.
   bool is_end_of_generation(std::int32_t id) const;
 
@@ -145,11 +150,12 @@ class Tokenizer {
   // The regex that splits text into pre-tokens: GPT-2's (with split_digits_ for the "smollm"
   // family), Llama 3's or Qwen 2's.
   enum class PreTokenizer { gpt2, llama3, qwen2 } pre_ = PreTokenizer::gpt2;
-  std::unordered_map<std::string, std::int32_t> word_ids_;  // Llama 3: a normal token's bytes -> id
   std::int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
   bool spm_ = false;                                    // SentencePiece
-  std::unordered_map<std::string, std::int32_t> spm_ids_;  // token text (U+2581 for spaces) -> id
+  // The id of a whole token's text as encoding looks it up: SentencePiece's token text (U+2581 for
+  // spaces), or Llama 3's normal tokens' bytes (a pre-token that is one is taken whole); else empty.
+  std::unordered_map<std::string, std::int32_t> whole_ids_;
   std::vector<float> scores_;
   bool add_space_prefix_ = false;
   std::string chat_template_;

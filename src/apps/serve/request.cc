@@ -70,8 +70,8 @@ std::vector<model::ChatMessage> chat_messages(const json& msgs) {
 
 namespace {
 
-// The body as a JSON object whose keys are all in `keys`.
-json object_body(std::string_view text, const std::vector<std::string>& keys) {
+// The body as a JSON object.
+json parse_object(std::string_view text) {
   json body;
   try {
     body = engine::parse_json(text);
@@ -79,6 +79,12 @@ json object_body(std::string_view text, const std::vector<std::string>& keys) {
     throw ApiError(400, std::string("the body is not accepted: ") + e.what(), "", "invalid_json");
   }
   require(body.is_object(), "the body must be a JSON object", "");
+  return body;
+}
+
+// The body as a JSON object whose keys are all in `keys`.
+json object_body(std::string_view text, const std::vector<std::string>& keys) {
+  json body = parse_object(text);
   for (const auto& item : body.items())
     if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
       throw ApiError(400, fmt::format("'{}' is not supported by this endpoint", item.key()), item.key(),
@@ -110,14 +116,12 @@ std::vector<std::int64_t> parse_detokenize(std::string_view text) {
   return ids;
 }
 
+std::string not_served(const std::string& asked, const std::string& served) {
+  return fmt::format("model '{}' is not served here (it serves '{}')", asked, served);
+}
+
 RequestSpec parse_request(std::string_view text, bool chat, const RequestDefaults& d) {
-  json body;
-  try {
-    body = engine::parse_json(text);
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, std::string("the body is not accepted: ") + e.what(), "", "invalid_json");
-  }
-  require(body.is_object(), "the body must be a JSON object", "");
+  const json body = parse_object(text);
   static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
                                                   "stream", "stream_options", "logprobs", "n", "user",
                                                   "presence_penalty", "frequency_penalty", "witcert"};
@@ -135,8 +139,7 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
 
   std::string model_name;
   field(body, "model", model_name);
-  require(model_name.empty() || model_name == d.model_name,
-          fmt::format("model '{}' is not served here (it serves '{}')", model_name, d.model_name), "model",
+  require(model_name.empty() || model_name == d.model_name, not_served(model_name, d.model_name), "model",
           "model_not_found");
   int n = 1;
   field(body, "n", n);

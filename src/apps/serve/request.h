@@ -58,6 +58,8 @@ struct RequestSpec {
 // naming the field for malformed JSON, unknown or unsupported fields, wrong types and values out
 // of range; nothing else escapes.
 RequestSpec parse_request(std::string_view body, bool chat, const RequestDefaults& d);
+// The message for a request naming a model other than the one served.
+std::string not_served(const std::string& asked, const std::string& served);
 
 // The body of POST /tokenize, as llama-server takes it: the text, whether to add the model's bos,
 // whether special-token text becomes its token (on by default, as llama-server), and whether each

@@ -724,9 +724,7 @@ void Server::route() {
   });
   s.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] != opts_.model_name)
-      return send_error(res, ApiError(404, fmt::format("model '{}' is not served here (it serves '{}')",
-                                                       req.matches[1].str(), opts_.model_name),
-                                      "model", "model_not_found"));
+      return send_error(res, ApiError(404, not_served(req.matches[1].str(), opts_.model_name), "model", "model_not_found"));
     res.set_content(json_text(model_object()), "application/json");
   });
   // llama-server's token endpoints: the model's own ids for a text, and the text of ids.
@@ -735,7 +733,7 @@ void Server::route() {
       const TokenizeSpec t = parse_tokenize(read_body(reader, res, opts_.max_body));
       const model::Tokenizer& tok = *model_.tokenizer;
       std::vector<std::int32_t> ids = tok.encode(t.content, t.parse_special);
-      if (t.add_special && tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
+      if (t.add_special) ids = tok.with_bos(std::move(ids));
       json tokens = json::array();
       for (const std::int32_t id : ids)
         tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", tok.token_piece(id)}} : json(id));
@@ -748,13 +746,11 @@ void Server::route() {
     try {
       const std::vector<std::int64_t> ids = parse_detokenize(read_body(reader, res, opts_.max_body));
       const model::Tokenizer& tok = *model_.tokenizer;
-      std::string text;
-      for (const std::int64_t id : ids) {
+      for (const std::int64_t id : ids)
         if (id >= tok.vocab_size())
           throw ApiError(400, fmt::format("token id {} is outside the vocabulary of {}", id, tok.vocab_size()), "tokens");
-        text += tok.token_piece(static_cast<std::int32_t>(id));
-      }
-      res.set_content(json_text({{"content", text}}), "application/json");
+      const std::vector<std::int32_t> checked(ids.begin(), ids.end());
+      res.set_content(json_text({{"content", tok.decode(checked)}}), "application/json");
     } catch (const ApiError& e) {
       send_error(res, e);
     }

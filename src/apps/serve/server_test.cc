@@ -269,23 +269,37 @@ TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
   EXPECT_NE(metrics->body.find("witcert_meter_raw_score_bucket{le=\"+Inf\"}"), std::string::npos);
 }
 
-TEST_F(Serve, BadRequestsGetOpenAiErrors) {
+// A server that wants the API key "sekret" and takes bodies of at most 4096 bytes.
+ServeOptions keyed_options() {
   ServeOptions o = options(dither());
   o.api_key = "sekret";
   o.max_body = 4096;
+  return o;
+}
+const httplib::Headers kAuth = {{"Authorization", "Bearer sekret"}};
+
+// POSTs body to path and returns the error object of the answer, which must have `status`.
+json error_of(const Running& r, const std::string& path, const httplib::Headers& h, const std::string& body, int status) {
+  httplib::Client c = r.client();
+  const auto res = c.Post(path, h, body, "application/json");
+  EXPECT_TRUE(res) << "no response from " << path;
+  if (!res) return json::object();
+  EXPECT_EQ(res->status, status) << body << " → " << res->body;
+  return json::parse(res->body).at("error");
+}
+
+TEST_F(Serve, BadRequestsGetOpenAiErrors) {
+  const ServeOptions o = keyed_options();
   Running r(o);
-  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  const httplib::Headers& auth = kAuth;
   const auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& param,
                                 const httplib::Headers& h) {
-    httplib::Client c = r.client();
-    const auto res = c.Post(path, h, body, "application/json");
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, status) << body << " → " << res->body;
-    const json e = json::parse(res->body).at("error");
+    const json e = error_of(r, path, h, body, status);
+    if (e.empty()) return;
     EXPECT_FALSE(e.at("message").get<std::string>().empty());
     EXPECT_TRUE(e.contains("type") && e.contains("code"));
     if (!param.empty()) {
-      EXPECT_EQ(e.at("param"), param) << res->body;
+      EXPECT_EQ(e.at("param"), param) << e;
     }
   };
   const std::string ok = json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump();
@@ -333,11 +347,9 @@ TEST_F(Serve, BadRequestsGetOpenAiErrors) {
 // llama-server's /tokenize and /detokenize, GET /v1/models/{id} and CORS, with the API key and
 // the body checks of every model route.
 TEST_F(Serve, TokenEndpointsModelByIdAndCors) {
-  ServeOptions o = options(dither());
-  o.api_key = "sekret";
-  o.max_body = 4096;
+  const ServeOptions o = keyed_options();
   Running r(o);
-  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  const httplib::Headers& auth = kAuth;
   engine::Model m = engine::Model::load(model_path());
   const std::string text = "Hello <|im_start|> w\xc3\xb6rld, 12 ";
   const json ids = post(r, "/tokenize", {{"content", text}}, 200, auth).at("tokens");
@@ -351,11 +363,7 @@ TEST_F(Serve, TokenEndpointsModelByIdAndCors) {
   EXPECT_EQ(post(r, "/detokenize", {{"tokens", ids}}, 200, auth).at("content"), text);
   EXPECT_EQ(post(r, "/detokenize", {{"tokens", json::array()}}, 200, auth).at("content"), "");
   const auto rejects = [&](const std::string& path, const std::string& body, const std::string& param) {
-    httplib::Client c = r.client();
-    const auto res = c.Post(path, auth, body, "application/json");
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, 400) << body << " → " << res->body;
-    const json got = json::parse(res->body).at("error").at("param");
+    const json got = error_of(r, path, auth, body, 400).value("param", json());
     EXPECT_EQ(got.is_null() ? std::string() : got.get<std::string>(), param) << body;
   };
   rejects("/tokenize", "{\"content\": ", "");
