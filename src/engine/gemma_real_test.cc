@@ -45,7 +45,8 @@ TEST_F(GemmaModel, LoadsWithItsGeometryAndContinuesAsTheReferencesDo) {
   EXPECT_EQ(prompt, (std::vector<std::int32_t>{2, 818, 5279, 529, 7001, 563}));  // bos, then llama.cpp's ids
   attention::ExactKvCache cache(cfg.kv_geometry(16));
   ThreadPool pool(2);
-  const std::span<const float> logits = Session(*gemma().model, cache, pool).prefill(prompt);
+  Session session(*gemma().model, cache, pool);
+  const std::span<const float> logits = session.prefill(prompt);  // the session's buffer: it must outlive the span
   // " the": the top token of llama.cpp and of the float64 reference on this GGUF.
   EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), 506);
   try {
