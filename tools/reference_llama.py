@@ -45,6 +45,7 @@ def reference_logits(model_path, tokens):
     softcap = field(r, a + "final_logit_softcapping", 0.0)
     gemma = arch == "gemma3"
     period = field(r, a + "attention.sliding_window_pattern", 6) if gemma else 0
+    window = field(r, a + "attention.sliding_window", 0) if gemma else 0
     tensors = {t.name: t for t in r.tensors}
 
     def W(name):
@@ -84,6 +85,8 @@ def reference_logits(model_path, tokens):
 
     global_rope, local_rope = rope_tables(theta), rope_tables(10000.0)
     mask = np.triu(np.full((n, n), -np.inf), 1)
+    # A sliding-window layer's query i sees key j while i - j < window.
+    local_mask = np.where(pos[:, None] - pos[None, :] >= window, -np.inf, mask) if window else mask
     for l in range(L):
         p = f"blk.{l}."
         h = norm(x, W(p + "attn_norm.weight"))
@@ -95,14 +98,15 @@ def reference_logits(model_path, tokens):
         q, k, v = q.reshape(n, H, hd), k.reshape(n, KV, hd), v.reshape(n, KV, hd)
         if arch in ("qwen3", "gemma3"):
             q, k = norm(q, W(p + "attn_q_norm.weight")), norm(k, W(p + "attn_k_norm.weight"))
-        tables = local_rope if gemma and l % period != period - 1 else global_rope
+        local = gemma and l % period != period - 1
+        tables = local_rope if local else global_rope
         q, k = rope(q, tables), rope(k, tables)
         k = k.astype(np.float16).astype(np.float64)
         v = v.astype(np.float16).astype(np.float64)
         att = np.zeros((n, H, hd))
         for head in range(H):
             kv = head // (H // KV)
-            s = q[:, head] @ k[:, kv].T / np.sqrt(hd) + mask
+            s = q[:, head] @ k[:, kv].T / np.sqrt(hd) + (local_mask if local else mask)
             s = np.exp(s - s.max(-1, keepdims=True))
             att[:, head] = (s / s.sum(-1, keepdims=True)) @ v[:, kv]
         o = att.reshape(n, H * hd) @ W(p + "attn_output.weight").T

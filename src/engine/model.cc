@@ -51,7 +51,7 @@ std::vector<std::int32_t> Model::checked_prompt(const std::string& text, bool ch
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
   if (static_cast<std::int64_t>(prompt.size()) > model->config().context)
     throw std::out_of_range("the prompt has " + std::to_string(prompt.size()) + " tokens, more than the model's context of " +
-                            std::to_string(model->config().context) + model->config().context_note());
+                            std::to_string(model->config().context));
   return prompt;
 }
 

@@ -65,7 +65,7 @@ TEST(AttendCausal, EveryPositionGetsItsOwnAttentionAndAMeterAtLeastAsLarge) {
         fill(run, d);
         fill(single, d);
         std::vector<float> got(n * row), want(n * row);
-        run.attend_causal(0, 0, &d.q[pos0 * row], row, kGroup, pos0, n, got.data(), row);
+        run.attend_causal(0, 0, &d.q[pos0 * row], row, kGroup, pos0, n, 0, got.data(), row);
         for (int i = 0; i < n; ++i) single.attend(0, 0, &d.q[(pos0 + i) * row], kGroup, pos0 + i + 1, &want[i * row]);
         for (int i = 0; i < n; ++i)
           for (int h = 0; h < kGroup; ++h) {
@@ -106,7 +106,7 @@ TEST(AttendCausal, GatedRunServesEveryPositionWithinTau) {
     fill(cache, d);
     std::vector<float> out(kN * row);
     for (int pos0 = 0; pos0 < kN; pos0 += 16)
-      cache.attend_causal(0, 0, &d.q[pos0 * row], row, kGroup, pos0, std::min(16, kN - pos0), &out[pos0 * row], row);
+      cache.attend_causal(0, 0, &d.q[pos0 * row], row, kGroup, pos0, std::min(16, kN - pos0), 0, &out[pos0 * row], row);
     const std::vector<MeterCell> cells = log.cells();
     ASSERT_EQ(cells.size(), static_cast<std::size_t>(kN * kGroup));
     int repaired = 0;
@@ -126,7 +126,7 @@ TEST(AttendCausal, ExactCacheRunEqualsAttendBitForBit) {
   for (int t = 0; t < kN; ++t) cache.write(0, 0, t, &d.k[t * kDim], &d.v[t * kDim]);
   const std::int64_t row = kGroup * kDim;
   std::vector<float> got(16 * row), want(16 * row);
-  cache.attend_causal(0, 0, &d.q[40 * row], row, kGroup, 40, 16, got.data(), row);
+  cache.attend_causal(0, 0, &d.q[40 * row], row, kGroup, 40, 16, 0, got.data(), row);
   for (int i = 0; i < 16; ++i) cache.attend(0, 0, &d.q[(40 + i) * row], kGroup, 41 + i, &want[i * row]);
   EXPECT_EQ(got, want);
 }

@@ -108,9 +108,9 @@ Served serve(const Case& c) {
       for (std::int64_t i = 0; i < len; i += kRun) {
         const std::int64_t m = std::min(kRun, len - i);
         for (std::int64_t j = 0; j < m; ++j) s.query(&q[j * kGroup * kDim]);
-        cache.attend_causal(l, 0, q.data(), kGroup * kDim, kGroup, pos0 + i, m, out.data(), kGroup * kDim);
+        cache.attend_causal(l, 0, q.data(), kGroup * kDim, kGroup, pos0 + i, m, 0, out.data(), kGroup * kDim);
         r.out.insert(r.out.end(), out.begin(), out.begin() + m * kGroup * kDim);
-        exact.attend_causal(l, 0, q.data(), kGroup * kDim, kGroup, pos0 + i, m, out.data(), kGroup * kDim);
+        exact.attend_causal(l, 0, q.data(), kGroup * kDim, kGroup, pos0 + i, m, 0, out.data(), kGroup * kDim);
         r.exact.insert(r.exact.end(), out.begin(), out.begin() + m * kGroup * kDim);
       }
     }

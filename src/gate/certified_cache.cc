@@ -97,71 +97,71 @@ kvcache::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
                                                         : kvcache::AttendConcurrency::per_head;
 }
 
-void CertifiedKvCache::compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
-                                    Group& g) {
-  if (!reader.served_exact(n_ctx)) {
-    compute(reader, q, group, n_ctx, g);
+void CertifiedKvCache::compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t begin,
+                                    std::int64_t end, Group& g) {
+  if (!reader.served_exact(begin, end)) {
+    compute(reader, q, group, begin, end, g);
     return;
   }
   // Every token exact (a fully repaired head): bit for bit the plain exact cache's output, meter 0.
   const int d = g_.head_dim;
   std::vector<const f16*>& keys = scratch().keys;
   std::vector<const f16*>& values = scratch().values;
-  keys.resize(n_ctx);
-  values.resize(n_ctx);
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
-    keys[t] = reader.exact_key_row(t);
-    values[t] = reader.exact_value_row(t);
+  keys.resize(end - begin);
+  values.resize(end - begin);
+  for (std::int64_t t = begin; t < end; ++t) {
+    keys[t - begin] = reader.exact_key_row(t);
+    values[t - begin] = reader.exact_value_row(t);
   }
   g.out.resize(static_cast<std::size_t>(group) * d);
-  attention::exact_attention_group(q, group, keys.data(), values.data(), n_ctx, d, g.out.data());
+  attention::exact_attention_group(q, group, keys.data(), values.data(), end - begin, d, g.out.data());
   g.partials.assign(group, HeadPartial{});
   g.results.assign(group, HeadResult{});
 }
 
-void CertifiedKvCache::compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx,
-                               Group& g) {
+void CertifiedKvCache::compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t begin,
+                               std::int64_t end, Group& g) {
   const int d = g_.head_dim;
-  const attention::BoundContext ctx = context(n_ctx);
+  const attention::BoundContext ctx = context(end - begin);
   // Split-KV over page-aligned ranges; partials merge under the LSE weights.
   const std::int64_t page = store_.config().page_size;
-  const std::int64_t pages = (n_ctx + page - 1) / page;
+  const std::int64_t first = begin / page, pages = (end + page - 1) / page - first;
   g.partials.assign(group, HeadPartial{});
   std::vector<HeadPartial>& part = scratch().part;
   kernel::Workspace& work = scratch().work;
   for (int s = 0; s < opts_.splits; ++s) {
-    const std::int64_t b = std::min(n_ctx, pages * s / opts_.splits * page);
-    const std::int64_t e = std::min(n_ctx, pages * (s + 1) / opts_.splits * page);
+    const std::int64_t b = std::clamp((first + pages * s / opts_.splits) * page, begin, end);
+    const std::int64_t e = std::clamp((first + pages * (s + 1) / opts_.splits) * page, begin, end);
     if (b >= e) continue;
     part.assign(group, HeadPartial{});
     kernel::attend_range(work, reader, q, group, d, b, e, ctx, part);
     for (int h = 0; h < group; ++h) g.partials[h].merge(part[h]);
   }
-  finish_group(reader, q, n_ctx, g);
+  finish_group(reader, q, begin, end, g);
 }
 
-void CertifiedKvCache::finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx,
-                                    Group& g) {
+void CertifiedKvCache::finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t begin,
+                                    std::int64_t end, Group& g) {
   const int d = g_.head_dim;
   const std::size_t group = g.partials.size();
   g.out.resize(group * d);
   g.results.resize(group);
   for (std::size_t h = 0; h < group; ++h) g.results[h] = attention::finish(g.partials[h], d, &g.out[h * d], opts_.bound);
   if (opts_.bound != cert::BoundShape::retention) return;
-  const std::vector<double> retention = attention::retention_raw(reader, q, static_cast<int>(group), d, n_ctx, context(n_ctx));
+  const std::vector<double> retention =
+      attention::retention_raw(reader, q, static_cast<int>(group), d, begin, end, context(end - begin));
   for (std::size_t h = 0; h < group; ++h)
     g.results[h].meter = std::min(g.results[h].meter, cert::clamp_meter(retention[h]));  // both sound
 }
 
 bool CertifiedKvCache::repair(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q,
-                              std::int64_t n_ctx, const Group& g) {
+                              std::int64_t begin, std::int64_t end, const Group& g) {
   const std::int64_t page = store_.config().page_size;
-  const std::int64_t pages = (n_ctx + page - 1) / page;
   std::vector<std::int64_t> order;
-  for (std::int64_t j = 0; j < pages; ++j)
+  for (std::int64_t j = begin / page; j < (end + page - 1) / page; ++j)
     if (!store_.promoted(layer, kv_head, j)) order.push_back(j);
   if (order.empty()) return false;
-  const std::int64_t at = n_ctx - 1;  // the position whose attention asks for the repair
+  const std::int64_t at = end - 1;  // the position whose attention asks for the repair
   if (opts_.gate.granularity == Granularity::request) {
     for (int l = 0; l < g_.layers; ++l)
       for (int h = 0; h < g_.kv_heads; ++h)
@@ -169,28 +169,28 @@ bool CertifiedKvCache::repair(kvcache::KvStore::Reader& reader, int layer, int k
     return true;
   }
   if (opts_.gate.granularity == Granularity::block)
-    plan_blocks(reader, q, g_.head_dim, context(n_ctx), opts_.gate, g.partials, g.results, order);
+    plan_blocks(reader, q, g_.head_dim, begin, end, context(end - begin), opts_.gate, g.partials, g.results, order);
   for (std::int64_t j : order) store_.promote(layer, kv_head, j, at);
   return true;
 }
 
 void CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
-                             std::int64_t n_ctx, Group& g, float* out, std::vector<MeterCell>& cells) {
+                             std::int64_t begin, std::int64_t end, Group& g, float* out, std::vector<MeterCell>& cells) {
   const int d = g_.head_dim;
   std::vector<HeadResult>& before = scratch().before;  // the step's results before its repair
   if (opts_.gate.on()) before = g.results;
   bool repaired = false;
   // Repair and recompute the step until the gate is satisfied (every page exact at worst).
-  while (opts_.gate.triggered(g.results) && repair(reader, layer, kv_head, q, n_ctx, g)) {
+  while (opts_.gate.triggered(g.results) && repair(reader, layer, kv_head, q, begin, end, g)) {
     repaired = true;
-    compute_step(reader, q, group, n_ctx, g);
+    compute_step(reader, q, group, begin, end, g);
   }
   std::copy(g.out.begin(), g.out.end(), out);
   for (int h = 0; h < group; ++h) {
     const HeadResult& r = g.results[h];
     const HeadResult& b = repaired ? before[h] : r;
-    const double tv = opts_.check_soundness ? attention::true_tv(reader, q + h * d, d, n_ctx) : NAN;
-    cells.push_back({layer, kv_head * group + h, n_ctx - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
+    const double tv = opts_.check_soundness ? attention::true_tv(reader, q + h * d, d, begin, end) : NAN;
+    cells.push_back({layer, kv_head * group + h, end - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
                      b.v_meter, repaired, r.output_bound});
   }
 }
@@ -199,44 +199,60 @@ void CertifiedKvCache::log(const std::vector<MeterCell>& cells) {
   for (MeterSink* sink : opts_.sinks) sink->record(cells);
 }
 
-void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+void CertifiedKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
                               float* out) {
   kvcache::KvStore::Reader reader(store_, layer, kv_head);
   Scratch& s = scratch();
   s.cells.clear();
-  compute_step(reader, q, group, n_ctx, s.group);
-  serve(reader, layer, kv_head, q, group, n_ctx, s.group, out, s.cells);
+  compute_step(reader, q, group, begin, end, s.group);
+  serve(reader, layer, kv_head, q, group, begin, end, s.group, out, s.cells);
   log(s.cells);
 }
 
 void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
-                                     std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
+                                     std::int64_t pos0, std::int64_t n, std::int64_t window, float* out,
+                                     std::int64_t out_stride) {
   kvcache::KvStore::Reader reader(store_, layer, kv_head);
-  if (n == 1 || reader.served_exact(pos0 + n)) {  // one position, or the plain exact path for each
-    KvCache::attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
+  if (n == 1 || reader.served_exact(kvcache::window_begin(pos0, window), pos0 + n)) {
+    // One position, or the plain exact path for each.
+    KvCache::attend_causal(layer, kv_head, q, q_stride, group, pos0, n, window, out, out_stride);
     return;
   }
   const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
-  // The run's n·group queries as one block, so that every page of the shared prefix [0, pos0) is
-  // read and decoded once for all of them. Every query of the run takes the union bound over
-  // the run's longest context, S = pos0 + n: u_t grows with S, so it stays an upper bound for
-  // each query (the per-position path takes S = its own n_ctx).
+  // The run's n·group queries as one block over the positions before the run that every one of
+  // them attends, [shared, pos0) with `shared` the last query's first position, so that every page
+  // there is read and decoded once for all of them. Every query of the run takes the union bound
+  // over the run's widest span S: u_t grows with S, so it stays an upper bound for each query (the
+  // per-position path takes S = its own span).
   std::vector<float> qs(n * row);
   for (std::int64_t i = 0; i < n; ++i) std::copy(q + i * q_stride, q + i * q_stride + row, &qs[i * row]);
-  const attention::BoundContext ctx = context(pos0 + n);
-  std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), tail;
-  if (pos0 > 0) kernel::attend_range(scratch().work, reader, qs.data(), static_cast<int>(n * group), d, 0, pos0, ctx, prefix);
+  const std::int64_t shared = kvcache::window_begin(pos0 + n - 1, window);
+  const attention::BoundContext ctx = context(window > 0 ? std::min(window, pos0 + n) : pos0 + n);
+  std::vector<HeadPartial> prefix(static_cast<std::size_t>(n) * group), own;
+  if (shared < pos0)
+    kernel::attend_range(scratch().work, reader, qs.data(), static_cast<int>(n * group), d, shared, pos0, ctx, prefix);
   std::vector<MeterCell> local;
   for (std::int64_t i = 0; i < n; ++i) {
-    // The causal tail [pos0, pos0 + i] is this query's own.
-    tail.assign(group, HeadPartial{});
-    kernel::attend_range(scratch().work, reader, &qs[i * row], group, d, pos0, pos0 + i + 1, ctx, tail);
+    const std::int64_t begin = kvcache::window_begin(pos0 + i, window), end = pos0 + i + 1;
     Group g;
     g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
-    for (int h = 0; h < group; ++h) g.partials[h].merge(tail[h]);
-    finish_group(reader, &qs[i * row], pos0 + i + 1, g);
-    serve(reader, layer, kv_head, &qs[i * row], group, pos0 + i + 1, g, out + i * out_stride, local);
+    // The query's own positions: those before the shared range, and the causal tail from pos0 (or
+    // its whole span where nothing is shared).
+    const auto add = [&](std::int64_t b, std::int64_t e) {
+      if (b >= e) return;
+      own.assign(group, HeadPartial{});
+      kernel::attend_range(scratch().work, reader, &qs[i * row], group, d, b, e, ctx, own);
+      for (int h = 0; h < group; ++h) g.partials[h].merge(own[h]);
+    };
+    if (shared < pos0) {
+      add(begin, shared);
+      add(pos0, end);
+    } else {
+      add(begin, end);
+    }
+    finish_group(reader, &qs[i * row], begin, end, g);
+    serve(reader, layer, kv_head, &qs[i * row], group, begin, end, g, out + i * out_stride, local);
   }
   log(local);
 }

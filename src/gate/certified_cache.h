@@ -41,11 +41,13 @@ class CertifiedKvCache final : public kvcache::KvCache {
 
   const kvcache::KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
-  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
-  // Reads the shared prefix [0, pos0) once for the run's n positions; the gate then acts on each
-  // position as attend does.
+  using kvcache::KvCache::attend;
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
+              float* out) override;
+  // Reads the positions before pos0 that the run's n positions share once for all of them; the
+  // gate then acts on each position as attend does.
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
-                     std::int64_t n, float* out, std::int64_t out_stride) override;
+                     std::int64_t n, std::int64_t window, float* out, std::int64_t out_stride) override;
   void clear() override;
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
   // Shares [0, n) of a certified cache over the same pool (kvcache::KvStore::share_prefix), with
@@ -68,23 +70,27 @@ class CertifiedKvCache final : public kvcache::KvCache {
   struct Group;    // the results of one attention call
   struct Scratch;  // the decode path's buffers, one set per thread, reused by every call
   static Scratch& scratch();
-  void compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
-  // The step's attention over [0, n_ctx) from the stored formats, or the plain exact path when
-  // every token of the (layer, KV head) is served exact.
-  void compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t n_ctx, Group& g);
-  // Gates one position's computed attention (repairing and recomputing while triggered), writes
-  // its output and appends its cells.
-  void serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
-             Group& g, float* out, std::vector<MeterCell>& cells);
+  void compute(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t begin, std::int64_t end,
+               Group& g);
+  // The step's attention over [begin, end) from the stored formats, or the plain exact path when
+  // every token there is served exact.
+  void compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t begin,
+                    std::int64_t end, Group& g);
+  // Gates the computed attention of the position end − 1 over [begin, end) (repairing and
+  // recomputing while triggered), writes its output and appends its cells.
+  void serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t begin,
+             std::int64_t end, Group& g, float* out, std::vector<MeterCell>& cells);
   void log(const std::vector<MeterCell>& cells);
   // Whether `other` makes exactly this cache's repairs from the same queries: the same policy,
   // bound shape, split count, heads and, for Tier-B keys, δ_loc.
   bool same_repairs(const CertifiedKvCache& other) const;
   // The output and meters of every head from the group's merged partials (retention: with its
   // second pass).
-  void finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t n_ctx, Group& g);
-  // Promotes pages of (layer, kv_head) by the gate's granularity; false when nothing was left.
-  bool repair(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, std::int64_t n_ctx, const Group& g);
+  void finish_group(kvcache::KvStore::Reader& reader, const float* q, std::int64_t begin, std::int64_t end, Group& g);
+  // Promotes pages of (layer, kv_head) by the gate's granularity (head and block: among the pages of
+  // [begin, end)); false when nothing was left.
+  bool repair(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, std::int64_t begin,
+              std::int64_t end, const Group& g);
   attention::BoundContext context(std::int64_t S) const;
 
   kvcache::KvGeometry g_;

@@ -137,7 +137,7 @@ TEST(Gate, AReductionIsExactInTheReference) {
     std::vector<HeadPartial> whole;
     attend_range_reference(r, q.data(), 1, kDim, 0, kN, ctx, whole);
     const double A = std::exp(whole[0].meter.log_A());
-    const auto term = page_contributions(r, q.data(), 1, kDim, kN, ctx, {whole[0].meter.z.value()});
+    const auto term = page_contributions(r, q.data(), 1, kDim, 0, kN, ctx, {whole[0].meter.z.value()});
     double sum = 0.0;
     for (double t : term.a[0]) sum += t;
     EXPECT_NEAR(A - 1.0, sum, 1e-12 * A);  // A − 1 = Σ_j terms: the terms partition A − 1

@@ -13,7 +13,7 @@ namespace witcert::gate {
 struct MeterCell {
   int layer;
   int q_head;
-  std::int64_t pos;     // the query's position; it attends over [0, pos]
+  std::int64_t pos;     // the query's position; it attends over [0, pos], or its window's part of it
   double eform_raw;     // Theorem 1 unclamped: the risk score (+inf: no guarantee)
   double meter;         // the K meter: the chosen bound shape, clamped to 1
   double v_meter;       // the V meter

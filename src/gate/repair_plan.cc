@@ -5,8 +5,8 @@
 
 namespace witcert::gate {
 
-bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, const attention::BoundContext& ctx,
-                 const Policy& policy, std::span<const attention::HeadPartial> partials,
+bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end,
+                 const attention::BoundContext& ctx, const Policy& policy, std::span<const attention::HeadPartial> partials,
                  std::span<const attention::HeadResult> results, std::vector<std::int64_t>& order) {
   const int group = static_cast<int>(partials.size());
   std::vector<double> lse_z(group), A(group), rho(group);
@@ -16,7 +16,7 @@ bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim,
     // The V meter times max‖v‖: Σ p̃ ρ^v with its float allowance, the quantity the pages' terms add up to.
     rho[h] = results[h].v_meter * partials[h].v_max;
   }
-  const attention::PageTerms terms = attention::page_contributions(reader, q, group, head_dim, ctx.S, ctx, lse_z);
+  const attention::PageTerms terms = attention::page_contributions(reader, q, group, head_dim, begin, end, ctx, lse_z);
   const auto total = [group](const std::vector<std::vector<double>>& t, std::int64_t j) {
     double s = 0.0;
     for (int h = 0; h < group; ++h) s += t[h][j];

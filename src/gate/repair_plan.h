@@ -15,10 +15,11 @@
 
 namespace witcert::gate {
 
-// Narrows `order` (the unpromoted pages of [0, ctx.S)) to the block plan for the group's step, at
-// least one page; false when no plan can be made (a non-finite term), leaving every page in it.
-bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, const attention::BoundContext& ctx,
-                 const Policy& policy, std::span<const attention::HeadPartial> partials,
+// Narrows `order` (the unpromoted pages of the step's range [begin, end)) to the block plan for the
+// group's step, at least one page; false when no plan can be made (a non-finite term), leaving
+// every page in it.
+bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end,
+                 const attention::BoundContext& ctx, const Policy& policy, std::span<const attention::HeadPartial> partials,
                  std::span<const attention::HeadResult> results, std::vector<std::int64_t>& order);
 
 }  // namespace witcert::gate

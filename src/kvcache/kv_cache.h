@@ -21,6 +21,13 @@ struct KvGeometry {
 // depend on thread timing.
 enum class AttendConcurrency { any, per_head, serial };
 
+// The first position a query at `pos` attends under a sliding window of `window` positions (0: no
+// window): key t is seen while pos − t < window, as llama.cpp and Hugging Face mask Gemma 3's
+// sliding-window layers.
+inline std::int64_t window_begin(std::int64_t pos, std::int64_t window) {
+  return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
@@ -30,19 +37,26 @@ class KvCache {
   // Stores the post-RoPE key and value (head_dim floats each) of position `pos`.
   virtual void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) = 0;
 
-  // Attention of `group` query heads that share `kv_head` (GQA) over positions [0, n_ctx):
-  // q holds group × head_dim post-RoPE queries, out receives group × head_dim outputs of
+  // Attention of `group` query heads that share `kv_head` (GQA) over positions [begin, end), all
+  // written: q holds group × head_dim post-RoPE queries, out receives group × head_dim outputs of
   // softmax(sm · q·kᵀ)·V with sm = 1/sqrt(head_dim). Not const: a gated cache repairs pages here.
-  virtual void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx,
+  virtual void attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
                       float* out) = 0;
+  // The same over [0, n_ctx).
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
+    attend(layer, kv_head, q, group, 0, n_ctx, out);
+  }
 
-  // Causal attention of n consecutive query positions pos0 … pos0+n−1, all already written:
-  // query i attends over [0, pos0 + i + 1). Position i's group × head_dim queries start at
-  // q + i·q_stride, its outputs at out + i·out_stride. The default calls attend once per
-  // position; a cache may share its reads of [0, pos0) across the n positions (prefill).
+  // Causal attention of n consecutive query positions pos0 … pos0+n−1, all already written, under
+  // a sliding window of `window` positions (0: none): query i attends over
+  // [window_begin(pos0 + i, window), pos0 + i + 1). Position i's group × head_dim queries start at
+  // q + i·q_stride, its outputs at out + i·out_stride. The default calls attend once per position;
+  // a cache may share its reads of the positions the run's queries have in common (prefill).
   virtual void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
-                             std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
-    for (std::int64_t i = 0; i < n; ++i) attend(layer, kv_head, q + i * q_stride, group, pos0 + i + 1, out + i * out_stride);
+                             std::int64_t pos0, std::int64_t n, std::int64_t window, float* out,
+                             std::int64_t out_stride) {
+    for (std::int64_t i = 0; i < n; ++i)
+      attend(layer, kv_head, q + i * q_stride, group, window_begin(pos0 + i, window), pos0 + i + 1, out + i * out_stride);
   }
 
   virtual AttendConcurrency attend_concurrency() const { return AttendConcurrency::any; }

@@ -146,12 +146,13 @@ const f16* KvStore::exact_row(formats::KvSide which, std::size_t st, std::int64_
   return &seq_side(which).ring[(st * seq_.ring_ + static_cast<std::size_t>(pos % seq_.ring_)) * d];
 }
 
-bool KvStore::served_exact(int layer, int kv_head, std::int64_t n_ctx) const {
+bool KvStore::served_exact(int layer, int kv_head, std::int64_t begin, std::int64_t end) const {
   const std::size_t st = stream(layer, kv_head);
   const std::int64_t k_end = packed_prefix(pool_->k_, formats::KvSide::key, st),
                      v_end = packed_prefix(pool_->v_, formats::KvSide::value, st);
-  const std::int64_t packed = std::min(n_ctx, std::max(k_end, v_end));
-  for (std::int64_t pos = 0; pos < packed; pos += cfg().page_size)
+  const std::int64_t packed = std::min(end, std::max(k_end, v_end));
+  const std::int64_t page = cfg().page_size;
+  for (std::int64_t pos = begin / page * page; pos < packed; pos += page)
     if (!page_promoted(st, pos)) return false;
   return true;
 }

@@ -249,7 +249,7 @@ class KvStore {
     Reader(const KvStore& store, int layer, int kv_head);
     const CacheConfig& config() const { return s_.config(); }
     bool has_exact_tier() const { return s_.has_exact_tier(); }
-    bool served_exact(std::int64_t n_ctx) const { return s_.served_exact(layer_, kv_head_, n_ctx); }
+    bool served_exact(std::int64_t begin, std::int64_t end) const { return s_.served_exact(layer_, kv_head_, begin, end); }
     // The fp16 exact-tier rows of a position (what the exact attention path reads).
     const f16* exact_key_row(std::int64_t pos) const;
     const f16* exact_value_row(std::int64_t pos) const;
@@ -332,9 +332,9 @@ class KvStore {
   std::size_t compressed_bytes() const;
   std::size_t backing_bytes() const;
   bool has_exact_tier() const { return pool_->has_exact_tier(); }
-  // Whether every token of [0, n_ctx) of (layer, kv_head) is served exact (unencoded, fp16 or
+  // Whether every token of [begin, end) of (layer, kv_head) is served exact (unencoded, fp16 or
   // on a promoted page) on both sides.
-  bool served_exact(int layer, int kv_head, std::int64_t n_ctx) const;
+  bool served_exact(int layer, int kv_head, std::int64_t begin, std::int64_t end) const;
   // Compressed bytes per token per KV head, per side, from the allocations (without the ring of
   // unencoded rows, a fixed buffer per stream that compressed_bytes counts).
   double bytes_per_token_head(formats::KvSide side) const;

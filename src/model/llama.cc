@@ -132,13 +132,6 @@ struct LlamaModel::RunState {
   std::vector<Job> jobs;
 };
 
-std::string LlamaConfig::context_note() const {
-  if (context >= trained_context) return "";
-  return " (capped at the sliding window of " + std::to_string(sliding_window) +
-         " positions: sliding-window attention is not applied yet, so every layer sees the whole sequence; the model "
-         "was trained for " + std::to_string(trained_context) + ")";
-}
-
 LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>()) {
@@ -157,7 +150,7 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   cfg_.heads = size(a + "attention.head_count");
   cfg_.kv_heads = f.find(a + "attention.head_count_kv") ? size(a + "attention.head_count_kv") : cfg_.heads;
   cfg_.d_ff = size(a + "feed_forward_length");
-  cfg_.trained_context = cfg_.context = size(a + "context_length");
+  cfg_.context = size(a + "context_length");
   // RoPE bases in use run from 1e4 to about 1e8 and ε from 1e-6 to 1e-5; ε's lower bound keeps it a
   // positive normal float, as the model stores it.
   const std::string theta_key = a + "rope.freq_base", eps_key = a + "attention.layer_norm_rms_epsilon";
@@ -200,7 +193,6 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
     cfg_.sliding_window = size(a + "attention.sliding_window");
     // The file may name its own period: every period-th layer is global.
     if (f.find(a + "attention.sliding_window_pattern")) swa_period = size(a + "attention.sliding_window_pattern");
-    cfg_.context = std::min<std::int64_t>(cfg_.context, cfg_.sliding_window);
   }
 
   const GgufTensorInfo& embd = f.tensor("token_embd.weight");
@@ -262,6 +254,7 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
   for (int l = 0; l < cfg_.layers; ++l) {
     const bool sliding = swa_period > 0 && l % swa_period != swa_period - 1;
     layers_[l].inv_freq = sliding ? swa_inv_freq_.data() : inv_freq_.data();
+    layers_[l].window = sliding ? cfg_.sliding_window : 0;
   }
 }
 
@@ -395,12 +388,13 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
                               {&k[i * kv_dim], static_cast<std::size_t>(kv_dim)},
                               {&v[i * kv_dim], static_cast<std::size_t>(kv_dim)}});
       }
-    // Causal attention: a row's token j sees positions [0, pos0 + j] of its own cache.
+    // Causal attention: a row's token j sees positions [0, pos0 + j] of its own cache, or the last
+    // `window` of them in a sliding-window layer.
     const auto attend_run = [&](std::size_t r, std::int64_t run, int h) {
       const std::int64_t m = static_cast<std::int64_t>(rows[r].tokens.size()), j = run * kAttnRun;
       const std::int64_t i = first[r] + j;
       rows[r].cache->attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, rows[r].pos0 + j,
-                                   std::min(kAttnRun, m - j), &att[i * q_dim + h * G * hd], q_dim);
+                                   std::min(kAttnRun, m - j), layers_[l].window, &att[i * q_dim + h * G * hd], q_dim);
     };
     const auto attend_jobs = [&](std::int64_t b, std::int64_t e, int) {
       for (std::int64_t job = b; job < e; ++job) {

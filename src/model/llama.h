@@ -35,11 +35,7 @@ struct LlamaConfig {
   int head_dim = 0;  // attention.key_length, else d_model / heads
   int d_ff = 0;
   int vocab = 0;
-  // The positions a sequence may reach: the trained context, capped at the sliding window for an
-  // architecture with sliding-window layers (their window is not yet applied, so every layer
-  // attends to the whole sequence, which is exact only within the window).
-  std::int64_t context = 0;
-  std::int64_t trained_context = 0;  // context_length as the file gives it
+  std::int64_t context = 0;          // the positions a sequence may reach: context_length
   std::int64_t sliding_window = 0;   // attention.sliding_window of the sliding-window layers; 0: none
   float rope_theta = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear RoPE scaling: positions are multiplied by this
@@ -49,8 +45,6 @@ struct LlamaConfig {
   bool tied_output = false;
 
   int group() const { return heads / kv_heads; }  // query heads per KV head
-  // Why context is below the trained context, for an error message ("" when it is not).
-  std::string context_note() const;
   kvcache::KvGeometry kv_geometry(std::int64_t capacity) const { return {layers, kv_heads, head_dim, capacity}; }
 };
 
@@ -109,6 +103,7 @@ class LlamaModel {
     std::vector<float> q_norm, k_norm;                 // qk_norm: head_dim each
     std::vector<float> post_attn_norm, post_ffw_norm;  // post_norms
     const float* inv_freq = nullptr;                   // its RoPE frequencies (global or sliding-window)
+    std::int64_t window = 0;                           // its attention window (kvcache::window_begin); 0: none
   };
 
   // The buffers of a forward pass (llama2.c's RunState), defined in llama.cc.

@@ -69,12 +69,14 @@ class LayerMix final : public kvcache::KvCache {
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override {
     at(layer).write(layer, kv_head, pos, k, v);
   }
-  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override {
-    at(layer).attend(layer, kv_head, q, group, n_ctx, out);
+  using kvcache::KvCache::attend;
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
+              float* out) override {
+    at(layer).attend(layer, kv_head, q, group, begin, end, out);
   }
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
-                     std::int64_t n, float* out, std::int64_t out_stride) override {
-    at(layer).attend_causal(layer, kv_head, q, q_stride, group, pos0, n, out, out_stride);
+                     std::int64_t n, std::int64_t window, float* out, std::int64_t out_stride) override {
+    at(layer).attend_causal(layer, kv_head, q, q_stride, group, pos0, n, window, out, out_stride);
   }
   kvcache::AttendConcurrency attend_concurrency() const override {
     return std::max(polluted_->attend_concurrency(), exact_->attend_concurrency());

@@ -788,9 +788,9 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   const std::int64_t context = model_.model->config().context;
   if (static_cast<std::int64_t>(r.prompt.size()) >= context)
     throw ApiError(400,
-                   fmt::format("the prompt has {} tokens; the model's context is {}{} (the prompt and at least one new "
+                   fmt::format("the prompt has {} tokens; the model's context is {} (the prompt and at least one new "
                                "token must fit)",
-                               r.prompt.size(), context, model_.model->config().context_note()),
+                               r.prompt.size(), context),
                    chat ? "messages" : "prompt", "context_length_exceeded");
   // The prompt and its new tokens fit the context: a budget beyond it is refused when the body
   // asked for it, and the server's default is cut to what fits.

@@ -184,7 +184,7 @@ TEST(CertifiedFast, MatchesReferenceAndBoundsTrueTv) {
           std::vector<float> ref_out, out;
           const std::vector<HeadResult> ref = attend(reference_kernel, r, q.data(), group, d, n_ctx, splits, ref_out);
           std::vector<double> tv(group);
-          for (int h = 0; h < group; ++h) tv[h] = true_tv(r, &q[h * d], d, n_ctx);
+          for (int h = 0; h < group; ++h) tv[h] = true_tv(r, &q[h * d], d, 0, n_ctx);
           for_each_target([&](std::int64_t) {
             ++runs;
             const std::vector<HeadResult> fast = attend(attend_range_fast, r, q.data(), group, d, n_ctx, splits, out);
@@ -281,7 +281,7 @@ TEST(RoundedKeys, DecodeToNearestAndBoundTheTrueTvUnderAlignedQueries) {
             const std::vector<HeadPartial> fast = attend_partials(attend_range_fast, r, q.data(), group, d, n, 2);
             const std::vector<HeadPartial> ref = attend_partials(reference_kernel, r, q.data(), group, d, n, 2);
             for (int h = 0; h < group; ++h) {
-              const double tv = true_tv(r, &q[h * d], d, n);
+              const double tv = true_tv(r, &q[h * d], d, 0, n);
               for (cert::BoundShape shape : {cert::BoundShape::eform, cert::BoundShape::two_sided, cert::BoundShape::tanh,
                                              cert::BoundShape::tanh_half, cert::BoundShape::min}) {
                 out.assign(d, 0.0f);
@@ -343,7 +343,7 @@ TEST(CertifiedFast, EveryTierAFormatMatchesReferenceAcrossPagesAndRanges) {
               if (a != b) worst = std::max(worst, std::fabs(a - b) / std::fabs(b));
             }
             ++cells;
-            const double tv = true_tv(r, &q[h * d], d, n_ctx);
+            const double tv = true_tv(r, &q[h * d], d, 0, n_ctx);
             if (!(tv <= fast[h].meter * (1 + 1e-9) + 1e-12)) {
               ++violations;
               ADD_FAILURE() << "TV " << tv << " > meter " << fast[h].meter << ", head " << h;

@@ -49,14 +49,17 @@ HWY_INLINE void AccumulateColumns(const float* p, const float* rows, int n, std:
 
 // Every buffer comes from ws, refilled as a fresh vector would start (zeros): a warm workspace
 // allocates nothing.
-void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths, const f16* const* key_rows,
-                         const f16* const* value_rows, int head_dim, float* out, ExactWorkspace& ws) {
+void ExactAttentionMulti(const float* q, int group, const std::int64_t* begins, const std::int64_t* ends,
+                         const f16* const* key_rows, const f16* const* value_rows, int head_dim, float* out,
+                         ExactWorkspace& ws) {
   const DF df;
   const int d = head_dim;
   const std::size_t dp = hwy::RoundUpTo(static_cast<std::size_t>(d), kW);
   const float sm = 1.0f / std::sqrt(static_cast<float>(d));
-  // Scores are computed over the longest context for every query (the extra ones are never read).
-  const std::int64_t n_ctx = *std::max_element(lengths, lengths + group);
+  // Scores are computed over every query's rows from the first begin to the last end (the extra
+  // ones are never read); score column t − t_first holds position t.
+  const std::int64_t t_first = *std::min_element(begins, begins + group);
+  const std::int64_t n_ctx = *std::max_element(ends, ends + group) - t_first;
   std::vector<float>& score = ws.score;
   score.assign(static_cast<std::size_t>(group) * n_ctx, 0.0f);
 
@@ -71,10 +74,11 @@ void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths,
     std::fill(q_t.begin(), q_t.end(), 0.0f);
     for (int h = 0; h < heads; ++h)
       for (int i = 0; i < d; ++i) q_t[i * kW + h] = q[(h0 + h) * d + i];
-    const std::int64_t n_lanes = *std::max_element(lengths + h0, lengths + h0 + heads);
-    for (std::int64_t t0 = 0; t0 < n_lanes; t0 += kTokens) {
+    const std::int64_t lane_first = *std::min_element(begins + h0, begins + h0 + heads) - t_first;
+    const std::int64_t n_lanes = *std::max_element(ends + h0, ends + h0 + heads) - t_first;
+    for (std::int64_t t0 = lane_first; t0 < n_lanes; t0 += kTokens) {
       const int n = static_cast<int>(std::min<std::int64_t>(kTokens, n_lanes - t0));
-      for (int j = 0; j < n; ++j) FloatRow(key_rows[t0 + j], d, &k_rows[j * dp]);
+      for (int j = 0; j < n; ++j) FloatRow(key_rows[t_first + t0 + j], d, &k_rows[j * dp]);
       VF dot[kTokens];
       for (VF& v : dot) v = hn::Zero(df);
       for (int i = 0; i < d; ++i) {
@@ -93,10 +97,11 @@ void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths,
   sum.assign(group, 0.0f);
   for (int h = 0; h < group; ++h) {
     float* s = &score[h * n_ctx];
+    const std::int64_t b = begins[h] - t_first, e = ends[h] - t_first;
     float max_score = -INFINITY;
-    for (std::int64_t t = 0; t < lengths[h]; ++t) max_score = std::max(max_score, s[t]);
+    for (std::int64_t t = b; t < e; ++t) max_score = std::max(max_score, s[t]);
     float total = 0.0f;
-    for (std::int64_t t = 0; t < lengths[h]; ++t) total += s[t] = std::exp(s[t] - max_score);
+    for (std::int64_t t = b; t < e; ++t) total += s[t] = std::exp(s[t] - max_score);
     sum[h] = total;
   }
 
@@ -109,16 +114,25 @@ void ExactAttentionMulti(const float* q, int group, const std::int64_t* lengths,
   p.assign(kTile, 0.0f);
   for (std::int64_t t0 = 0; t0 < n_ctx; t0 += kTile) {
     const int n_tile = static_cast<int>(std::min<std::int64_t>(kTile, n_ctx - t0));
-    for (int j = 0; j < n_tile; ++j) FloatRow(value_rows[t0 + j], d, &v_rows[j * dp]);
+    bool read = false;  // the tile's values, converted once for the first query that needs them
     for (int h = 0; h < group; ++h) {
-      const int n = static_cast<int>(std::clamp<std::int64_t>(lengths[h] - t0, 0, n_tile));
-      if (n == 0) continue;
-      for (int j = 0; j < n; ++j) p[j] = score[h * n_ctx + t0 + j] / sum[h];
+      // Query h's tokens of the tile: [j0, n).
+      const int j0 = static_cast<int>(std::clamp<std::int64_t>(begins[h] - t_first - t0, 0, n_tile));
+      const int n = static_cast<int>(std::clamp<std::int64_t>(ends[h] - t_first - t0, 0, n_tile));
+      if (n <= j0) continue;
+      if (!read) {
+        for (int j = 0; j < n_tile; ++j) FloatRow(value_rows[t_first + t0 + j], d, &v_rows[j * dp]);
+        read = true;
+      }
+      for (int j = j0; j < n; ++j) p[j] = score[h * n_ctx + t0 + j] / sum[h];
       float* a = &acc[h * dp];
+      const float* pj = p.data() + j0;
+      const float* rows = v_rows.data() + static_cast<std::size_t>(j0) * dp;
+      const int m = n - j0;
       std::size_t c = 0;
-      for (; c + 8 * kW <= dp; c += 8 * kW) AccumulateColumns<8>(p.data(), v_rows.data(), n, dp, c, a);
-      for (; c + 4 * kW <= dp; c += 4 * kW) AccumulateColumns<4>(p.data(), v_rows.data(), n, dp, c, a);
-      for (; c < dp; c += kW) AccumulateColumns<1>(p.data(), v_rows.data(), n, dp, c, a);
+      for (; c + 8 * kW <= dp; c += 8 * kW) AccumulateColumns<8>(pj, rows, m, dp, c, a);
+      for (; c + 4 * kW <= dp; c += 4 * kW) AccumulateColumns<4>(pj, rows, m, dp, c, a);
+      for (; c < dp; c += kW) AccumulateColumns<1>(pj, rows, m, dp, c, a);
     }
   }
   for (int h = 0; h < group; ++h) std::copy_n(&acc[h * dp], d, out + h * d);
@@ -142,23 +156,25 @@ ExactWorkspace& thread_workspace() {
 
 }  // namespace
 
-void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
-                           const f16* const* value_rows, int head_dim, float* out, ExactWorkspace& ws) {
+void exact_attention_multi(const float* q, int queries, const std::int64_t* begins, const std::int64_t* ends,
+                           const f16* const* key_rows, const f16* const* value_rows, int head_dim, float* out,
+                           ExactWorkspace& ws) {
   if (queries <= 0) return;
-  HWY_DYNAMIC_DISPATCH(ExactAttentionMulti)(q, queries, lengths, key_rows, value_rows, head_dim, out, ws);
+  HWY_DYNAMIC_DISPATCH(ExactAttentionMulti)(q, queries, begins, ends, key_rows, value_rows, head_dim, out, ws);
 }
 
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out, ExactWorkspace& ws) {
   if (group <= 0) return;
-  // ws.lengths is read only by the dispatch below, which keeps its own buffers apart.
-  ws.lengths.assign(static_cast<std::size_t>(group), n_ctx);
-  exact_attention_multi(q, group, ws.lengths.data(), key_rows, value_rows, head_dim, out, ws);
+  // ws.begins and ws.ends are read only by the dispatch below, which keeps its own buffers apart.
+  ws.begins.assign(static_cast<std::size_t>(group), 0);
+  ws.ends.assign(static_cast<std::size_t>(group), n_ctx);
+  exact_attention_multi(q, group, ws.begins.data(), ws.ends.data(), key_rows, value_rows, head_dim, out, ws);
 }
 
-void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
-                           const f16* const* value_rows, int head_dim, float* out) {
-  exact_attention_multi(q, queries, lengths, key_rows, value_rows, head_dim, out, thread_workspace());
+void exact_attention_multi(const float* q, int queries, const std::int64_t* begins, const std::int64_t* ends,
+                           const f16* const* key_rows, const f16* const* value_rows, int head_dim, float* out) {
+  exact_attention_multi(q, queries, begins, ends, key_rows, value_rows, head_dim, out, thread_workspace());
 }
 
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,

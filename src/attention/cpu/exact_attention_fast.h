@@ -20,7 +20,7 @@ namespace witcert::attention {
 // owned by the caller and reused: a call allocates only while a buffer grows. One per thread.
 struct ExactWorkspace {
   std::vector<float> score, sum, q_t, k_rows, v_rows, p, acc;
-  std::vector<std::int64_t> lengths;
+  std::vector<std::int64_t> begins, ends;
 };
 
 // q: group × head_dim queries; key_rows[t], value_rows[t]: position t's head_dim fp16 values;
@@ -28,17 +28,18 @@ struct ExactWorkspace {
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out, ExactWorkspace& ws);
 
-// The same for `queries` queries that each attend over their own prefix [0, lengths[i]) of the
-// rows (lengths[i] ≥ 1; the rows must cover the longest): each output is bit for bit
-// exact_attention over its own prefix. The keys and values are read once for all of them (a run of
-// causal prefill positions).
-void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
-                           const f16* const* value_rows, int head_dim, float* out, ExactWorkspace& ws);
+// The same for `queries` queries that each attend over their own rows [begins[i], ends[i])
+// (begins[i] < ends[i]; key_rows and value_rows must hold every row from the smallest begin to the
+// largest end): each output is bit for bit exact_attention over its own rows. The keys and values
+// are read once for all of them (a run of causal prefill positions, under a sliding window or not).
+void exact_attention_multi(const float* q, int queries, const std::int64_t* begins, const std::int64_t* ends,
+                           const f16* const* key_rows, const f16* const* value_rows, int head_dim, float* out,
+                           ExactWorkspace& ws);
 
 // The same in a workspace of the calling thread, kept for its next call.
 void exact_attention_group(const float* q, int group, const f16* const* key_rows, const f16* const* value_rows,
                            std::int64_t n_ctx, int head_dim, float* out);
-void exact_attention_multi(const float* q, int queries, const std::int64_t* lengths, const f16* const* key_rows,
-                           const f16* const* value_rows, int head_dim, float* out);
+void exact_attention_multi(const float* q, int queries, const std::int64_t* begins, const std::int64_t* ends,
+                           const f16* const* key_rows, const f16* const* value_rows, int head_dim, float* out);
 
 }  // namespace witcert::attention

@@ -60,9 +60,10 @@ TEST(ExactFast, BitIdenticalToExactAttention) {
   std::printf("[exact-fast] %ld outputs compared bit for bit\n", compared);
 }
 
-// Queries with their own causal lengths (a run of prefill positions): each output bit for bit
-// the scalar exact_attention over its own prefix, on every SIMD target.
-TEST(ExactFast, MultiLengthQueriesAreEachTheirOwnAttention) {
+// Queries with their own rows [begin, end) (a run of prefill positions, under a sliding window or
+// not): each output bit for bit the scalar exact_attention over its own rows, on every SIMD target,
+// whether the smallest begin is the first row or not.
+TEST(ExactFast, QueriesOverTheirOwnRowsAreEachTheirOwnAttention) {
   std::mt19937_64 rng(12);
   std::normal_distribution<float> g(0.0f, 1.0f);
   long compared = 0;
@@ -70,36 +71,46 @@ TEST(ExactFast, MultiLengthQueriesAreEachTheirOwnAttention) {
     SCOPED_TRACE(hwy::TargetName(target));
     hwy::SetSupportedTargetsForTest(target);
     for (int d : {64, 40})
-      for (int queries : {1, 3, 17, 48}) {
-        const std::int64_t n = 70;
-        std::vector<f16> k(n * d), v(n * d);
-        for (std::size_t i = 0; i < k.size(); ++i) {
-          k[i] = fp16_from_float(g(rng) * (i % 7 == 0 ? 20.0f : 1.0f));
-          v[i] = fp16_from_float(g(rng));
+      for (int queries : {1, 3, 17, 48})
+        for (const bool from_zero : {true, false}) {
+          const std::int64_t n = 70;
+          std::vector<f16> k(n * d), v(n * d);
+          for (std::size_t i = 0; i < k.size(); ++i) {
+            k[i] = fp16_from_float(g(rng) * (i % 7 == 0 ? 20.0f : 1.0f));
+            v[i] = fp16_from_float(g(rng));
+          }
+          std::vector<std::int64_t> begins(queries), ends(queries);
+          std::uniform_int_distribution<std::int64_t> end(1, n);
+          for (int h = 0; h < queries; ++h) {
+            ends[h] = end(rng);
+            // Every other query keeps its whole prefix; the rest start anywhere before their end,
+            // and never at row 0 when from_zero is false.
+            const std::int64_t lo = from_zero ? 0 : std::min<std::int64_t>(3, ends[h] - 1);
+            begins[h] = from_zero && h % 2 == 0 ? 0 : std::uniform_int_distribution<std::int64_t>(lo, ends[h] - 1)(rng);
+          }
+          ends[0] = n;  // one query ends at the last row
+          std::vector<float> q(queries * d), want(queries * d), got(queries * d);
+          for (float& x : q) x = g(rng);
+          std::vector<const f16*> key_rows(n), value_rows(n);
+          for (std::int64_t t = 0; t < n; ++t) key_rows[t] = &k[t * d], value_rows[t] = &v[t * d];
+          for (int h = 0; h < queries; ++h) {
+            const std::int64_t b = begins[h];
+            exact_attention(
+                &q[h * d], [&](std::int64_t t) { return key_rows[b + t]; },
+                [&](std::int64_t t) { return value_rows[b + t]; }, ends[h] - b, d, &want[h * d]);
+          }
+          exact_attention_multi(q.data(), queries, begins.data(), ends.data(), key_rows.data(), value_rows.data(), d,
+                                got.data());
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0)
+                << want[i] << " vs " << got[i] << ", d " << d << " queries " << queries << " at " << i << " (rows "
+                << begins[i / d] << ".." << ends[i / d] << ")";
+            ++compared;
+          }
         }
-        std::vector<std::int64_t> lengths(queries);
-        std::uniform_int_distribution<std::int64_t> len(1, n);
-        for (std::int64_t& l : lengths) l = len(rng);
-        lengths[0] = n;  // one query over every row, and the rest shorter or equal
-        std::vector<float> q(queries * d), want(queries * d), got(queries * d);
-        for (float& x : q) x = g(rng);
-        std::vector<const f16*> key_rows(n), value_rows(n);
-        for (std::int64_t t = 0; t < n; ++t) key_rows[t] = &k[t * d], value_rows[t] = &v[t * d];
-        for (int h = 0; h < queries; ++h)
-          exact_attention(
-              &q[h * d], [&](std::int64_t t) { return key_rows[t]; }, [&](std::int64_t t) { return value_rows[t]; },
-              lengths[h], d, &want[h * d]);
-        exact_attention_multi(q.data(), queries, lengths.data(), key_rows.data(), value_rows.data(), d, got.data());
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0)
-              << want[i] << " vs " << got[i] << ", d " << d << " queries " << queries << " at " << i << " (length "
-              << lengths[i / d] << ")";
-          ++compared;
-        }
-      }
   }
   hwy::SetSupportedTargetsForTest(0);
-  std::printf("[exact-fast] %ld multi-length outputs compared bit for bit\n", compared);
+  std::printf("[exact-fast] %ld outputs over their own rows compared bit for bit\n", compared);
 }
 
 // A caller's workspace, once a call has grown it, serves every smaller call without allocating,

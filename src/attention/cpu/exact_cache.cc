@@ -81,17 +81,17 @@ void ExactKvCache::write(int layer, int kv_head, std::int64_t pos, const float* 
   store_.write(layer, kv_head, pos, k, v);
 }
 
-ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t n) const {
+ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t begin, std::int64_t end) const {
   thread_local Scratch r;
-  r.keys.resize(n);
-  r.values.resize(n);
+  r.keys.resize(end);
+  r.values.resize(end);
   const kvcache::KvStore::Reader reader(store_, layer, kv_head);
   const std::int64_t page = store_.config().page_size;
   const int d = g_.head_dim;
-  for (std::int64_t t0 = 0; t0 < n; t0 += page) {  // a page's rows follow one another
+  for (std::int64_t t0 = begin; t0 < end; t0 = (t0 / page + 1) * page) {  // a page's rows follow one another
     const f16* k = reader.exact_key_row(t0);
     const f16* v = reader.exact_value_row(t0);
-    for (std::int64_t t = t0; t < std::min(n, t0 + page); ++t, k += d, v += d) {
+    for (std::int64_t t = t0; t < std::min(end, (t0 / page + 1) * page); ++t, k += d, v += d) {
       r.keys[t] = k;
       r.values[t] = v;
     }
@@ -99,25 +99,29 @@ ExactKvCache::Scratch& ExactKvCache::rows(int layer, int kv_head, std::int64_t n
   return r;
 }
 
-void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) {
+void ExactKvCache::attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
+                          float* out) {
   // The SIMD exact path, bit-identical to exact_attention (exact_attention_fast_test.cc).
-  Scratch& r = rows(layer, kv_head, n_ctx);
-  exact_attention_group(q, group, r.keys.data(), r.values.data(), n_ctx, g_.head_dim, out, r.work);
+  Scratch& r = rows(layer, kv_head, begin, end);
+  exact_attention_group(q, group, r.keys.data() + begin, r.values.data() + begin, end - begin, g_.head_dim, out, r.work);
 }
 
 void ExactKvCache::attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group,
-                                 std::int64_t pos0, std::int64_t n, float* out, std::int64_t out_stride) {
+                                 std::int64_t pos0, std::int64_t n, std::int64_t window, float* out,
+                                 std::int64_t out_stride) {
   const int d = g_.head_dim;
   const std::size_t row = static_cast<std::size_t>(group) * d;
-  Scratch& r = rows(layer, kv_head, pos0 + n);
+  Scratch& r = rows(layer, kv_head, kvcache::window_begin(pos0, window), pos0 + n);
   r.queries.resize(n * row);
   r.outputs.resize(n * row);
-  r.lengths.resize(n * group);
+  r.begins.resize(n * group);
+  r.ends.resize(n * group);
   for (std::int64_t i = 0; i < n; ++i) {
     std::copy(q + i * q_stride, q + i * q_stride + row, &r.queries[i * row]);
-    std::fill_n(&r.lengths[i * group], group, pos0 + i + 1);
+    std::fill_n(&r.begins[i * group], group, kvcache::window_begin(pos0 + i, window));
+    std::fill_n(&r.ends[i * group], group, pos0 + i + 1);
   }
-  exact_attention_multi(r.queries.data(), static_cast<int>(n * group), r.lengths.data(), r.keys.data(),
+  exact_attention_multi(r.queries.data(), static_cast<int>(n * group), r.begins.data(), r.ends.data(), r.keys.data(),
                         r.values.data(), d, r.outputs.data(), r.work);
   for (std::int64_t i = 0; i < n; ++i)
     std::copy(&r.outputs[i * row], &r.outputs[(i + 1) * row], out + i * out_stride);

@@ -30,10 +30,12 @@ class ExactKvCache final : public kvcache::KvCache {
 
   const kvcache::KvGeometry& geometry() const override { return g_; }
   void write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) override;
-  void attend(int layer, int kv_head, const float* q, int group, std::int64_t n_ctx, float* out) override;
+  using kvcache::KvCache::attend;
+  void attend(int layer, int kv_head, const float* q, int group, std::int64_t begin, std::int64_t end,
+              float* out) override;
   // The run's n·group queries in one pass over the rows, each bit for bit its own attend.
   void attend_causal(int layer, int kv_head, const float* q, std::int64_t q_stride, int group, std::int64_t pos0,
-                     std::int64_t n, float* out, std::int64_t out_stride) override;
+                     std::int64_t n, std::int64_t window, float* out, std::int64_t out_stride) override;
   void clear() override { store_.clear(); }
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
   // Shares whole pages of an exact cache over the same pool (n a multiple of the page size).
@@ -50,16 +52,16 @@ class ExactKvCache final : public kvcache::KvCache {
 
  private:
   // The calling thread's buffers, reused by its every call so that attention allocates nothing
-  // once warm: the key and value row pointers the SIMD attention reads, a run's gathered queries,
-  // outputs and lengths, and the attention's workspace.
+  // once warm: the key and value row pointers the SIMD attention reads (index t: position t), a
+  // run's gathered queries, outputs and ranges, and the attention's workspace.
   struct Scratch {
     std::vector<const f16*> keys, values;
     std::vector<float> queries, outputs;
-    std::vector<std::int64_t> lengths;
+    std::vector<std::int64_t> begins, ends;
     ExactWorkspace work;
   };
-  // The scratch with the rows of positions [0, n) filled in (valid until the thread's next call).
-  Scratch& rows(int layer, int kv_head, std::int64_t n) const;
+  // The scratch with the rows of positions [begin, end) filled in (valid until the thread's next call).
+  Scratch& rows(int layer, int kv_head, std::int64_t begin, std::int64_t end) const;
 
   kvcache::KvStore store_;
   kvcache::KvGeometry g_;

@@ -85,14 +85,14 @@ TEST(ExactCache, AttentionAllocatesNothingOnceWarm) {
   fill(c, 0, n, 3);
   std::vector<float> q(run * kGroup * kDim, 0.25f), out(run * kGroup * kDim);
   c.attend(0, 0, q.data(), kGroup, n, out.data());  // warm-up
-  c.attend_causal(0, 0, q.data(), kGroup * kDim, kGroup, n - run, run, out.data(), kGroup * kDim);
+  c.attend_causal(0, 0, q.data(), kGroup * kDim, kGroup, n - run, run, 0, out.data(), kGroup * kDim);
   const long before = testing_util::thread_allocations();
   for (int l = 0; l < kLayers; ++l)
     for (int h = 0; h < kKvHeads; ++h) {
       for (const std::int64_t n_ctx : {std::int64_t{1}, std::int64_t{17}, n})
         c.attend(l, h, q.data(), kGroup, n_ctx, out.data());
-      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, n - run, run, out.data(), kGroup * kDim);
-      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, 0, 5, out.data(), kGroup * kDim);
+      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, n - run, run, 0, out.data(), kGroup * kDim);
+      c.attend_causal(l, h, q.data(), kGroup * kDim, kGroup, 0, 5, 0, out.data(), kGroup * kDim);
     }
   EXPECT_EQ(testing_util::thread_allocations() - before, 0);
 }

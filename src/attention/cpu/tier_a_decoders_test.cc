@@ -188,7 +188,7 @@ TEST(TierADecoders, KernelMatchesReferenceAsKeysAndValues) {
             // is the TV over those tokens.
             std::vector<double> tv(group, -1.0);
             if (b == 0)
-              for (int h = 0; h < group; ++h) tv[h] = true_tv(r, &q[h * d], d, e);
+              for (int h = 0; h < group; ++h) tv[h] = true_tv(r, &q[h * d], d, 0, e);
             for_each_target([&] {
               static Workspace work;  // one for all: a workspace left by other formats serves as a fresh one
               fast.assign(group, HeadPartial{});

@@ -130,7 +130,7 @@ struct Scenario {
         for (int h = 0; h < group; ++h) {
           want_out.emplace_back(d);
           want.push_back(attention::finish(partials[h], d, want_out.back().data()));
-          tv.push_back(attention::true_tv(reader, qk + h * d, d, lengths[s]));
+          tv.push_back(attention::true_tv(reader, qk + h * d, d, 0, lengths[s]));
         }
       }
   }

@@ -188,7 +188,7 @@ Want reference(const Batch& b, int s, int kv, int h) {
   w.out.resize(Batch::kD);
   w.r = attention::finish(partials[h], Batch::kD, w.out.data());
   kvcache::KvStore::Reader reader(*b.stores[s], Batch::kLayer, kv);
-  w.tv = attention::true_tv(reader, b.q[s].data() + (kv * Batch::kGroup + h) * Batch::kD, Batch::kD, b.batch.n_ctx[s]);
+  w.tv = attention::true_tv(reader, b.q[s].data() + (kv * Batch::kGroup + h) * Batch::kD, Batch::kD, 0, b.batch.n_ctx[s]);
   return w;
 }
 

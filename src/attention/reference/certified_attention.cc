@@ -124,15 +124,16 @@ void attend_range_reference(kvcache::KvStore::Reader& reader, const float* q, in
 }
 
 PageTerms page_contributions(kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
-                             std::int64_t n_ctx, const BoundContext& ctx, const std::vector<double>& lse_z) {
+                             std::int64_t begin, std::int64_t end, const BoundContext& ctx,
+                             const std::vector<double>& lse_z) {
   const int d = head_dim;
   const std::int64_t page = reader.config().page_size;
   const BoundEvaluator bounds(reader, q, group, d, ctx);
-  const std::vector<double> zeros((n_ctx + page - 1) / page, 0.0);
+  const std::vector<double> zeros((end + page - 1) / page, 0.0);
   PageTerms terms{std::vector<std::vector<double>>(group, zeros), std::vector<std::vector<double>>(group, zeros)};
   std::vector<float> k(d), v(d);
   kvcache::KeyBound bound;
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
+  for (std::int64_t t = begin; t < end; ++t) {
     reader.key(t, k.data(), bound);
     double rho = 0.0;
     reader.value(t, v.data(), rho);
@@ -146,19 +147,19 @@ PageTerms page_contributions(kvcache::KvStore::Reader& reader, const float* q, i
 }
 
 std::vector<double> retention_raw(kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
-                                  std::int64_t n_ctx, const BoundContext& ctx) {
+                                  std::int64_t begin, std::int64_t end, const BoundContext& ctx) {
   const int d = head_dim;
   std::vector<HeadPartial> partials;
-  attend_range_reference(reader, q, group, d, 0, n_ctx, ctx, partials);
+  attend_range_reference(reader, q, group, d, begin, end, ctx, partials);
   const BoundEvaluator bounds(reader, q, group, d, ctx);
-  std::vector<std::vector<double>> z(group, std::vector<double>(n_ctx)), c = z;
+  std::vector<std::vector<double>> z(group, std::vector<double>(end - begin)), c = z;
   std::vector<float> k(d);
   kvcache::KeyBound bound;
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
+  for (std::int64_t t = begin; t < end; ++t) {
     reader.key(t, k.data(), bound);
     for (int h = 0; h < group; ++h) {
-      z[h][t] = ctx.sm * dot(q + h * d, k.data(), d);
-      c[h][t] = bounds.c(h, bound);
+      z[h][t - begin] = ctx.sm * dot(q + h * d, k.data(), d);
+      c[h][t - begin] = bounds.c(h, bound);
     }
   }
   std::vector<double> out(group);
@@ -198,27 +199,29 @@ HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundSha
   return r;
 }
 
-double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t n_ctx) {
+double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end) {
   if (!reader.has_exact_tier()) throw std::logic_error("the true TV reads the exact backing tier, and this cache keeps none");
   const int d = head_dim;
   const double sm = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> z(n_ctx), z_hat(n_ctx);
+  const std::int64_t n = end - begin;
+  std::vector<double> z(n), z_hat(n);
   std::vector<float> k(d);
   kvcache::KeyBound bound;
-  for (std::int64_t t = 0; t < n_ctx; ++t) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = begin + i;
     double a = 0.0, b = 0.0;
     reader.exact_key(t, k.data());
     for (int i = 0; i < d; ++i) a += double(q[i]) * k[i];
     reader.key(t, k.data(), bound);
     for (int i = 0; i < d; ++i) b += double(q[i]) * k[i];
-    z[t] = sm * a;
-    z_hat[t] = sm * b;
+    z[i] = sm * a;
+    z_hat[i] = sm * b;
   }
   const double mz = *std::max_element(z.begin(), z.end()), mh = *std::max_element(z_hat.begin(), z_hat.end());
   double sz = 0.0, sh = 0.0;
-  for (std::int64_t t = 0; t < n_ctx; ++t) sz += std::exp(z[t] - mz), sh += std::exp(z_hat[t] - mh);
+  for (std::int64_t t = 0; t < n; ++t) sz += std::exp(z[t] - mz), sh += std::exp(z_hat[t] - mh);
   double tv = 0.0;
-  for (std::int64_t t = 0; t < n_ctx; ++t) tv += std::fabs(std::exp(z[t] - mz) / sz - std::exp(z_hat[t] - mh) / sh);
+  for (std::int64_t t = 0; t < n; ++t) tv += std::fabs(std::exp(z[t] - mz) / sz - std::exp(z_hat[t] - mh) / sh);
   return 0.5 * tv;
 }
 

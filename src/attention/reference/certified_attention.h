@@ -59,24 +59,26 @@ struct HeadResult {
 // the caller replaces it with retention_raw's.
 HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape = cert::BoundShape::min);
 
-// Proposition 1's per-token retention form of each query head of the group over [0, n_ctx):
+// Proposition 1's per-token retention form of each query head of the group over [begin, end):
 // A and A⁻ from one reference pass, then a second pass over the tokens (unclamped).
 std::vector<double> retention_raw(kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
-                                  std::int64_t n_ctx, const BoundContext& ctx);
+                                  std::int64_t begin, std::int64_t end, const BoundContext& ctx);
 
-// Block repair planning (§6.3.5), per query head h of the group and logical page j of [0, n_ctx):
+// Block repair planning (§6.3.5), per query head h of the group and logical page j of [begin, end)
+// (indexed from page 0; pages before begin's have no terms):
 //   a[h][j]   = Σ_{t∈j} p̃_t (e^{c_t} − 1), the page's term of A = Σ_t p̃_t e^{c_t};
 //   rho[h][j] = Σ_{t∈j} p̃_t ρ^v_t, its term of the value side's Σ_t p̃_t ρ^v_t.
 // Replacing page j by exact keys and values removes exactly these terms with p̃ held fixed.
-// lse_z[h] is LSE(z̃) of head h over [0, n_ctx).
+// lse_z[h] is LSE(z̃) of head h over [begin, end).
 struct PageTerms {
   std::vector<std::vector<double>> a, rho;
 };
 PageTerms page_contributions(kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
-                             std::int64_t n_ctx, const BoundContext& ctx, const std::vector<double>& lse_z);
+                             std::int64_t begin, std::int64_t end, const BoundContext& ctx,
+                             const std::vector<double>& lse_z);
 
 // True TV(p, p̃) between attention over the exact tier and over the keys the runtime reads,
-// for one query (the soundness check; reads every key twice).
-double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t n_ctx);
+// for one query over [begin, end) (the soundness check; reads every key twice).
+double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end);
 
 }  // namespace witcert::attention
