@@ -270,6 +270,15 @@ typedef struct witcert_step_meter {
  * generation after this token. */
 typedef int (*witcert_token_callback)(void* user, int32_t token, const char* piece, const witcert_step_meter* meter);
 
+/* What a request's meter says (the `verdict` of the server's witcert object): every served cell
+ * met τ_K and τ_V with no repair; met them with the gate's repairs; some did not; no cell. */
+typedef enum witcert_verdict {
+  WITCERT_VERDICT_CERTIFIED = 0,
+  WITCERT_VERDICT_REPAIRED = 1,
+  WITCERT_VERDICT_AT_RISK = 2,
+  WITCERT_VERDICT_UNMETERED = 3
+} witcert_verdict;
+
 typedef struct witcert_generation {
   int64_t prompt_tokens;
   int64_t completion_tokens;
@@ -284,6 +293,8 @@ typedef struct witcert_generation {
   double raw_max;
   int64_t page_ins;
   int64_t page_in_bytes;
+  witcert_verdict verdict; /* WITCERT_VERDICT_UNMETERED without a meter */
+  char reason[256];        /* the verdict's one-line reason, NUL-terminated (cut to fit) */
 } witcert_generation;
 
 /* Generates from `prompt`. request_json (may be NULL) holds the request and its cache: "chat",

@@ -837,6 +837,15 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     result->completion_tokens = static_cast<std::int64_t>(r.tokens.size());
     result->stopped = r.finish == engine::Finish::stop;
     result->cancelled = r.finish == engine::Finish::cancelled;
+    static_assert(static_cast<int>(gate::Verdict::certified) == WITCERT_VERDICT_CERTIFIED &&
+                  static_cast<int>(gate::Verdict::repaired) == WITCERT_VERDICT_REPAIRED &&
+                  static_cast<int>(gate::Verdict::at_risk) == WITCERT_VERDICT_AT_RISK &&
+                  static_cast<int>(gate::Verdict::unmetered) == WITCERT_VERDICT_UNMETERED);
+    const std::string reason = r.has_meter ? r.meter.reason() : "the exact fp16 cache has no meter: nothing is quantized";
+    result->verdict = static_cast<witcert_verdict>(r.has_meter ? r.meter.verdict() : gate::Verdict::unmetered);
+    const std::size_t cut = std::min(reason.size(), sizeof result->reason - 1);
+    std::memcpy(result->reason, reason.data(), cut);
+    result->reason[cut] = '\0';
     if (r.has_meter) {
       const gate::TelemetrySummary& s = r.meter;
       result->has_meter = 1;

@@ -135,6 +135,7 @@ void BatchEngine::so_far(const Seq& s, BatchResult& r) {
   if (s.telemetry) {
     r.has_meter = true;
     r.meter = s.telemetry->summary();
+    r.meter.page_ins = r.page_ins + r.shared_page_ins;
     r.heatmap = s.telemetry->heatmap();
     r.raw_histogram = s.telemetry->raw_histogram();
   }

@@ -3,10 +3,27 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <cstdarg>
+#include <cstdio>
 #include <string>
 
 namespace witcert::gate {
 namespace {
+
+// printf into a string (the library does not link fmt).
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  std::va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(static_cast<std::size_t>(std::max(n, 0)) + 1, '\0');
+  std::vsnprintf(out.data(), out.size(), format, again);
+  va_end(again);
+  out.resize(out.size() - 1);
+  return out;
+}
 
 nlohmann::json number(double v) {
   if (std::isnan(v)) return nullptr;
@@ -81,6 +98,49 @@ double LogHistogram::quantile(double q) const {
   return max_;
 }
 
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::certified: return "certified";
+    case Verdict::repaired: return "repaired";
+    case Verdict::at_risk: return "at-risk";
+    case Verdict::unmetered: return "unmetered";
+  }
+  return "unmetered";
+}
+
+Verdict TelemetrySummary::verdict() const {
+  if (cells == 0) return Verdict::unmetered;
+  if (violations > 0 || coverage.joint < 1.0) return Verdict::at_risk;
+  return repaired > 0 || page_ins > 0 ? Verdict::repaired : Verdict::certified;
+}
+
+std::string TelemetrySummary::reason() const {
+  const long long n = cells;
+  switch (verdict()) {
+    case Verdict::unmetered: return "no decode step was metered";
+    case Verdict::certified: return printf_string("every one of %lld cells met tau_K %g and tau_V %g", n, tau_k, tau_v);
+    case Verdict::repaired:
+      return printf_string("every one of %lld cells met tau_K %g and tau_V %g; the gate repaired %lld of them and "
+                           "promoted %lld pages", n, tau_k, tau_v, static_cast<long long>(repaired),
+                           static_cast<long long>(page_ins));
+    case Verdict::at_risk: break;
+  }
+  if (violations > 0)
+    return printf_string("the soundness check found %lld of %lld checked cells above their meter",
+                         static_cast<long long>(violations), static_cast<long long>(checked));
+  const long long above = std::llround((1.0 - coverage.joint) * static_cast<double>(cells));
+  std::string line = printf_string("%lld of %lld cells (%.1f %%) exceed tau_K %g or tau_V %g", above, n,
+                                   100.0 * (1.0 - coverage.joint), tau_k, tau_v);
+  if (!worst.empty()) {
+    const MeterCell& w = worst.front();
+    line += printf_string("; worst: layer %d, head %d, step %lld, meter %.3f", w.layer, w.q_head,
+                          static_cast<long long>(w.pos - first_pos), w.meter_before);
+  }
+  line += repaired > 0 ? printf_string("; the gate repaired %lld cells (its own tau or budget is looser than these)", static_cast<long long>(repaired))
+                       : std::string("; a gate (tau_k) would repair them");
+  return line;
+}
+
 nlohmann::json TelemetrySummary::to_json() const {
   nlohmann::json worst_cells = nlohmann::json::array();
   for (const MeterCell& c : worst)
@@ -90,6 +150,8 @@ nlohmann::json TelemetrySummary::to_json() const {
                            {"raw", number(c.raw_before)},
                            {"meter", number(c.meter_before)},
                            {"repaired", c.repaired}});
+  nlohmann::json by_layer = nlohmann::json::array();
+  for (double share : above_tau_by_layer) by_layer.push_back(number(share));
   return {{"cells", cells},
           {"bound", cert::bound_shape_name(bound)},
           {"bound_label", cert::bound_shape_label(bound)},
@@ -106,7 +168,11 @@ nlohmann::json TelemetrySummary::to_json() const {
           {"overflow", overflow},
           {"repaired", repaired},
           {"soundness_checked", checked},
-          {"soundness_violations", violations}};
+          {"soundness_violations", violations},
+          {"saturated", saturated},
+          {"above_tau_by_layer", by_layer},
+          {"verdict", verdict_name(verdict())},
+          {"reason", reason()}};
 }
 
 void Telemetry::Covered::add(double meter, double v_meter, double eform_raw, double tau_k, double tau_v) {
@@ -151,6 +217,7 @@ Telemetry::Telemetry(int layers, int heads, const Options& opts)
         Shard s;
         s.sum_meter.assign(heat_cells(layers, heads, opts.tau_k, opts.tau_v, opts.stride), 0.0);
         s.count.assign(s.sum_meter.size(), 0);
+        s.above_tau.assign(static_cast<std::size_t>(layers), 0);
         return s;
       }()) {}
 
@@ -179,6 +246,8 @@ void Telemetry::record(std::span<const MeterCell> cells) {
     s.covered.add(c.meter, c.v_meter, c.eform_raw, opts_.tau_k, opts_.tau_v);
     s.covered_before.add(c.meter_before, c.v_meter_before, c.raw_before, opts_.tau_k, opts_.tau_v);
     s.overflow += std::isinf(c.raw_before);
+    s.saturated += !(c.raw_before < 1.0);
+    s.above_tau[c.layer] += !(c.meter <= opts_.tau_k && c.v_meter <= opts_.tau_v);
     s.repaired += c.repaired;
     s.raw_max = std::max(s.raw_max, c.raw_before);
     s.raw.add(c.raw_before);
@@ -206,8 +275,14 @@ TelemetrySummary Telemetry::summary() const {
   s.first_pos = opts_.first_pos;
   Covered covered, before;
   LogHistogram raw, v_meter;
+  std::vector<std::int64_t> above(static_cast<std::size_t>(layers_), 0), layer_cells(above.size(), 0);
   shards_.for_each([&](const Shard& t) {
     s.cells += t.cells;
+    s.saturated += t.saturated;
+    for (int l = 0; l < layers_; ++l) {
+      above[l] += t.above_tau[l];
+      for (int h = 0; h < heads_; ++h) layer_cells[l] += t.count[static_cast<std::size_t>(l) * heads_ + h];
+    }
     covered.merge(t.covered);
     before.merge(t.covered_before);
     s.raw_max = std::max(s.raw_max, t.raw_max);
@@ -222,6 +297,8 @@ TelemetrySummary Telemetry::summary() const {
   });
   s.coverage = covered.over(s.cells);
   s.coverage_before = before.over(s.cells);
+  for (int l = 0; l < layers_; ++l)
+    s.above_tau_by_layer.push_back(layer_cells[l] > 0 ? static_cast<double>(above[l]) / layer_cells[l] : NAN);
   s.raw_p50 = raw.quantile(0.5);
   s.raw_p90 = raw.quantile(0.9);
   s.raw_p99 = raw.quantile(0.99);

@@ -57,6 +57,14 @@ class LogHistogram {
 // How many worst cells (largest raw score before repair) a summary keeps.
 inline constexpr int kWorstCells = 5;
 
+// What a request's meter says, for a person: certified (every served cell met τ_K and τ_V with no
+// repair), repaired (every served cell met them, some after the gate's repair or on pages it
+// promoted), at-risk (some
+// served cell did not, or the soundness check found a cell above its meter), unmetered (no cell:
+// the exact fp16 cache, or no decode step).
+enum class Verdict { certified, repaired, at_risk, unmetered };  // the C API's witcert_verdict, in order
+const char* verdict_name(Verdict v);  // "certified", "repaired", "at-risk", "unmetered"
+
 struct TelemetrySummary {
   std::int64_t cells = 0;
   cert::BoundShape bound = cert::BoundShape::min;  // the K meter's shape
@@ -72,6 +80,17 @@ struct TelemetrySummary {
   double worst_tv_ratio = 0.0;   // the largest true TV / served meter over the checked cells
   std::int64_t repaired = 0;
   std::int64_t checked = 0, violations = 0;  // soundness against the true TV, where computed
+  std::int64_t saturated = 0;  // cells whose raw score before repair was ≥ 1: a meter that says nothing
+  // Pages the gate promoted for the request, prefill included (set by its runner; the cells see
+  // only the repairs of decode steps).
+  std::int64_t page_ins = 0;
+  // Per layer, the share of its served cells above τ_K or τ_V (NaN for a layer without cells).
+  std::vector<double> above_tau_by_layer;
+
+  Verdict verdict() const;
+  // One line that says why, with the counts behind it, the worst cell where one failed, and
+  // what would repair it.
+  std::string reason() const;
   nlohmann::json to_json() const;
 };
 
@@ -128,7 +147,8 @@ class Telemetry final : public MeterSink {
     std::vector<std::int64_t> count;   // [layer][head]
     std::vector<MeterCell> samples;    // only when stride ≥ 1
     Covered covered, covered_before;
-    std::int64_t cells = 0, overflow = 0, repaired = 0, checked = 0, violations = 0;
+    std::vector<std::int64_t> above_tau;  // [layer]: served cells above τ_K or τ_V
+    std::int64_t cells = 0, overflow = 0, repaired = 0, checked = 0, violations = 0, saturated = 0;
     double raw_max = 0.0, worst_tv_ratio = 0.0;
     LogHistogram raw, v_meter;
     std::array<std::int64_t, std::size(kRawScoreBounds) + 1> raw_buckets{};

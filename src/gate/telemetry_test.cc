@@ -32,6 +32,74 @@ Telemetry::Options options(double tau, std::int64_t first_pos = 0, int stride = 
   return o;
 }
 
+// The verdict of every class of request, with the counts its reason gives: no cell; every cell
+// within τ with no repair; within τ after repairs at decode steps or from pages promoted at
+// prefill; a cell above τ_K, or above τ_V alone, or with a non-finite meter; a soundness violation
+// (at-risk even with every cell within τ).
+TEST(Telemetry, VerdictForEveryClassOfRequest) {
+  const auto summary = [](std::vector<MeterCell> cells, std::int64_t page_ins = 0) {
+    Telemetry t(2, 2, options(0.2));
+    t.record(cells);
+    TelemetrySummary s = t.summary();
+    s.page_ins = page_ins;
+    return s;
+  };
+  const auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  TelemetrySummary none = summary({});
+  EXPECT_EQ(none.verdict(), Verdict::unmetered);
+  EXPECT_TRUE(has(none.reason(), "no decode step"));
+  ASSERT_EQ(none.above_tau_by_layer.size(), 2u);
+  EXPECT_TRUE(std::isnan(none.above_tau_by_layer[0]));
+
+  const std::vector<MeterCell> within = {cell(0, 0, 0, 0.1, 0.1), cell(1, 1, 0, 0.15, 0.15)};
+  TelemetrySummary ok = summary(within);
+  EXPECT_EQ(ok.verdict(), Verdict::certified);
+  EXPECT_EQ(ok.reason(), "every one of 2 cells met tau_K 0.2 and tau_V 0.05");
+  EXPECT_EQ(summary(within, /*page_ins=*/3).verdict(), Verdict::repaired);
+  std::vector<MeterCell> repaired = within;
+  repaired.push_back(cell(0, 1, 1, 4.0, 0.0, /*repaired=*/true));
+  TelemetrySummary r = summary(repaired, 2);
+  EXPECT_EQ(r.verdict(), Verdict::repaired);
+  EXPECT_TRUE(has(r.reason(), "repaired 1 of them and promoted 2 pages")) << r.reason();
+  EXPECT_EQ(r.saturated, 1);  // raw 4 before its repair
+
+  std::vector<MeterCell> above = within;
+  above.push_back(cell(1, 0, 2, 0.5, 0.5));
+  TelemetrySummary a = summary(above);
+  EXPECT_EQ(a.verdict(), Verdict::at_risk);
+  EXPECT_TRUE(has(a.reason(), "1 of 3 cells (33.3 %) exceed tau_K 0.2 or tau_V 0.05")) << a.reason();
+  EXPECT_TRUE(has(a.reason(), "worst: layer 1, head 0, step 2, meter 0.500")) << a.reason();
+  EXPECT_TRUE(has(a.reason(), "a gate (tau_k) would repair them")) << a.reason();
+  EXPECT_DOUBLE_EQ(a.above_tau_by_layer[0], 0.0);
+  EXPECT_DOUBLE_EQ(a.above_tau_by_layer[1], 0.5);
+
+  MeterCell v_only = cell(0, 0, 3, 0.01, 0.01);
+  v_only.v_meter = 0.3;  // above τ_V = 0.05
+  MeterCell nan_meter = cell(0, 1, 3, NAN, NAN);
+  for (const MeterCell& c : {v_only, nan_meter}) {
+    std::vector<MeterCell> cells = within;
+    cells.push_back(c);
+    const TelemetrySummary s = summary(cells);
+    EXPECT_EQ(s.verdict(), Verdict::at_risk) << c.v_meter << " " << c.meter;
+    EXPECT_DOUBLE_EQ(s.above_tau_by_layer[0], 0.5);
+  }
+  EXPECT_EQ(summary({nan_meter}).saturated, 1);
+
+  std::vector<MeterCell> unsound = within;
+  unsound.push_back(cell(0, 0, 4, 0.05, 0.05, false, /*tv=*/0.1));
+  TelemetrySummary u = summary(unsound);
+  EXPECT_EQ(u.verdict(), Verdict::at_risk);
+  EXPECT_TRUE(has(u.reason(), "soundness check found 1 of 1 checked cells")) << u.reason();
+
+  const nlohmann::json j = a.to_json();
+  EXPECT_EQ(j.at("verdict"), "at-risk");
+  EXPECT_EQ(j.at("reason"), a.reason());
+  EXPECT_EQ(j.at("above_tau_by_layer"), nlohmann::json::parse("[0.0, 0.5]"));
+  EXPECT_EQ(none.to_json().at("above_tau_by_layer"), nlohmann::json::parse("[null, null]"));
+}
+
 TEST(Telemetry, CountsDecodeStepsOnlyWithKnownAnswers) {
   Telemetry t(2, 2, options(0.2, /*first_pos=*/10));
   std::vector<MeterCell> cells = {

@@ -331,6 +331,9 @@ class Engine {
     out["prompt_tokens"] = r.prompt_tokens;
     out["completion_tokens"] = r.completion_tokens;
     out["finish_reason"] = r.cancelled ? "cancelled" : r.stopped ? "stop" : "length";
+    static const char* const kVerdicts[] = {"certified", "repaired", "at-risk", "unmetered"};
+    out["verdict"] = kVerdicts[r.verdict];
+    out["reason"] = std::string(r.reason);
     if (r.has_meter) {
       py::dict m;
       m["cells"] = r.cells;

@@ -32,6 +32,7 @@ void summarize(const kvcache::KvStore& st, const engine::BatchResult& r, const e
   const double fp16_per_token = 2.0 * 2 * cfg.head_dim * cfg.layers * cfg.kv_heads;
   err << fmt::format("meter: K {} / V {}, bound {}: {} (layer, query head, decode step) cells\n", st.config().k_format.name(),
                      st.config().v_format.name(), cert::bound_shape_label(s.bound), s.cells);
+  err << fmt::format("  verdict: {} ({})\n", gate::verdict_name(s.verdict()), s.reason());
   if (s.cells > 0) {
     err << fmt::format("  coverage at tau_K={} tau_V={}: joint {:.4f}, K {:.4f}, V {:.4f}, e-form K {:.4f}\n", s.tau_k,
                        s.tau_v, s.coverage.joint, s.coverage.k, s.coverage.v, s.coverage.eform);

@@ -168,6 +168,7 @@ RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32
   const kvcache::KvStore::PageInStats pi = cache.store().page_in_stats();
   r.page_ins = pi.page_ins;
   r.page_in_bytes = pi.page_in_bytes;
+  r.meter.page_ins = pi.page_ins + pi.shared_page_ins;
   r.kv_bytes_per_token = (cache.store().bytes_per_token_head(formats::KvSide::key) +
                           cache.store().bytes_per_token_head(formats::KvSide::value)) *
                          cfg.layers * cfg.kv_heads;

@@ -258,6 +258,8 @@ json witcert_object(const Server::Job& job, const engine::BatchResult& r, const 
   if (!r.has_meter) {
     w["cells"] = 0;
     w["certified"] = false;  // the plain exact cache has no meter
+    w["verdict"] = gate::verdict_name(gate::Verdict::unmetered);
+    w["reason"] = "the exact fp16 cache has no meter: nothing is quantized";
     return w;
   }
   w.update(r.meter.to_json());
