@@ -206,6 +206,9 @@ def test_engine_generates_with_a_meter(engine):
     assert "Paris" in r["text"]
     assert r["completion_tokens"] == len(r["tokens"]) == len(steps) <= 8
     assert r["meter"]["cells"] > 0 and r["meter"]["coverage_k"] == 1.0
+    # Gated at τ 0.2: every cell met it, q4_0 with the gate's repairs.
+    assert r["verdict"] == ("repaired" if r["meter"]["page_ins"] > 0 else "certified"), r
+    assert "cells met tau_K 0.2" in r["reason"]
     assert all(s["cells"] == 30 * 9 and s["meter_max"] <= 0.2 for s in steps)
     # The CLI's greedy answer for the same request.
     cli = subprocess.run([BIN, "generate", "--model", MODEL, "--prompt", "The capital of France is", "--n", "8",
@@ -213,6 +216,7 @@ def test_engine_generates_with_a_meter(engine):
     assert cli.strip() == r["text"].strip()
     plain = engine.generate("The capital of France is", max_tokens=3, on_token=lambda t, p, m: len(p) > 0)
     assert plain["finish_reason"] == "cancelled" and plain["completion_tokens"] == 1 and plain["meter"] is None
+    assert plain["verdict"] == "unmetered" and "no meter" in plain["reason"]
 
 
 def test_engine_bad_input(engine):

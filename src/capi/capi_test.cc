@@ -910,11 +910,16 @@ TEST(CApi, TheEngineGeneratesWhatTheLibraryGenerates) {
     EXPECT_DOUBLE_EQ(r.coverage_k, 1.0);  // gated at the coverage τ: every served cell within it
     // One step meter per token, each over every (layer, head) cell of its forward pass.
     ASSERT_EQ(col.steps.size(), col.tokens.size());
+    std::int64_t repaired = 0;
     for (const witcert_step_meter& s : col.steps) {
       EXPECT_EQ(s.cells, static_cast<int64_t>(cfg.layers) * cfg.heads);
       EXPECT_LE(s.meter_max, 0.2 + 1e-12);
       EXPECT_DOUBLE_EQ(s.coverage_k, 1.0);
+      repaired += s.repaired;
     }
+    // Gated at τ: every cell met it, with the gate's work or without.
+    EXPECT_EQ(r.verdict, repaired > 0 || r.page_ins > 0 ? WITCERT_VERDICT_REPAIRED : WITCERT_VERDICT_CERTIFIED) << kv;
+    EXPECT_NE(std::string(r.reason).find("cells met tau_K 0.2"), std::string::npos) << r.reason;
   }
   // Cancel after three tokens; a text buffer too small; bad requests.
   Collected col;

@@ -395,6 +395,14 @@ void BatchEngine::step() {
       continue;
     }
     s.all.push_back(next);
+    const std::int64_t generated = static_cast<std::int64_t>(s.all.size()) - s.prompt_len;
+    if (s.telemetry && s.events.on_meter && s.events.meter_every > 0 && generated % s.events.meter_every == 0) {
+      gate::TelemetrySummary m = s.telemetry->summary();
+      BatchResult pi;
+      page_ins(s, pi);
+      m.page_ins = pi.page_ins + pi.shared_page_ins;
+      s.events.on_meter(m);
+    }
     if (s.events.on_token) s.events.on_token(next, std::span<const float>(&logits_[r * V], V));
     if (static_cast<std::int64_t>(s.all.size()) - s.prompt_len == s.req.max_tokens || s.fed >= s.limit)
       finish(s, Finish::length);
@@ -435,14 +443,14 @@ std::vector<BatchResult> BatchEngine::run(const std::vector<BatchRequest>& reque
   }
 
   std::vector<BatchResult> results(requests.size());
-  for (std::size_t i = 0; i < requests.size(); ++i)
-    submit(requests[i],
-           {nullptr,
-            [&results, &on_done, i](const BatchResult& r) {
-              results[i] = r;
-              if (on_done) on_done(i, r);
-            }},
-           stop_tokens);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    RequestEvents events;
+    events.on_done = [&results, &on_done, i](const BatchResult& r) {
+      results[i] = r;
+      if (on_done) on_done(i, r);
+    };
+    submit(requests[i], std::move(events), stop_tokens);
+  }
   while (!idle()) step();
   retired_.clear();
   open_ = false;

@@ -105,6 +105,10 @@ using ResultSink = std::function<void(std::size_t index, const BatchResult& resu
 struct RequestEvents {
   std::function<void(std::int32_t token, std::span<const float> logits)> on_token;
   std::function<void(const BatchResult& result)> on_done;
+  // With a certified cache, called before on_token after every meter_every-th generated token (0:
+  // never) with the request's meter so far (its page_ins set), between forward passes.
+  int meter_every = 0;
+  std::function<void(const gate::TelemetrySummary& so_far)> on_meter;
 };
 
 // A submitted request while it is in the engine (BatchEngine::snapshot).

@@ -327,8 +327,11 @@ TEST_F(RealModel, ASnapshotShowsARequestAsItRuns) {
   for (BatchRequest& q : two) q.max_tokens = 6;
   std::vector<BatchResult> done(2);
   std::vector<std::uint64_t> ids;
-  for (int i = 0; i < 2; ++i)
-    ids.push_back(engine.submit(two[i], {nullptr, [&done, i](const BatchResult& r) { done[i] = r; }}, {}));
+  for (int i = 0; i < 2; ++i) {
+    RequestEvents events;
+    events.on_done = [&done, i](const BatchResult& r) { done[i] = r; };
+    ids.push_back(engine.submit(two[i], std::move(events), {}));
+  }
   EXPECT_FALSE(engine.snapshot(ids[1] + 1).has_value()) << "no such request";
   std::vector<RequestSnapshot> last(2);
   std::vector<bool> seen_waiting(2, false), seen_running(2, false);

@@ -223,6 +223,7 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
     static const std::vector<std::string_view> keys = [] {
       std::vector<std::string_view> k(std::begin(engine::RequestPolicy::kKeys), std::end(engine::RequestPolicy::kKeys));
       k.push_back("detail");
+      k.push_back("meter_every");
       return k;
     }();
     for (const auto& [key, value] : w.items())
@@ -230,7 +231,10 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
               fmt::format("'witcert.{}' is not a setting ({})", key, fmt::join(keys, ", ")), "witcert." + key,
               "unsupported_parameter");
     field(w, "detail", s.detail, "witcert.detail");
+    field(w, "meter_every", s.meter_every, "witcert.meter_every");
+    require(s.meter_every >= 0, "'witcert.meter_every' must not be negative", "witcert.meter_every");
     w.erase("detail");
+    w.erase("meter_every");
   }
   try {
     r.set_policy(engine::RequestPolicy::from_json(w, d.cache, d.coverage_tau, d.coverage_tau_v));

@@ -52,6 +52,7 @@ struct RequestSpec {
   bool max_tokens_given = false;  // the body set max_tokens (else the server's default, cut to the context)
   bool logprobs = false;
   int top_logprobs = -1;  // < 0: no logprobs
+  int meter_every = 1;    // a stream's chunks carry the meter so far after every this many tokens (0: only the last)
 };
 
 // Validates a /v1/completions (chat false) or /v1/chat/completions body. Throws ApiError (400)

@@ -135,6 +135,8 @@ struct Server::Job : RequestSpec {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Piece> pieces;
+  json live_meter;          // a stream's meter so far (compact_meter), sent once with the next chunk
+  bool live_meter_new = false;
   bool done = false;
   engine::BatchResult result;
   std::atomic<bool> cancel{false};
@@ -238,6 +240,15 @@ bool take_pieces(Server::Job& job, Reply& reply) {
     job.pieces.pop_front();
   }
   return stopped;
+}
+
+// The request's meter so far, as a stream's chunks carry it: the counts behind the verdict.
+json compact_meter(const gate::TelemetrySummary& m) {
+  return {{"cells", m.cells},
+          {"coverage", m.cells > 0 ? json(m.coverage.joint) : json(nullptr)},
+          {"repaired", m.repaired},
+          {"page_ins", m.page_ins},
+          {"verdict", gate::verdict_name(m.verdict())}};
 }
 
 // The request's meter, as every response carries it beside usage (r: its result, or its
@@ -475,6 +486,15 @@ void Server::engine_loop() {
         j->cv.notify_all();
       };
       ev.on_done = [this, j](const engine::BatchResult& r) { complete(*j, r); };
+      if (j->stream && j->meter_every > 0) {
+        ev.meter_every = j->meter_every;
+        ev.on_meter = [j](const gate::TelemetrySummary& m) {
+          json c = compact_meter(m);
+          std::lock_guard lock(j->mu);
+          j->live_meter = std::move(c);
+          j->live_meter_new = true;
+        };
+      }
       const std::uint64_t id = eng->submit(j->req, std::move(ev), stop_tokens_);
       std::lock_guard lock(j->mu);
       if (!j->done) live.push_back({id, job});
@@ -883,11 +903,13 @@ void Server::serve_completion(const std::string& body, httplib::Response& res, b
           }
         }
         bool done = false;
+        json meter;  // the meter so far, when a newer one arrived
         {
           std::unique_lock lock(job->mu);
           job->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return job->done || !job->pieces.empty(); });
           if (take_pieces(*job, *reply)) cancel(job);
           done = job->done;
+          if (job->live_meter_new) meter = std::move(job->live_meter), job->live_meter_new = false;
         }
         if (!sink.is_writable()) {
           cancel(job);
@@ -899,7 +921,9 @@ void Server::serve_completion(const std::string& body, httplib::Response& res, b
           if (chat) choice["delta"] = {{"content", text}};
           else choice["text"] = text;
           choice["logprobs"] = job->logprobs ? reply->logprobs(chat) : json(nullptr);
-          if (!send(chunk(choice))) {
+          json c = chunk(choice);
+          if (!meter.is_null()) c["witcert"] = std::move(meter);
+          if (!send(c)) {
             cancel(job);
             return false;
           }

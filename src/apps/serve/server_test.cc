@@ -269,6 +269,75 @@ TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
   EXPECT_NE(metrics->body.find("witcert_meter_raw_score_bucket{le=\"+Inf\"}"), std::string::npos);
 }
 
+// A stream's chunks carry the meter so far after every meter_every tokens, growing to the last
+// chunk's, which is the whole request's; the verdict of each request agrees with its counts.
+TEST_F(Serve, StreamChunksCarryTheMeterSoFarAndEveryRequestAVerdict) {
+  Running r(options(dither()));
+  const std::string prompt = "The capital of France is";
+  constexpr int kCellsPerStep = 30 * 9;
+  const auto chunk_meters = [&](const json& witcert, json* tail) {
+    json body = {{"prompt", prompt}, {"max_tokens", 9}};
+    if (!witcert.is_null()) body["witcert"] = witcert;
+    const std::vector<std::string> events = stream(r, "/v1/completions", body);
+    EXPECT_GE(events.size(), 3u);
+    std::vector<json> meters;
+    for (std::size_t i = 0; i + 2 < events.size(); ++i) {
+      const json ev = json::parse(events[i]);
+      if (ev.contains("witcert")) meters.push_back(ev.at("witcert"));
+    }
+    *tail = json::parse(events[events.size() - 2]).at("witcert");
+    return meters;
+  };
+  json tail;
+  const std::vector<json> every = chunk_meters(nullptr, &tail);  // the default: after every token
+  ASSERT_GE(every.size(), 3u);
+  std::int64_t last = -1;
+  for (const json& m : every) {
+    for (const char* k : {"cells", "coverage", "repaired", "page_ins", "verdict"}) ASSERT_TRUE(m.contains(k)) << m;
+    const std::int64_t cells = m.at("cells");
+    EXPECT_GT(cells, last) << "each chunk's meter is a newer one";
+    EXPECT_EQ(cells % kCellsPerStep, 0);
+    last = cells;
+  }
+  EXPECT_EQ(every.back().at("cells"), tail.at("cells"));
+  EXPECT_EQ(every.back().at("verdict"), tail.at("verdict"));
+  EXPECT_EQ(every.back().at("coverage"), tail.at("coverage").at("joint"));
+
+  // Every third token: the meter after tokens 3, 6 and 9, whose steps are the decode steps 2, 5, 8.
+  const std::vector<json> third = chunk_meters({{"meter_every", 3}}, &tail);
+  ASSERT_FALSE(third.empty());
+  for (const json& m : third) EXPECT_EQ((m.at("cells").get<std::int64_t>() / kCellsPerStep + 1) % 3, 0) << m;
+  EXPECT_TRUE(chunk_meters({{"meter_every", 0}}, &tail).empty());  // only the last chunk's whole object
+  EXPECT_EQ(tail.at("cells"), kCellsPerStep * 8);
+
+  for (const json& bad : {json(-1), json("3"), json(1.5)}) {
+    const auto res = r.client().Post("/v1/completions", json{{"prompt", prompt}, {"witcert", {{"meter_every", bad}}}}.dump(),
+                                     "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << bad;
+    EXPECT_EQ(json::parse(res->body).at("error").at("param"), "witcert.meter_every") << res->body;
+  }
+
+  // The verdicts: as the counts say, whatever the request asked for. The prompt is longer than
+  // dither-int8's 16 calibration tokens, which are kept exact (a meter of 0).
+  const std::string longer = "The lighthouse keeper wrote in the log every night: the weather, the ships that "
+                             "passed, the oil that burned and the hours he slept. The capital of France is";
+  const auto verdict_of = [&](const json& witcert) {
+    const json w = post(r, "/v1/completions", {{"prompt", longer}, {"max_tokens", 6}, {"witcert", witcert}}).at("witcert");
+    const std::string v = w.at("verdict");
+    const bool all_pass = w.at("coverage").at("joint") == 1.0;
+    const bool intervened = w.at("repaired").get<std::int64_t>() > 0 || w.at("page_ins").get<std::int64_t>() > 0 ||
+                            w.at("shared_page_ins").get<std::int64_t>() > 0;
+    EXPECT_EQ(v, !all_pass ? "at-risk" : intervened ? "repaired" : "certified") << w;
+    EXPECT_FALSE(w.at("reason").get<std::string>().empty());
+    EXPECT_EQ(w.at("above_tau_by_layer").size(), 30u);
+    return v;
+  };
+  EXPECT_EQ(verdict_of({{"coverage_tau", 0.2}}), "certified");
+  EXPECT_EQ(verdict_of({{"coverage_tau", 1e-6}}), "at-risk");  // τ below every meter, and no gate
+  EXPECT_EQ(verdict_of({{"tau_k", 1e-6}}), "repaired");         // a gate that must repair
+}
+
 // A server that wants the API key "sekret" and takes bodies of at most 4096 bytes.
 ServeOptions keyed_options() {
   ServeOptions o = options(dither());
