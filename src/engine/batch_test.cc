@@ -63,6 +63,7 @@ Solo solo(const model::LlamaModel& m, const BatchRequest& q, const std::vector<s
   if (cache.certified) {
     s.page_ins = cache.certified->store().page_in_stats().page_ins;
     s.page_in_bytes = cache.certified->store().page_in_stats().page_in_bytes;
+    s.meter.page_ins = s.page_ins;  // as the engine sets it, prefill's promotions included
   }
   return s;
 }

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include "apps/cli/commands.h"
+#include "apps/report/run.h"
 #include "apps/serve/request.h"
 #include "engine/batch.h"
+#include "engine/meter_object.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "model/sampler.h"
@@ -242,14 +244,19 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
   engine::BatchEngine engine(*m.model, pool, base, bo);
   std::size_t done = 0;
   std::int64_t generated = 0;
+  // On a terminal one line redrawn in place; in a log a line at every tenth of the requests.
+  const bool terminal = stderr_is_terminal();
   const auto progress = [&](std::size_t, const engine::BatchResult& r) {
     ++done;
     generated += static_cast<std::int64_t>(r.tokens.size());
-    err << fmt::format("\r[{}/{}] {} tokens generated", done, requests.size(), generated) << std::flush;
+    const std::size_t n = requests.size();
+    if (!terminal && done != n && done * 10 / n == (done - 1) * 10 / n) return;
+    err << fmt::format("{}[{}/{}] {} tokens generated{}", terminal ? "\r" : "", done, n, generated, terminal ? "" : "\n")
+        << std::flush;
   };
   const std::vector<engine::BatchResult> results =
       engine.run(requests, args.ignore_eos ? std::vector<std::int32_t>{} : m.stop_tokens(), progress);
-  err << "\n";
+  if (terminal) err << "\n";
 
   std::size_t failed = 0;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -270,13 +277,7 @@ int run_batch(const BatchArgs& args, std::ostream& err) {
     o["completion_tokens"] = r.tokens.size();
     o["finish_reason"] = engine::finish_name(r.finish);
     o["preemptions"] = r.preemptions;
-    if (r.has_meter) {
-      nlohmann::json meter = r.meter.to_json();
-      meter["page_ins"] = r.page_ins;
-      meter["page_in_bytes"] = r.page_in_bytes;
-      meter["shared_page_ins"] = r.shared_page_ins;
-      o["meter"] = meter;
-    }
+    if (r.has_meter) o["meter"] = engine::meter_object(requests[i].cache, r);  // serve's witcert object
     staged.write(json_text(o) + "\n");
   }
   staged.commit(args.output, inputs);

@@ -15,6 +15,7 @@
 #include "engine/cache_factory.h"
 #include "engine/model.h"
 #include "engine/batch.h"
+#include "engine/meter_object.h"
 #include "engine/session.h"
 #include "kvcache/kv_store.h"
 #include "gate/telemetry.h"
@@ -91,10 +92,20 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   const engine::BatchResult r = engine::run_alone(*engine.model, pool, req, engine.stop_tokens(),
                                                   [&](std::int32_t t, std::span<const float>) {
                                                     if (!first) first = Clock::now();
-                                                    out << engine.tokenizer->token_piece(t) << std::flush;
+                                                    if (!args.json) out << engine.tokenizer->token_piece(t) << std::flush;
                                                     return false;
                                                   });
   const Clock::time_point t1 = Clock::now();
+  if (args.json) {
+    std::string text;
+    for (std::int32_t t : r.tokens) text += engine.tokenizer->token_piece(t);
+    const nlohmann::json j = {{"text", text},
+                              {"prompt_tokens", r.prompt_tokens},
+                              {"completion_tokens", r.tokens.size()},
+                              {"finish_reason", engine::finish_name(r.finish)},
+                              {"witcert", engine::meter_object(cache_opts, r)}};
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
   out << "\n";
   const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   const double prefill_seconds = seconds(t0, first.value_or(t1)), decode_seconds = seconds(first.value_or(t1), t1);

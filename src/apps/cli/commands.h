@@ -77,9 +77,11 @@ struct GenerateArgs {
   int threads = 2;
   CacheFlags cache;  // an empty kv keeps the plain exact cache
   std::string meter_json;
+  bool json = false;  // one JSON object on out instead of the streamed text
 };
 
-// `witcert generate`: streams the continuation to out, then prefill and decode tokens/s to err.
+// `witcert generate`: streams the continuation to out (or, with json, prints one JSON object when
+// done), then prefill and decode tokens/s and the meter's summary to err.
 int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err);
 
 struct BatchArgs {

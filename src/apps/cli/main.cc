@@ -331,6 +331,9 @@ int main(int argc, char** argv) {
                                        "compare every meter with the true TV from the exact tier");
   auto* gen_meter_json = generate->add_option("--meter-json", gen.meter_json,
                                               "write every (layer, head, position) meter as JSON lines");
+  generate->add_flag("--json", gen.json,
+                     "print one JSON object on stdout (text, token counts, finish reason and the witcert object "
+                     "serve returns) instead of streaming the text");
   const TierOptions gen_tier = add_tier_options(generate, gen.cache);
 
   witcert::apps::LogitsArgs lg;

@@ -17,6 +17,7 @@
 
 #include "apps/serve/dashboard.h"
 #include "base/thread_pool.h"
+#include "engine/meter_object.h"
 
 namespace witcert::apps {
 
@@ -252,35 +253,10 @@ json compact_meter(const gate::TelemetrySummary& m) {
 }
 
 // The request's meter, as every response carries it beside usage (r: its result, or its
-// counters so far while it runs).
+// counters so far while it runs), with the per-(layer, head) grid where the request asked.
 json witcert_object(const Server::Job& job, const engine::BatchResult& r, const engine::Model& m) {
-  const engine::CacheOptions& c = job.req.cache;
-  json w;
-  w["kv"] = c.format_name(formats::KvSide::key);
-  w["kv_v"] = c.format_name(formats::KvSide::value);
-  if (c.gate.on()) {
-    w["gate"] = {{"tau_k", c.gate.tau_k()},
-                 {"tau_v", c.gate.tau_v},
-                 {"granularity", gate::granularity_name(c.gate.granularity)},
-                 {"label", c.gate.certified() ? "certified" : "risk-ranked"}};
-  } else {
-    w["gate"] = nullptr;
-  }
-  if (!r.has_meter) {
-    w["cells"] = 0;
-    w["certified"] = false;  // the plain exact cache has no meter
-    w["verdict"] = gate::verdict_name(gate::Verdict::unmetered);
-    w["reason"] = "the exact fp16 cache has no meter: nothing is quantized";
-    return w;
-  }
-  w.update(r.meter.to_json());
-  w["overflow_fraction"] = r.meter.cells > 0 ? static_cast<double>(r.meter.overflow) / r.meter.cells : 0.0;
-  w["page_ins"] = r.page_ins;
-  w["page_in_bytes"] = r.page_in_bytes;
-  w["shared_page_ins"] = r.shared_page_ins;
-  // Every served cell met τ_K and τ_V (coverage is a ratio of integer counts: 1 exactly).
-  w["certified"] = r.meter.cells > 0 && r.meter.coverage.joint == 1.0;
-  if (job.detail) {
+  json w = engine::meter_object(job.req.cache, r);
+  if (r.has_meter && job.detail) {
     const model::LlamaConfig& cfg = m.model->config();
     w["mean_meter_by_layer_head"] = layer_head_grid(r.heatmap, cfg.layers, cfg.heads);
   }

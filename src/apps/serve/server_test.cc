@@ -338,6 +338,31 @@ TEST_F(Serve, StreamChunksCarryTheMeterSoFarAndEveryRequestAVerdict) {
   EXPECT_EQ(verdict_of({{"tau_k", 1e-6}}), "repaired");         // a gate that must repair
 }
 
+// `witcert generate --json` prints the witcert object the server returns for the same request,
+// field for field, on a gated q4_0 cache (repaired) and an ungated one (at-risk).
+TEST_F(Serve, GenerateJsonCarriesTheServersWitcertObject) {
+  const std::string prompt = "The lighthouse keeper wrote in the log every night";
+  for (const double tau : {0.2, 0.0}) {
+    engine::CacheOptions q4 = dither(tau);
+    q4.k_format = q4.v_format = formats::KvFormat::parse("q4_0");
+    Running r(options(q4));
+    const json served = post(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}});
+    const std::string cmd = std::string(WITCERT_BIN) + " generate --json --kv q4_0 --n 8 --prompt '" + prompt + "'" +
+                            (tau > 0 ? " --tau-k 0.2" : "") + " 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ASSERT_EQ(::pclose(p), 0) << out;
+    const json cli = json::parse(out);
+    EXPECT_EQ(cli.at("text"), served.at("choices").at(0).at("text"));
+    EXPECT_EQ(cli.at("completion_tokens"), served.at("usage").at("completion_tokens"));
+    EXPECT_EQ(cli.at("witcert").dump(), served.at("witcert").dump()) << "tau " << tau;
+    EXPECT_EQ(cli.at("witcert").at("verdict"), tau > 0 ? "repaired" : "at-risk");
+  }
+}
+
 // A server that wants the API key "sekret" and takes bodies of at most 4096 bytes.
 ServeOptions keyed_options() {
   ServeOptions o = options(dither());
