@@ -2,8 +2,9 @@
 """A real Prometheus scrapes `witcert serve` once a second during a load run; the series read back
 through Prometheus's query API equal the sums of the responses' `usage` and `witcert` objects, and
 `promtool check metrics` accepts the exposition. Headless Chromium loads the dashboard after the
-load: its heatmap and coverage plot are drawn from the server's live samples; a screenshot is
-saved.
+load: its banner, heatmap and coverage plot are drawn from the server's live samples. Then an
+ungated q4_0 server and a dither-int8 one: the first dashboard reads at-risk, the second healthy.
+Screenshots of all three are saved.
 
 Usage: prometheus_dashboard_test.py WITCERT_BINARY MODEL_GGUF OUT_DIR
 """
@@ -42,6 +43,58 @@ def query(prom: str, expr: str) -> float:
     out = json.loads(get(prom + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
     result = out["data"]["result"]
     return float(result[0]["value"][1]) if result else float("nan")
+
+
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,900",
+            "--virtual-time-budget=5000"]
+
+
+def dashboard(base: str, shot: str) -> dict:
+    """The dashboard as headless Chromium draws it: the banner's verdict, the heatmap's drawn and
+    above-τ cells, the coverage plot's points and the subtitle; a screenshot saved to `shot`."""
+    dom = subprocess.run(CHROMIUM + ["--dump-dom", base + "/"], capture_output=True, text=True, timeout=120).stdout
+    heat = re.search(r'id="heatmap"[^>]*data-cells="(\d+)" data-above="(\d+)"', dom)
+    points = re.search(r'id="coverage"[^>]*data-points="(\d+)"', dom)
+    verdict = re.search(r'id="verdict"[^>]*data-verdict="([a-z-]+)"', dom)
+    sub = re.search(r'id="sub">([^<]*)<', dom)
+    assert heat and points and verdict and sub, dom[:3000]
+    subprocess.run(CHROMIUM + ["--screenshot=" + shot, base + "/"], capture_output=True, timeout=120)
+    assert os.path.getsize(shot) > 10000, "no screenshot"
+    return {"verdict": verdict.group(1), "cells": int(heat.group(1)), "above": int(heat.group(2)),
+            "points": int(points.group(1)), "sub": sub.group(1), "shot": shot}
+
+
+def start(binary: str, model: str, *flags: str):
+    server = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--kv-memory", "64M",
+                               "--max-tokens", "12", *flags], stderr=subprocess.PIPE, text=True)
+    base = re.search(r"listening on (http://[0-9.]+:[0-9]+)", server.stderr.readline()).group(1)
+    assert "ready" in server.stderr.readline()
+    return server, base
+
+
+def stop(server) -> None:
+    server.send_signal(signal.SIGTERM)
+    code = server.wait(timeout=60)
+    assert code == 0, f"witcert serve exited {code}"
+
+
+def healthy_or_not(binary: str, model: str, out_dir: str) -> None:
+    """An ungated q4_0 server and a dither-int8 one under the same small load: the first banner
+    reads at-risk with red heatmap cells, the second healthy with none."""
+    prompts = [f"The keeper's log, night {i}: the lamp was lit at dusk, the sea was calm, and" for i in range(4)]
+    for kv, want in (("q4_0", "at-risk"), ("dither-int8", "certified")):
+        server, base = start(binary, model, "--kv", kv)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                done = list(pool.map(lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8}), prompts))
+            get(base + "/state")
+            assert {r["witcert"]["verdict"] for r in done} == {want}, [r["witcert"]["reason"] for r in done]
+            d = dashboard(base, os.path.join(out_dir, f"dashboard-{kv}.png"))
+            assert d["verdict"] == want and "no gate" in d["sub"], d
+            assert (d["above"] > 0) == (want == "at-risk") and d["points"] >= 1, d
+            print(f"dashboard {kv}: {d}")
+        finally:
+            stop(server)
 
 
 def main() -> int:
@@ -109,18 +162,16 @@ def main() -> int:
         check = subprocess.run(["promtool", "check", "metrics"], input=get(base + "/metrics"), capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
 
-        # The dashboard in headless Chromium: drawn from the server's samples and heatmap.
-        chromium = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1280,900", "--virtual-time-budget=5000"]
-        dom = subprocess.run(chromium + ["--dump-dom", base + "/"], capture_output=True, text=True, timeout=120).stdout
-        heat = re.search(r'id="heatmap"[^>]*data-cells="(\d+)"', dom)
-        points = re.search(r'id="coverage"[^>]*data-points="(\d+)"', dom)
-        assert heat and int(heat.group(1)) == 30 * 9, dom[:2000]
-        assert points and int(points.group(1)) >= 1, dom[:2000]
-        shot = os.path.join(out_dir, "dashboard.png")
-        subprocess.run(chromium + ["--screenshot=" + shot, base + "/"], capture_output=True, timeout=120)
-        assert os.path.getsize(shot) > 10000, "no screenshot"
-        print(f"prometheus: {len(done)} requests, {completion} tokens, {cells} cells agree; dashboard {shot}")
+        # The dashboard in headless Chromium: drawn from the server's samples and heatmap; the gate
+        # made every cell meet τ, so the banner says healthy and no heatmap cell is above τ.
+        verdicts = {r["witcert"]["verdict"] for r in done}
+        assert verdicts <= {"certified", "repaired"}, verdicts
+        assert query(prom_url, "sum(witcert_requests_verdict_total)") == len(done)
+        d = dashboard(base, os.path.join(out_dir, "dashboard.png"))
+        assert d["verdict"] == ("repaired" if "repaired" in verdicts else "certified"), d
+        assert d["cells"] == 30 * 9 and d["above"] == 0 and d["points"] >= 1, d
+        assert "gate τ_K 0.2" in d["sub"], d
+        print(f"prometheus: {len(done)} requests, {completion} tokens, {cells} cells agree; dashboard {d}")
     finally:
         if prom:
             prom.terminate()
@@ -128,6 +179,7 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=60)
     assert code == 0, f"witcert serve exited {code}"
+    healthy_or_not(binary, model, out_dir)
     return 0
 
 

@@ -26,6 +26,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+constexpr std::size_t kRecentVerdicts = 50;  // the dashboard's banner reads the last this many requests
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_text(e), "application/json");
@@ -280,6 +282,8 @@ Server::Server(ServeOptions opts)
   metrics_.histogram("witcert_meter_raw_score", "Raw e-form scores of metered cells before repair.",
                      std::vector<double>(std::begin(gate::kRawScoreBounds), std::end(gate::kRawScoreBounds)));
   metrics_.counter("witcert_meter_overflow_cells_total", "Cells whose raw score overflowed (no guarantee).");
+  metrics_.counter("witcert_requests_verdict_total",
+                   "Finished requests by verdict (certified, repaired, at-risk, unmetered), errors excluded.");
   metrics_.counter("witcert_page_ins_total", "Pages promoted to exact by the gate's repairs.");
   metrics_.counter("witcert_page_in_bytes_total", "Bytes read from the exact tier by the gate's repairs.");
   metrics_.gauge("witcert_kv_pool_used_bytes", "Measured bytes of the KV pool in use by live sequences.");
@@ -555,10 +559,10 @@ json Server::live_requests() {
   return got.get();
 }
 
-nlohmann::json Server::state() {
+void Server::sample() {
   const engine::CacheOptions& c = opts_.cache;
-  const std::string kv = c.format_name(formats::KvSide::key), kv_v = c.format_name(formats::KvSide::value);
-  const Metrics::Labels k = {{"side", "K"}, {"scheme", kv}}, v = {{"side", "V"}, {"scheme", kv_v}};
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", c.format_name(formats::KvSide::key)}},
+                        v = {{"side", "V"}, {"scheme", c.format_name(formats::KvSide::value)}};
   double requests = 0.0;
   for (const char* f : {"stop", "length", "cancelled", "error"})
     requests += metrics_.value("witcert_requests_total", {{"finish_reason", f}});
@@ -575,11 +579,32 @@ nlohmann::json Server::state() {
   std::lock_guard lock(state_mu_);
   samples_.push_back(sample);
   while (samples_.size() > 600) samples_.pop_front();
+}
+
+nlohmann::json Server::state() {
+  sample();
+  const engine::CacheOptions& c = opts_.cache;
+  const std::string kv = c.format_name(formats::KvSide::key), kv_v = c.format_name(formats::KvSide::value);
+  std::lock_guard lock(state_mu_);
   const json heat = layer_head_grid(heat_, heat_layers_, heat_heads_);
+  json verdicts = json::object();
+  for (const gate::Verdict v : {gate::Verdict::certified, gate::Verdict::repaired, gate::Verdict::at_risk,
+                                gate::Verdict::unmetered})
+    verdicts[gate::verdict_name(v)] = std::count(verdicts_.begin(), verdicts_.end(), gate::verdict_name(v));
+  json gate = nullptr;
+  if (c.gate.on())
+    gate = {{"tau_k", c.gate.tau_k()},
+            {"tau_v", c.gate.tau_v},
+            {"granularity", gate::granularity_name(c.gate.granularity)},
+            {"label", c.gate.certified() ? "certified" : "risk-ranked"}};
   return {{"model", opts_.model_name},
           {"kv", kv},
           {"kv_v", kv_v},
           {"tau_k", opts_.coverage_tau},
+          {"tau_v", opts_.coverage_tau_v},
+          {"gate", gate},
+          {"verdicts", verdicts},
+          {"at_risk_reason", at_risk_reason_.empty() ? json(nullptr) : json(at_risk_reason_)},
           {"pool_capacity_bytes", metrics_.value("witcert_kv_pool_capacity_bytes")},
           {"samples", json(std::vector<json>(samples_.begin(), samples_.end()))},
           {"heatmap", heat}};
@@ -600,7 +625,18 @@ void Server::record(const Job& job, const std::string& finish, std::int64_t comp
                        std::chrono::duration<double>(job.finished - job.first_token).count() /
                            static_cast<double>(completion_tokens - 1));
   }
-  if (!r.has_meter) return;
+  if (finish != "error") {
+    const gate::Verdict verdict = r.has_meter ? r.meter.verdict() : gate::Verdict::unmetered;
+    metrics_.add("witcert_requests_verdict_total", 1, {{"verdict", gate::verdict_name(verdict)}});
+    std::lock_guard lock(state_mu_);
+    verdicts_.push_back(gate::verdict_name(verdict));
+    while (verdicts_.size() > kRecentVerdicts) verdicts_.pop_front();
+    if (verdict == gate::Verdict::at_risk) at_risk_reason_ = r.meter.reason();
+  }
+  if (!r.has_meter) {
+    sample();
+    return;
+  }
   {
     // The heatmap of recent requests: each finished request moves every cell a fifth of the way.
     std::lock_guard lock(state_mu_);
@@ -619,6 +655,7 @@ void Server::record(const Job& job, const std::string& finish, std::int64_t comp
   metrics_.add("witcert_meter_overflow_cells_total", static_cast<double>(r.meter.overflow));
   metrics_.add("witcert_page_ins_total", static_cast<double>(r.page_ins));
   metrics_.add("witcert_page_in_bytes_total", static_cast<double>(r.page_in_bytes));
+  sample();
 }
 
 void Server::shutdown(std::chrono::milliseconds deadline) {

@@ -99,6 +99,9 @@ class Server {
   // The dashboard's state: a new sample of the load and meter counters appended to the last 600,
   // and the recent requests' mean K meter per (layer, query head).
   nlohmann::json state();
+  // Appends a sample of the load and meter counters (each poll of the state and each finished
+  // request, so that a load shows on the plots before the next poll).
+  void sample();
 
   ServeOptions opts_;
   RequestDefaults defaults_;  // what a request body leaves out, from opts_
@@ -129,6 +132,8 @@ class Server {
   std::deque<nlohmann::json> samples_;
   std::vector<double> heat_;
   int heat_layers_ = 0, heat_heads_ = 0;
+  std::deque<std::string> verdicts_;  // the verdicts of the last kRecentVerdicts finished requests
+  std::string at_risk_reason_;        // the reason of the latest at-risk one
 };
 
 }  // namespace witcert::apps
