@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 namespace witcert::apps {
@@ -58,12 +59,29 @@ std::vector<model::ChatMessage> chat_messages(const json& msgs) {
   std::vector<model::ChatMessage> turns;
   for (const json& t : msgs) {
     require_arg(t.is_object() && t.contains("role") && t.at("role").is_string() && t.contains("content") &&
-                    t.at("content").is_string(),
-                "each message is an object with a string role and string content");
+                    (t.at("content").is_string() || t.at("content").is_array()),
+                "each message is an object with a string role and a content that is a string or an array of parts");
     const std::string role = t.at("role").get<std::string>();
     require_arg(role == "system" || role == "user" || role == "assistant",
                 "a message's role is system, user or assistant, got '" + role + "'");
-    turns.push_back({role, t.at("content").get<std::string>()});
+    const json& content = t.at("content");
+    if (content.is_string()) {
+      turns.push_back({role, content.get<std::string>()});
+      continue;
+    }
+    // Content parts: the text parts joined by newlines, as vLLM joins them; no other kind is read.
+    require_arg(!content.empty(), "a message's content parts must not be empty");
+    std::string text;
+    for (const json& part : content) {
+      require_arg(part.is_object() && part.contains("type") && part.at("type").is_string(),
+                  "each content part is an object with a string type");
+      const std::string type = part.at("type").get<std::string>();
+      require_arg(type == "text", "a content part of type '" + type + "' is not supported (only text)");
+      require_arg(part.contains("text") && part.at("text").is_string(), "a text part has a string 'text'");
+      if (&part != &content.front()) text += "\n";
+      text += part.at("text").get<std::string>();
+    }
+    turns.push_back({role, text});
   }
   return turns;
 }
@@ -164,8 +182,25 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
     }
   } else {
     require(body.contains("prompt"), "'prompt' is required", "prompt", "missing_parameter");
-    require(body.at("prompt").is_string(), "'prompt' must be a string", "prompt", "invalid_type");
-    s.prompt = body.at("prompt").get<std::string>();
+    // A string, a list of one string, token ids, or a list of one list of token ids.
+    json p = body.at("prompt");
+    const char* shape = "'prompt' must be a string, token ids, or a list of one of them";
+    if (p.is_array() && !p.empty() && (p.front().is_string() || p.front().is_array())) {
+      require(p.size() == 1, "one prompt per request: a list of several prompts is not supported", "prompt",
+              "unsupported_parameter");
+      p = json(p.front());
+    }
+    if (p.is_string()) {
+      s.prompt = p.get<std::string>();
+    } else {
+      require(p.is_array(), shape, "prompt", "invalid_type");
+      for (const json& id : p) {
+        require(id.is_number_integer() && id.get<std::int64_t>() >= 0 && id.get<std::int64_t>() <= std::numeric_limits<std::int32_t>::max(), shape,
+                "prompt", "invalid_type");
+        s.prompt_ids.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+      }
+      s.prompt_is_ids = true;
+    }
   }
 
   r.max_tokens = d.max_tokens;

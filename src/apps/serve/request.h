@@ -45,6 +45,8 @@ struct RequestDefaults {
 struct RequestSpec {
   bool chat = false;
   std::string prompt;                        // /v1/completions
+  std::vector<std::int32_t> prompt_ids;      // /v1/completions given token ids (taken as they are)
+  bool prompt_is_ids = false;
   std::vector<model::ChatMessage> messages;  // /v1/chat/completions
   engine::BatchRequest req;                  // sampler, max_tokens, cache policy; req.prompt empty
   std::vector<std::string> stop;             // at most 4, none empty
@@ -74,8 +76,9 @@ TokenizeSpec parse_tokenize(std::string_view body);
 // checks them against its vocabulary). Throws ApiError 400 naming the field.
 std::vector<std::int64_t> parse_detokenize(std::string_view body);
 
-// Chat messages from a JSON array of {role, content} (role system, user or assistant). Throws
-// std::invalid_argument saying what is wrong.
+// Chat messages from a JSON array of {role, content} (role system, user or assistant; content a
+// string or an array of text parts, joined by newlines). Throws std::invalid_argument saying what
+// is wrong.
 std::vector<model::ChatMessage> chat_messages(const nlohmann::json& messages);
 
 

@@ -85,7 +85,7 @@ TEST(Request, EveryFieldOfTheWrongTypeIsRefusedByName) {
       EXPECT_EQ(e.status, 400) << body.dump();
       EXPECT_EQ(e.param, key) << body.dump() << " → " << e.what();
     }
-  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"prompt", 5}, {"prompt", json::array({"a"})}}) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"prompt", 5}, {"prompt", json::parse(R"([["a"]])")}}) {
     json body = {{key, value}};
     EXPECT_EQ(refused(body.dump(), false).param, "prompt");
   }
@@ -93,6 +93,46 @@ TEST(Request, EveryFieldOfTheWrongTypeIsRefusedByName) {
                         json::array({{{"role", 1}, {"content", "Hi"}}}), json::array({{{"role", "tool"}, {"content", "Hi"}}}),
                         json::array({{{"role", "user"}, {"content", json::array()}}})}) {
     EXPECT_EQ(refused(json{{"messages", m}}.dump(), true).param, "messages") << m.dump();
+  }
+}
+
+// OpenAI's prompt shapes: a string, a list of one string, token ids, a list of one list of token
+// ids; several prompts and anything else are refused naming `prompt`. Chat content as text parts
+// is joined by newlines; other parts, empty parts and parts without text are refused.
+TEST(Request, PromptShapesAndContentParts) {
+  const auto parsed = [](const json& prompt) { return parse_request(json{{"prompt", prompt}}.dump(), false, certified()); };
+  for (const json& p : {json("Hi there"), json::array({"Hi there"})}) {
+    const RequestSpec s = parsed(p);
+    EXPECT_EQ(s.prompt, "Hi there") << p;
+    EXPECT_FALSE(s.prompt_is_ids);
+  }
+  for (const json& p : {json::parse("[1, 22, 333]"), json::parse("[[1, 22, 333]]")}) {
+    const RequestSpec s = parsed(p);
+    EXPECT_TRUE(s.prompt_is_ids) << p;
+    EXPECT_EQ(s.prompt_ids, (std::vector<std::int32_t>{1, 22, 333})) << p;
+  }
+  EXPECT_TRUE(parsed(json::array()).prompt_ids.empty());  // the server refuses it as an empty prompt
+  for (const char* several : {R"(["a", "b"])", R"([[1], [2]])", R"([[1], "b"])"}) {
+    const ApiError e = refused(json{{"prompt", json::parse(several)}}.dump(), false);
+    EXPECT_EQ(e.param, "prompt") << several;
+    EXPECT_EQ(e.code, "unsupported_parameter") << several;
+  }
+  for (const char* bad : {"[1.5]", "[-1]", "[true]", "[2147483648]", "[1, \"a\"]", "{\"a\": 1}", "[[\"a\"]]", "[[1.5]]", "null"}) {
+    const ApiError e = refused(R"({"prompt": )" + std::string(bad) + "}", false);
+    EXPECT_EQ(e.param, "prompt") << bad;
+  }
+
+  const auto chat = [](const json& content) {
+    return json{{"messages", json::array({{{"role", "user"}, {"content", content}}})}}.dump();
+  };
+  const RequestSpec s = parse_request(chat(json::parse(R"([{"type": "text", "text": "Name"}, {"type": "text", "text": "a color."}])")),
+                                      true, certified());
+  ASSERT_EQ(s.messages.size(), 1u);
+  EXPECT_EQ(s.messages[0].content, "Name\na color.");
+  for (const char* bad : {R"([])", R"([{"type": "image_url", "image_url": {"url": "x"}}])", R"([{"type": "text"}])",
+                          R"([{"type": "text", "text": 5}])", R"(["text"])", R"([{"text": "x"}])"}) {
+    const ApiError e = refused(chat(json::parse(bad)), true);
+    EXPECT_EQ(e.param, "messages") << bad;
   }
 }
 

@@ -818,7 +818,12 @@ std::shared_ptr<Server::Job> Server::parse(const std::string& text, bool chat) {
   job->response_id = unix_id(chat ? "chatcmpl" : "cmpl", job->id);
   engine::BatchRequest& r = job->req;
   r.prompt = chat ? model_.chat_tokens(job->messages)
-                  : model_.prompt_tokens(job->prompt, false);
+             : job->prompt_is_ids ? job->prompt_ids
+                                  : model_.prompt_tokens(job->prompt, false);
+  const int vocab = model_.model->config().vocab;
+  for (const std::int32_t id : r.prompt)
+    if (id >= vocab)
+      throw ApiError(400, fmt::format("the prompt's token id {} is outside the vocabulary of {}", id, vocab), "prompt");
   if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt", "invalid_value");
   const std::int64_t context = model_.model->config().context;
   if (static_cast<std::int64_t>(r.prompt.size()) >= context)

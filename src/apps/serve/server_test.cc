@@ -338,6 +338,33 @@ TEST_F(Serve, StreamChunksCarryTheMeterSoFarAndEveryRequestAVerdict) {
   EXPECT_EQ(verdict_of({{"tau_k", 1e-6}}), "repaired");         // a gate that must repair
 }
 
+// A prompt given as its token ids completes as the text does; a chat message as text parts as the
+// joined text does; an id outside the vocabulary is refused naming the prompt.
+TEST_F(Serve, PromptAsTokenIdsAndChatContentAsParts) {
+  Running r(options(dither()));
+  const std::string prompt = "The capital of France is";
+  const std::vector<std::int32_t> ids = model_->prompt_tokens(prompt, false);
+  const json text = post(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 6}});
+  for (const json& p : {json(ids), json::array({json(ids)})}) {
+    const json by_ids = post(r, "/v1/completions", {{"prompt", p}, {"max_tokens", 6}});
+    EXPECT_EQ(by_ids.at("choices").at(0).at("text"), text.at("choices").at(0).at("text")) << p;
+    EXPECT_EQ(by_ids.at("usage"), text.at("usage"));
+  }
+  const auto res = r.client().Post("/v1/completions", json{{"prompt", {1, 49152}}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(json::parse(res->body).at("error").at("param"), "prompt") << res->body;
+  EXPECT_NE(res->body.find("outside the vocabulary of 49152"), std::string::npos) << res->body;
+
+  const auto chat = [&](const json& content) {
+    return post(r, "/v1/chat/completions",
+                {{"messages", json::array({{{"role", "user"}, {"content", content}}})}, {"max_tokens", 6}})
+        .at("choices").at(0).at("message").at("content");
+  };
+  EXPECT_EQ(chat(json::parse(R"([{"type": "text", "text": "Name"}, {"type": "text", "text": "a color."}])")),
+            chat("Name\na color."));
+}
+
 // `witcert generate --json` prints the witcert object the server returns for the same request,
 // field for field, on a gated q4_0 cache (repaired) and an ungated one (at-risk).
 TEST_F(Serve, GenerateJsonCarriesTheServersWitcertObject) {
