@@ -166,6 +166,10 @@ RequestPolicy RequestPolicy::from_json(const nlohmann::json& j, const CacheOptio
   for (const char* key : kKeys) policy = policy || j.contains(key);
   require(!policy || base.certified,
           "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
+  // δ is the failure budget of Tier B's keys: on any other key format it would change nothing.
+  require(!j.contains("delta") || base.k_format.kind() == formats::FormatKind::dither_int8,
+          "delta is the failure budget of dither-int8 keys; the pool's keys are " +
+              std::string(base.k_format.name()) + ", whose bound holds for every query (no delta)");
   p.cache.read_policy(j);
   // The request's coverage τ, by the rule of every entry point: its own, else its own certified
   // gate's τ_K, else the pool's.

@@ -521,6 +521,7 @@ TEST(CliEngine, BatchBadLinesFailAloneWhateverTheField) {
       {R"("delta": 0)", "delta"},
       {R"("delta": 1)", "delta"},
       {R"("delta": "small")", "delta"},
+      {R"("delta": 0.05)", "the pool's keys are q4_0"},  // no effect on q4_0 keys: refused, not ignored
       {R"("bound": "nope")", "nope"},
       {R"("bound": 1)", "bound"},
       {R"("coverage_tau": 0)", "coverage_tau"},
@@ -552,7 +553,7 @@ TEST(CliEngine, BatchBadLinesFailAloneWhateverTheField) {
   input.push_back({R"({"prompt": "Hi")", "", "JSON"});
   input.push_back({"{\"messages\": [{\"role\": \"user\", \"content\": \"Name a river.\"}], \"max_tokens\": 2, "
                    "\"temperature\": 0.7, \"top_p\": 0.9, \"seed\": 3, \"tau_k\": 0.3, \"tau_v\": 0.1, "
-                   "\"granularity\": \"head\", \"delta\": 0.05, \"bound\": \"eform\", \"coverage_tau\": 0.5, "
+                   "\"granularity\": \"head\", \"bound\": \"eform\", \"coverage_tau\": 0.5, "
                    "\"coverage_tau_v\": 0.1, \"id\": \"good-every-field\"}",
                    "good-every-field", ""});
   {

@@ -204,9 +204,15 @@ TEST(Request, TheMeterPolicyIsValidatedAgainstThePool) {
                         R"({"bound": "tanh"})", R"({"coverage_tau": 0.5})", R"({"coverage_tau_v": 0.5})"}) {
     const std::string body = std::string(R"({"prompt": "x", "witcert": )") + w + "}";
     EXPECT_NO_THROW(parse_request(body, false, certified())) << body;
-    EXPECT_NO_THROW(parse_request(body, false, gated)) << body;
+    if (std::string(w).find("delta") == std::string::npos) {
+      EXPECT_NO_THROW(parse_request(body, false, gated)) << body;
+    }
     EXPECT_EQ(refused(body, false, plain).param, "witcert") << body;  // a plain pool has no meter
   }
+  // δ changes only dither-int8 keys' bound: on q8_0 keys it is refused, not ignored.
+  const ApiError no_delta = refused(R"({"prompt": "x", "witcert": {"delta": 0.001}})", false, gated);
+  EXPECT_EQ(no_delta.param, "witcert");
+  EXPECT_NE(std::string(no_delta.what()).find("the pool's keys are q8_0"), std::string::npos) << no_delta.what();
   for (const char* w : {R"({"tau_k": -0.1})", R"({"tau_k": "0.1"})", R"({"tau_v": -1})", R"({"granularity": "page"})",
                         R"({"delta": 0})", R"({"delta": 1})", R"({"bound": "max"})", R"({"coverage_tau": 0})",
                         R"({"coverage_tau": 1.5})", R"({"coverage_tau_v": 0})", R"({"detail": 1})", R"(0.2)"}) {
