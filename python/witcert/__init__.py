@@ -201,7 +201,7 @@ class Engine:
     def generate(self, prompt: str, *, kv: Optional[str] = None, tau_k: Optional[float] = None,
                  max_tokens: int = 64, on_token: Optional[TokenCallback] = None, **options: Any) -> Dict[str, Any]:
         """Generates from ``prompt``. ``kv``/``tau_k`` and further options (``kv_v``, ``tau_v``,
-        ``granularity``, ``chat``, ``temperature``, ``top_p``, ``seed``, ``coverage_tau``, ...)
+        ``granularity``, ``chat``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``coverage_tau``, ...)
         are those of ``witcert generate``. ``on_token(token, piece, step_meter)`` sees each token;
         returning True cancels. Returns ``text``, ``tokens``, ``prompt_tokens``,
         ``completion_tokens``, ``finish_reason`` and ``meter`` (the request's summary: cells,

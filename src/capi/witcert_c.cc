@@ -801,7 +801,8 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     const nlohmann::json all = parse_object(request_json, "request_json");
     nlohmann::json req = {{"prompt", prompt}}, cache = nlohmann::json::object();
     for (const auto& item : all.items()) {
-      static const char* request_keys[] = {"chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v"};
+      static const char* request_keys[] = {"chat", "max_tokens", "temperature", "top_p", "top_k", "seed", "coverage_tau",
+                                           "coverage_tau_v"};
       const bool is_request = std::any_of(std::begin(request_keys), std::end(request_keys),
                                           [&](const char* k) { return item.key() == k; });
       require(item.key() != "prompt", "request_json: the prompt is the prompt argument");

@@ -130,6 +130,7 @@ void RequestOptions::validate() const {
   require(std::isfinite(sampler.temperature) && sampler.temperature >= 0,
           "temperature must be finite and >= 0, got " + std::to_string(sampler.temperature));
   require(sampler.top_p > 0 && sampler.top_p <= 1, "top_p must be in (0, 1], got " + std::to_string(sampler.top_p));
+  require(sampler.top_k >= 0, "top_k must be >= 0 (0: every token), got " + std::to_string(sampler.top_k));
   require(coverage_tau > 0 && coverage_tau <= 1, "coverage_tau must be in (0, 1], got " + std::to_string(coverage_tau));
   require(finite_positive(coverage_tau_v), "coverage_tau_v must be finite and > 0, got " + std::to_string(coverage_tau_v));
 }
@@ -184,7 +185,7 @@ RequestPolicy RequestPolicy::from_json(const nlohmann::json& j, const CacheOptio
 }
 
 RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
-  check_keys(j, {"prompt", "chat", "max_tokens", "temperature", "top_p", "seed", "coverage_tau", "coverage_tau_v"},
+  check_keys(j, {"prompt", "chat", "max_tokens", "temperature", "top_p", "top_k", "seed", "coverage_tau", "coverage_tau_v"},
              "request");
   require(j.contains("prompt"), "request: prompt is required");
   RequestOptions o;
@@ -193,6 +194,7 @@ RequestOptions RequestOptions::from_json(const nlohmann::json& j) {
   read_json(j, "max_tokens", o.max_new_tokens);
   read_json(j, "temperature", o.sampler.temperature);
   read_json(j, "top_p", o.sampler.top_p);
+  read_json(j, "top_k", o.sampler.top_k);
   read_json(j, "seed", o.sampler.seed);
   read_json(j, "coverage_tau", o.coverage_tau);
   read_json(j, "coverage_tau_v", o.coverage_tau_v);

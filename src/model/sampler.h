@@ -1,4 +1,5 @@
-// Next-token choice: greedy, or temperature + nucleus (top-p) sampling from a seeded stream.
+// Next-token choice: greedy, or temperature sampling from a seeded stream, restricted to the k
+// most likely tokens (top-k) and then to the nucleus of mass top_p among them.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,13 @@ struct SamplerConfig {
   float temperature = 0.0f;  // 0: greedy
   float top_p = 1.0f;        // in (0, 1]
   std::uint64_t seed = 0;
+  int top_k = 0;             // ≥ 1: sample among the top_k most likely tokens; 0: every token
 };
 
 class Sampler {
  public:
-  // Throws std::invalid_argument for a negative or non-finite temperature or top_p ∉ (0, 1].
+  // Throws std::invalid_argument for a negative or non-finite temperature, top_p ∉ (0, 1] or a
+  // negative top_k.
   explicit Sampler(const SamplerConfig& cfg);
 
   std::int32_t sample(std::span<const float> logits);

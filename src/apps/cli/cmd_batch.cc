@@ -36,14 +36,14 @@ void require(bool ok, const std::string& what) {
 }
 
 // One input line as a request. Keys: prompt (text) or messages ([{role, content}], rendered by
-// the model's chat template), max_tokens, temperature, top_p, seed, and with a certified cache
+// the model's chat template), max_tokens, temperature, top_p, top_k, seed, and with a certified cache
 // the request's policy: tau_k (τ_K of the gate), tau_v, granularity, delta, bound, coverage_tau,
 // coverage_tau_v. id is echoed. Anything else is an error naming the key.
 engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model& m, const engine::CacheOptions& base,
                                    const BatchArgs& args) {
   require(j.is_object(), "a request is a JSON object");
   static const std::vector<std::string_view> known = [] {
-    std::vector<std::string_view> k = {"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed"};
+    std::vector<std::string_view> k = {"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed"};
     k.insert(k.end(), std::begin(engine::RequestPolicy::kKeys), std::end(engine::RequestPolicy::kKeys));
     return k;
   }();
@@ -63,8 +63,9 @@ engine::BatchRequest parse_request(const nlohmann::json& j, const engine::Model&
   require(r.max_tokens >= 1 && r.max_tokens <= 1000000, "max_tokens must be in [1, 1000000], got " + std::to_string(r.max_tokens));
   engine::read_json(j, "temperature", r.sampler.temperature);
   engine::read_json(j, "top_p", r.sampler.top_p);
+  engine::read_json(j, "top_k", r.sampler.top_k);
   engine::read_json(j, "seed", r.sampler.seed);
-  model::Sampler{r.sampler};  // a bad temperature or top_p is this line's error, before the engine takes it
+  model::Sampler{r.sampler};  // a bad temperature, top_p or top_k is this line's error, before the engine takes it
   r.set_policy(engine::RequestPolicy::from_json(j, base, args.cache.coverage_tau, args.cache.tau_v));
   return r;
 }

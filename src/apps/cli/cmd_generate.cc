@@ -77,7 +77,7 @@ int run_generate(const GenerateArgs& args, std::ostream& out, std::ostream& err)
   engine::BatchRequest req;
   req.prompt = prompt;
   req.max_tokens = args.n;
-  req.sampler = {args.temperature, args.top_p, args.seed};
+  req.sampler = {args.temperature, args.top_p, args.seed, args.top_k};
   req.cache = cache_opts;
   req.coverage_tau = args.cache.coverage_tau;
   req.coverage_tau_v = args.cache.tau_v;

@@ -73,6 +73,7 @@ struct GenerateArgs {
   int n = 128;
   float temperature = 0.0f;
   float top_p = 1.0f;
+  int top_k = 0;  // 0: every token
   std::uint64_t seed = 0;
   int threads = 2;
   CacheFlags cache;  // an empty kv keeps the plain exact cache

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -302,6 +303,8 @@ int main(int argc, char** argv) {
   generate->add_option("--temp", gen.temperature, "temperature (0: greedy)")
       ->check(real<float>("--temp", [](float v) { return std::isfinite(v) && v >= 0; }, "finite and >= 0"));
   generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->check(half_open_unit<float>("--top-p"));
+  generate->add_option("--top-k", gen.top_k, "sample among the k most likely tokens (0: every token)")
+      ->transform(whole_in("--top-k", 0, std::numeric_limits<int>::max()));
   generate->add_option("--seed", gen.seed, "sampling seed")->transform(seed("--seed"));
   generate->add_option("--threads", gen.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
   auto* gen_kv = generate->add_option(

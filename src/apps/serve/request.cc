@@ -140,7 +140,7 @@ std::string not_served(const std::string& asked, const std::string& served) {
 
 RequestSpec parse_request(std::string_view text, bool chat, const RequestDefaults& d) {
   const json body = parse_object(text);
-  static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "seed", "stop",
+  static const std::vector<std::string> common = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                                                   "stream", "stream_options", "logprobs", "n", "user",
                                                   "presence_penalty", "frequency_penalty", "witcert"};
   static const std::vector<std::string> chat_only = {"messages", "top_logprobs", "max_completion_tokens"};
@@ -214,6 +214,10 @@ RequestSpec parse_request(std::string_view text, bool chat, const RequestDefault
           "'temperature' must be in [0, 2]", "temperature");
   field(body, "top_p", r.sampler.top_p);
   require(r.sampler.top_p > 0 && r.sampler.top_p <= 1, "'top_p' must be in (0, 1]", "top_p");
+  // top_k as vLLM and llama-server take it: k ≥ 1 keeps the k most likely tokens; 0 or -1 keeps all.
+  field(body, "top_k", r.sampler.top_k);
+  require(r.sampler.top_k >= -1, "'top_k' must be -1, 0 (every token) or at least 1", "top_k");
+  r.sampler.top_k = std::max(r.sampler.top_k, 0);
   field(body, "seed", r.sampler.seed);
   if (body.contains("stop") && !body.at("stop").is_null()) {
     const json& st = body.at("stop");

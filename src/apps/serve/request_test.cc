@@ -76,7 +76,7 @@ TEST(Request, EveryFieldOfTheWrongTypeIsRefusedByName) {
       {"top_p", json::array()}, {"seed", -1},             {"seed", 0.5},         {"stop", 5},
       {"stop", {1}},         {"stream", "yes"},           {"stream_options", 1}, {"n", "1"},
       {"user", 5},           {"presence_penalty", "0"},   {"frequency_penalty", true}, {"witcert", 0.2},
-      {"logprobs", "x"}};
+      {"logprobs", "x"},     {"top_k", "3"},             {"top_k", 1.5}};
   for (bool chat : {false, true})
     for (const auto& [key, value] : wrong) {
       json body = base(chat);
@@ -94,6 +94,16 @@ TEST(Request, EveryFieldOfTheWrongTypeIsRefusedByName) {
                         json::array({{{"role", "user"}, {"content", json::array()}}})}) {
     EXPECT_EQ(refused(json{{"messages", m}}.dump(), true).param, "messages") << m.dump();
   }
+}
+
+// top_k as vLLM and llama-server take it: -1 and 0 keep every token, k ≥ 1 the k most likely.
+TEST(Request, TopKAsVllmTakesIt) {
+  for (const auto& [given, kept] : std::vector<std::pair<int, int>>{{-1, 0}, {0, 0}, {1, 1}, {40, 40}}) {
+    const RequestSpec s = parse_request(json{{"prompt", "Hi"}, {"top_k", given}}.dump(), false, certified());
+    EXPECT_EQ(s.req.sampler.top_k, kept) << given;
+  }
+  EXPECT_EQ(parse_request(R"({"prompt": "Hi"})", false, certified()).req.sampler.top_k, 0);
+  EXPECT_EQ(refused(R"({"prompt": "Hi", "top_k": -2})", false).param, "top_k");
 }
 
 // OpenAI's prompt shapes: a string, a list of one string, token ids, a list of one list of token
