@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A real Prometheus scrapes `witcert serve` once a second during a load run; the series read back
-through Prometheus's query API equal the sums of the responses' `usage` and `witcert` objects, and
-`promtool check metrics` accepts the exposition. Headless Chromium loads the dashboard after the
+through Prometheus's query API equal the sums of the responses' `usage` and `witcert` objects,
+`promtool check metrics` accepts the exposition, and Prometheus runs the shipped configuration and
+answers every query of the shipped Grafana dashboard (examples/monitoring/). Headless Chromium loads the dashboard after the
 load: its banner, heatmap and coverage plot are drawn from the server's live samples. Then an
 ungated q4_0 server and a dither-int8 one: the first dashboard reads at-risk, the second healthy.
 Screenshots of all three are saved.
@@ -45,6 +46,7 @@ def query(prom: str, expr: str) -> float:
     return float(result[0]["value"][1]) if result else float("nan")
 
 
+MONITORING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "monitoring")
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,900",
             "--virtual-time-budget=5000"]
 
@@ -112,10 +114,12 @@ def main() -> int:
         check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
 
+        # The shipped configuration, pointed at this server's port.
         port = free_port()
+        shipped = open(os.path.join(MONITORING, "prometheus.yml")).read()
+        assert "'127.0.0.1:8080'" in shipped
         with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
-            f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: witcert\n    static_configs:\n"
-                    f"      - targets: ['{base[len('http://'):]}']\n")
+            f.write(shipped.replace("127.0.0.1:8080", base[len("http://"):]))
         prom = subprocess.Popen(["prometheus", "--config.file=" + os.path.join(tmp, "prometheus.yml"),
                                  "--storage.tsdb.path=" + os.path.join(tmp, "data"),
                                  f"--web.listen-address=127.0.0.1:{port}"],
@@ -161,6 +165,14 @@ def main() -> int:
         assert query(prom_url, "witcert_kv_pool_capacity_bytes") > 0
         check = subprocess.run(["promtool", "check", "metrics"], input=get(base + "/metrics"), capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
+        # Every query of the shipped Grafana dashboard is valid PromQL over series the server exports:
+        # each returns data once the load has been scraped.
+        grafana = json.load(open(os.path.join(MONITORING, "grafana-dashboard.json")))
+        exprs = [t["expr"] for panel in grafana["panels"] for t in panel["targets"]]
+        assert len(exprs) >= 8, exprs
+        for expr in exprs:
+            out = json.loads(get(prom_url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+            assert out["status"] == "success" and out["data"]["result"], (expr, out)
 
         # The dashboard in headless Chromium: drawn from the server's samples and heatmap; the gate
         # made every cell meet τ, so the banner says healthy and no heatmap cell is above τ.
