@@ -282,6 +282,8 @@ std::string flag_suggestions(const CLI::App& cmd, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   CLI::App app{"WitCert: sound, per-request meters for quantized KV caches"};
+  // Every option shows its default in --help (subcommands inherit the option defaults).
+  app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
 
   auto* bound = app.add_subcommand(
