@@ -310,6 +310,17 @@ TEST_F(Serve, StreamChunksCarryTheMeterSoFarAndEveryRequestAVerdict) {
   EXPECT_TRUE(chunk_meters({{"meter_every", 0}}, &tail).empty());  // only the last chunk's whole object
   EXPECT_EQ(tail.at("cells"), kCellsPerStep * 8);
 
+  // stream_options.include_usage both ways: the last chunk carries usage only when asked (the
+  // default asks).
+  for (const bool usage : {false, true}) {
+    const std::vector<std::string> events =
+        stream(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"stream_options", {{"include_usage", usage}}}});
+    ASSERT_GE(events.size(), 2u);
+    const json last = json::parse(events[events.size() - 2]);
+    EXPECT_EQ(last.contains("usage"), usage) << last;
+    EXPECT_TRUE(last.contains("witcert"));
+  }
+
   for (const json& bad : {json(-1), json("3"), json(1.5)}) {
     const auto res = r.client().Post("/v1/completions", json{{"prompt", prompt}, {"witcert", {{"meter_every", bad}}}}.dump(),
                                      "application/json");
