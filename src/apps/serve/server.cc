@@ -282,6 +282,10 @@ Server::Server(ServeOptions opts)
   metrics_.histogram("witcert_meter_raw_score", "Raw e-form scores of metered cells before repair.",
                      std::vector<double>(std::begin(gate::kRawScoreBounds), std::end(gate::kRawScoreBounds)));
   metrics_.counter("witcert_meter_overflow_cells_total", "Cells whose raw score overflowed (no guarantee).");
+  metrics_.counter("witcert_requests_rejected_total",
+                   "Requests answered with an error status before or instead of generating, by status.");
+  metrics_.counter("witcert_preemptions_total", "Times finished requests were preempted and recomputed.");
+  metrics_.gauge("witcert_build_info", "1, labelled with the version, the served model and the pool's K and V formats.");
   metrics_.counter("witcert_requests_verdict_total",
                    "Finished requests by verdict (certified, repaired, at-risk, unmetered), errors excluded.");
   metrics_.counter("witcert_page_ins_total", "Pages promoted to exact by the gate's repairs.");
@@ -298,6 +302,11 @@ Server::Server(ServeOptions opts)
   metrics_.histogram("witcert_request_duration_seconds", "Time from arrival to the last byte of the response.", seconds);
   metrics_.set("witcert_requests_running", 0);
   metrics_.set("witcert_requests_waiting", 0);
+  metrics_.set("witcert_build_info", 1,
+               {{"version", WITCERT_VERSION_STRING},
+                {"model", opts_.model_name},
+                {"kv", opts_.cache.format_name(formats::KvSide::key)},
+                {"kv_v", opts_.cache.format_name(formats::KvSide::value)}});
 }
 
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
@@ -613,6 +622,7 @@ nlohmann::json Server::state() {
 void Server::record(const Job& job, const std::string& finish, std::int64_t completion_tokens) {
   const engine::BatchResult& r = job.result;
   metrics_.add("witcert_requests_total", 1, {{"finish_reason", finish}});
+  metrics_.add("witcert_preemptions_total", static_cast<double>(r.preemptions));
   metrics_.add("witcert_prompt_tokens_total", static_cast<double>(job.req.prompt.size()));
   metrics_.add("witcert_generation_tokens_total", static_cast<double>(completion_tokens));
   const double now = std::chrono::duration<double>(Clock::now() - job.arrived).count();
@@ -651,7 +661,8 @@ void Server::record(const Job& job, const std::string& finish, std::int64_t comp
   metrics_.add("witcert_meter_cells_total", cells, v);
   metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.k * cells), k);
   metrics_.add("witcert_meter_certified_cells_total", std::round(r.meter.coverage.v * cells), v);
-  metrics_.observe_counts("witcert_meter_raw_score", r.raw_histogram.counts, r.raw_histogram.finite_sum);
+  metrics_.observe_counts("witcert_meter_raw_score", r.raw_histogram.counts, r.raw_histogram.finite_sum,
+                          {{"scheme", c.format_name(formats::KvSide::key)}});
   metrics_.add("witcert_meter_overflow_cells_total", static_cast<double>(r.meter.overflow));
   metrics_.add("witcert_page_ins_total", static_cast<double>(r.page_ins));
   metrics_.add("witcert_page_in_bytes_total", static_cast<double>(r.page_in_bytes));
@@ -684,6 +695,11 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
 
 void Server::route() {
   httplib::Server& s = *http_;
+  // Every answer with an error status, counted once it is written (a stream that fails after its
+  // 200 is counted by its finish reason instead).
+  s.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    if (res.status >= 400) metrics_.add("witcert_requests_rejected_total", 1, {{"status", std::to_string(res.status)}});
+  });
   // Framing before anything else (a request whose length is ambiguous is refused, not guessed),
   // then authentication and readiness before any /v1 route; /health, /metrics and the dashboard
   // stay open.

@@ -266,7 +266,29 @@ TEST_F(Serve, EndpointsAnswerAndCompletionsCarryTheMeter) {
   const auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("witcert_requests_total{finish_reason=\"stop\"}"), std::string::npos) << metrics->body;
-  EXPECT_NE(metrics->body.find("witcert_meter_raw_score_bucket{le=\"+Inf\"}"), std::string::npos);
+  EXPECT_NE(metrics->body.find("witcert_meter_raw_score_bucket{scheme=\"dither-int8\",le=\"+Inf\"}"), std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("witcert_build_info{version=\"0.1.0\",model=\"SmolLM2-135M-Instruct.Q4_1\","
+                               "kv=\"dither-int8\",kv_v=\"dither-int8\"} 1"),
+            std::string::npos);
+  EXPECT_NE(metrics->body.find("witcert_preemptions_total 0"), std::string::npos);
+  // A refused request is counted by its status.
+  const auto before = c.Get("/metrics")->body;
+  const auto bad = c.Post("/v1/completions", R"({"prompt": 5})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  const auto count = [](const std::string& body) {
+    const std::string key = "witcert_requests_rejected_total{status=\"400\"} ";
+    const std::size_t at = body.find(key);
+    return at == std::string::npos ? 0.0 : std::stod(body.substr(at + key.size()));
+  };
+  // The count is taken once the answer is written: wait for it a little.
+  std::string after = c.Get("/metrics")->body;
+  for (int i = 0; i < 100 && count(after) == count(before); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    after = c.Get("/metrics")->body;
+  }
+  EXPECT_EQ(count(after), count(before) + 1) << after;
 }
 
 // A stream's chunks carry the meter so far after every meter_every tokens, growing to the last
