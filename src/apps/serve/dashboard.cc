@@ -91,7 +91,9 @@ async function tick(){try{const s=await (await fetch("state")).json();
  for(let i=0;i<s.samples.length;i++){const a=s.samples[i],age=now-a.t;run.push([age,a.running]);wait.push([age,a.waiting]);
   if(i>0){const b=s.samples[i-1],dc=a.cells_k-b.cells_k,dv=a.cells_v-b.cells_v,dt=a.t-b.t;
    cov.push([age,dc>0?(a.certified_k-b.certified_k)/dc:null]);covv.push([age,dv>0?(a.certified_v-b.certified_v)/dv:null]);
-   pin.push([age,dt>0?(a.page_in_bytes-b.page_in_bytes)/dt:0]);}}
+   // Page-in rate over at least the last second (samples at finished requests can be ms apart).
+   let j=i-1;while(j>0&&a.t-s.samples[j].t<1)j--;const c=s.samples[j],dtw=Math.max(a.t-c.t,1);
+   pin.push([age,dt>0?(a.page_in_bytes-c.page_in_bytes)/dtw:0]);}}
  let c=document.getElementById("coverage");axes(c,1,"");xticks(c,span);line(c,cov,1,"#1f77b4",span);line(c,covv,1,"#ff7f0e",span);
  c.dataset.points=String(cov.filter(p=>p[1]!==null).length);
  c=document.getElementById("pageins");const pmax=Math.max(1,...pin.map(p=>p[1]));axes(c,pmax,"B/s");xticks(c,span);line(c,pin,pmax,"#2ca02c",span);

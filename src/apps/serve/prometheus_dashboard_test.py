@@ -4,8 +4,8 @@ through Prometheus's query API equal the sums of the responses' `usage` and `wit
 `promtool check metrics` accepts the exposition, and Prometheus runs the shipped configuration and
 answers every query of the shipped Grafana dashboard (examples/monitoring/). Headless Chromium loads the dashboard after the
 load: its banner, heatmap and coverage plot are drawn from the server's live samples. Then an
-ungated q4_0 server and a dither-int8 one: the first dashboard reads at-risk, the second healthy.
-Screenshots of all three are saved.
+ungated q4_0 server, a gated q4_0 one and a dither-int8 one: their dashboards read at-risk,
+repaired and healthy. Screenshots of all four are saved.
 
 Usage: prometheus_dashboard_test.py WITCERT_BINARY MODEL_GGUF OUT_DIR
 """
@@ -81,20 +81,23 @@ def stop(server) -> None:
 
 
 def healthy_or_not(binary: str, model: str, out_dir: str) -> None:
-    """An ungated q4_0 server and a dither-int8 one under the same small load: the first banner
-    reads at-risk with red heatmap cells, the second healthy with none."""
+    """An ungated q4_0 server, a gated q4_0 one and a dither-int8 one under the same small load:
+    the first banner reads at-risk with red heatmap cells, the second repaired and the third
+    healthy, with none."""
     prompts = [f"The keeper's log, night {i}: the lamp was lit at dusk, the sea was calm, and" for i in range(4)]
-    for kv, want in (("q4_0", "at-risk"), ("dither-int8", "certified")):
-        server, base = start(binary, model, "--kv", kv)
+    for name, flags, want in (("q4_0", ["--kv", "q4_0"], "at-risk"),
+                              ("q4_0-gated", ["--kv", "q4_0", "--tau-k", "0.2"], "repaired"),
+                              ("dither-int8", ["--kv", "dither-int8"], "certified")):
+        server, base = start(binary, model, *flags)
         try:
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 done = list(pool.map(lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8}), prompts))
             get(base + "/state")
             assert {r["witcert"]["verdict"] for r in done} == {want}, [r["witcert"]["reason"] for r in done]
-            d = dashboard(base, os.path.join(out_dir, f"dashboard-{kv}.png"))
-            assert d["verdict"] == want and "no gate" in d["sub"], d
+            d = dashboard(base, os.path.join(out_dir, f"dashboard-{name}.png"))
+            assert d["verdict"] == want and ("no gate" in d["sub"]) == ("--tau-k" not in flags), d
             assert (d["above"] > 0) == (want == "at-risk") and d["points"] >= 1, d
-            print(f"dashboard {kv}: {d}")
+            print(f"dashboard {name}: {d}")
         finally:
             stop(server)
 
