@@ -843,6 +843,26 @@ TEST(CliEngine, DemoPrintsItsTableAndGatesWithinTau) {
 }
 
 // The exact tier in a memory-mapped file serves the same repairs as in RAM.
+// `run --json` prints report.json's object: the same runs as the report, one JSON line on stdout.
+TEST(CliEngine, RunJsonPrintsTheReportsObject) {
+  const std::string dir = scratch("report-json");
+  const Result r = run("run --model " + kModel + " --kv q4_0 --gate 0.2 --n 4 --json --report " + dir +
+                       " 'The capital of France is'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line, object;
+  while (std::getline(lines, line))
+    if (line.rfind("{", 0) == 0) object = line;  // stderr's progress lines do not begin with a brace
+  ASSERT_FALSE(object.empty()) << r.out;
+  const auto printed = nlohmann::json::parse(object);
+  std::ifstream file(dir + "/report.json");
+  const auto written = nlohmann::json::parse(file);
+  EXPECT_EQ(printed, written);
+  ASSERT_EQ(printed["runs"].size(), 1u);
+  EXPECT_EQ(printed["runs"][0]["meter"]["verdict"], "repaired");  // gated q4_0: every cell within tau after repairs
+  EXPECT_EQ(r.out.find("KL/tok"), std::string::npos) << "no table with --json";
+}
+
 TEST(CliEngine, RunWithAFileBackedTierMatchesRam) {
   const std::string ram = scratch("ram"), file = scratch("file"), tier = scratch("tier.bin");
   const std::string args = "run --model " + kModel + " --kv q4_0 --gate 0.2 --n 4 'The capital of France is' --report ";

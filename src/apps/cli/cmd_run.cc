@@ -38,6 +38,11 @@ int run_run(const RunArgs& a, std::ostream& out, std::ostream& err) {
   std::vector<RunOutcome> runs;
   for (const RunConfig& rc : configs)
     runs.push_back(run_request(engine, prompt, a.n, rc, a.threads, fp16, progress_bar(err, rc.label)));
+  if (a.json) {
+    out << report_json(a.prompt, fp16.run, runs).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!a.report.empty()) write_report(a.report, a.prompt, fp16.run, runs);
+    return 0;
+  }
   out << "fp16:        " << fp16.run.text << "\n";
   for (const RunOutcome& r : runs) out << fmt::format("{:<12} {}\n", r.config.label + ":", r.text);
   out << "\n";

@@ -140,6 +140,7 @@ struct RunArgs {
   int stride = 1;      // telemetry sampling stride in decode steps
   std::string report;  // directory
   int threads = 2;
+  bool json = false;   // one JSON object on out (report.json's) instead of the texts and the table
 };
 
 // The words of a comma-separated list, as `witcert run --scheme-sweep` splits it (empty words dropped).

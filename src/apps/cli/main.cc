@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
   runc->add_flag("--chat", ra.chat, "wrap the prompt as a user turn of the chat template");
   runc->add_flag("--check-soundness", ra.cache.check_soundness, "compare every meter with the true TV from the exact tier");
   runc->add_option("--report", ra.report, "directory for report.json, report.md, heatmaps and meter JSON lines");
+  runc->add_flag("--json", ra.json, "print report.json's object on stdout instead of the texts and the table");
   runc->add_option("--telemetry-stride", ra.stride, "keep every N-th decode step's cells for the quantiles and JSON lines")
       ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
   const TierOptions run_tier = add_tier_options(runc, ra.cache);

@@ -206,10 +206,8 @@ std::string coverage_legend(const std::vector<RunOutcome>& runs) {
       tau_k, tau_v);
 }
 
-void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
-                  const std::vector<RunOutcome>& runs, const std::string& answer) {
-  namespace fs = std::filesystem;
-  fs::create_directories(dir);
+nlohmann::json report_json(const std::string& prompt, const RunOutcome& fp16, const std::vector<RunOutcome>& runs,
+                           const std::string& answer) {
   nlohmann::json j;
   j["prompt"] = prompt;
   j["fp16_text"] = fp16.text;
@@ -235,10 +233,20 @@ void write_report(const std::string& dir, const std::string& prompt, const RunOu
     if (r.config.cache.k_format.kind() == formats::FormatKind::dither_int8) run["dither"] = kvcache::dither_mode_name(r.config.cache.dither);
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
-    const std::string n = std::to_string(j["runs"].size());
-    std::ofstream(fs::path(dir) / ("heatmap-" + n + ".svg")) << r.heatmap_svg;
+  }
+  return j;
+}
+
+void write_report(const std::string& dir, const std::string& prompt, const RunOutcome& fp16,
+                  const std::vector<RunOutcome>& runs, const std::string& answer) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  const nlohmann::json j = report_json(prompt, fp16, runs, answer);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const std::string n = std::to_string(i + 1);
+    std::ofstream(fs::path(dir) / ("heatmap-" + n + ".svg")) << runs[i].heatmap_svg;
     std::ofstream cells(fs::path(dir) / ("meter-" + n + ".jsonl"));
-    gate::write_cells_jsonl(cells, r.samples);
+    gate::write_cells_jsonl(cells, runs[i].samples);
   }
   std::ofstream(fs::path(dir) / "report.json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   std::ofstream md(fs::path(dir) / "report.md");

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "attention/cpu/exact_cache.h"
 #include "engine/model.h"
 #include "engine/options.h"
@@ -66,6 +68,11 @@ RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32
 bool stderr_is_terminal();
 // A progress bar for one run's prefill: redrawn in place on a terminal, one line when done otherwise.
 Progress progress_bar(std::ostream& err, const std::string& label, bool terminal = stderr_is_terminal());
+
+// The runs as report.json holds them: the prompt, the fp16 text, and per run its formats, gate,
+// bound, text, quality against fp16, meter summary (with its verdict), page-ins, bytes and time.
+nlohmann::json report_json(const std::string& prompt, const RunOutcome& fp16, const std::vector<RunOutcome>& runs,
+                           const std::string& answer = "");
 
 // Writes report.json, report.md, heatmap-<i>.svg and meter-<i>.jsonl into dir (created if
 // missing); with an expected answer, the table says whether each run's text contains it.
