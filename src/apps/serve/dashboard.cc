@@ -1,7 +1,82 @@
-// The live dashboard's page: self-contained HTML, CSS and JavaScript (nothing fetched but /state).
+// The live dashboard: its page (self-contained HTML, CSS and JavaScript; nothing fetched but
+// /state) and the server's side of /state, its samples and verdicts.
 #include "apps/serve/dashboard.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "apps/serve/server.h"
+#include "gate/telemetry.h"
+
 namespace witcert::apps {
+
+using nlohmann::json;
+
+// A row-major [layer][head] table as nested arrays, null where it holds NaN (no cell seen).
+json layer_head_grid(const std::vector<double>& v, int layers, int heads) {
+  json grid = json::array();
+  for (int l = 0; l < layers; ++l) {
+    json row = json::array();
+    for (int h = 0; h < heads; ++h) {
+      const double x = v[static_cast<std::size_t>(l) * heads + h];
+      row.push_back(std::isnan(x) ? json(nullptr) : json(x));
+    }
+    grid.push_back(row);
+  }
+  return grid;
+}
+
+void Server::sample() {
+  const engine::CacheOptions& c = opts_.cache;
+  const Metrics::Labels k = {{"side", "K"}, {"scheme", c.format_name(formats::KvSide::key)}},
+                        v = {{"side", "V"}, {"scheme", c.format_name(formats::KvSide::value)}};
+  double requests = 0.0;
+  for (const char* f : {"stop", "length", "cancelled", "error"})
+    requests += metrics_.value("witcert_requests_total", {{"finish_reason", f}});
+  json sample = {{"t", std::chrono::duration<double>(std::chrono::system_clock::now() - started_).count()},
+                 {"running", metrics_.value("witcert_requests_running")},
+                 {"waiting", metrics_.value("witcert_requests_waiting")},
+                 {"pool_ratio", metrics_.value("witcert_kv_pool_usage_ratio")},
+                 {"requests", requests},
+                 {"cells_k", metrics_.value("witcert_meter_cells_total", k)},
+                 {"certified_k", metrics_.value("witcert_meter_certified_cells_total", k)},
+                 {"cells_v", metrics_.value("witcert_meter_cells_total", v)},
+                 {"certified_v", metrics_.value("witcert_meter_certified_cells_total", v)},
+                 {"page_in_bytes", metrics_.value("witcert_page_in_bytes_total")}};
+  std::lock_guard lock(state_mu_);
+  samples_.push_back(sample);
+  while (samples_.size() > 600) samples_.pop_front();
+}
+
+nlohmann::json Server::state() {
+  sample();
+  const engine::CacheOptions& c = opts_.cache;
+  const std::string kv = c.format_name(formats::KvSide::key), kv_v = c.format_name(formats::KvSide::value);
+  std::lock_guard lock(state_mu_);
+  const json heat = layer_head_grid(heat_, heat_layers_, heat_heads_);
+  json verdicts = json::object();
+  for (const gate::Verdict v : {gate::Verdict::certified, gate::Verdict::repaired, gate::Verdict::at_risk,
+                                gate::Verdict::unmetered})
+    verdicts[gate::verdict_name(v)] = std::count(verdicts_.begin(), verdicts_.end(), gate::verdict_name(v));
+  json gate = nullptr;
+  if (c.gate.on())
+    gate = {{"tau_k", c.gate.tau_k()},
+            {"tau_v", c.gate.tau_v},
+            {"granularity", gate::granularity_name(c.gate.granularity)},
+            {"label", c.gate.certified() ? "certified" : "risk-ranked"}};
+  return {{"model", opts_.model_name},
+          {"kv", kv},
+          {"kv_v", kv_v},
+          {"tau_k", opts_.coverage_tau},
+          {"tau_v", opts_.coverage_tau_v},
+          {"gate", gate},
+          {"verdicts", verdicts},
+          {"at_risk_reason", at_risk_reason_.empty() ? json(nullptr) : json(at_risk_reason_)},
+          {"pool_capacity_bytes", metrics_.value("witcert_kv_pool_capacity_bytes")},
+          {"samples", json(std::vector<json>(samples_.begin(), samples_.end()))},
+          {"heatmap", heat}};
+}
 
 const char* dashboard_html() {
   return R"HTML(<!doctype html>
