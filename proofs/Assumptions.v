@@ -3,7 +3,7 @@
 
 From WitCert Require Import Sums Defs EForm TwoSided Tanh Meter
   Counterexample TierA SplitMerge ValueSide BlockRepair
-  Monotone TierB.
+  Monotone Dither TierB ValueDither.
 
 Print Assumptions eform_sound.
 Print Assumptions eform_meter_sound.
@@ -54,3 +54,23 @@ Print Assumptions union_bound.
 Print Assumptions request_budget.
 Print Assumptions tier_b_joint.
 Print Assumptions tier_b_meter.
+Print Assumptions sinh_le.
+Print Assumptions uniform_mgf_integral.
+Print Assumptions uniform_mgf_bound.
+Print Assumptions mgf_unif_bound.
+Print Assumptions mgf_unif_scaled_bound.
+Print Assumptions dither_code_range.
+Print Assumptions dither_code_bits.
+Print Assumptions subgaussian_sum.
+Print Assumptions dither_tail.
+Print Assumptions tier_b_joint_dither.
+Print Assumptions tier_b_meter_dither.
+Print Assumptions tier_b_request_dither.
+Print Assumptions value_channel_tail.
+Print Assumptions value_joint.
+Print Assumptions value_l2_on_event.
+Print Assumptions value_l2_tail.
+Print Assumptions value_l2_det.
+Print Assumptions value_l2_min.
+Print Assumptions cell_budget.
+Print Assumptions request_budget_kv.
