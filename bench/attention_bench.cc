@@ -313,7 +313,7 @@ void BM_KvBytes(benchmark::State& state) {
   c.layers = c.kv_heads = 1;
   c.head_dim = static_cast<int>(state.range(0));
   c.capacity = 32768;
-  c.k_format = c.v_format = formats::KvFormat::dither_int8();
+  c.k_format = c.v_format = formats::KvFormat::dither();
   c.outlier_pairs = static_cast<int>(state.range(1));
   const kvcache::KvStore store(c);
   for (auto _ : state) benchmark::DoNotOptimize(store.compressed_bytes());

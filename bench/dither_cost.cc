@@ -180,7 +180,7 @@ int run(const Args& args) {
     const auto certified = [&](kvcache::DitherMode mode, std::uint64_t seed, gate::CellLog& log) {
       engine::CacheOptions o;
       o.certified = true;
-      o.k_format = o.v_format = formats::KvFormat::dither_int8();
+      o.k_format = o.v_format = formats::KvFormat::dither();
       o.dither_seed = seed;
       o.dither = mode;
       o.delta = args.delta;

@@ -27,7 +27,7 @@
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/batch.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "gate/meter_cell.h"
 #include "gate/telemetry.h"
 #include "kvcache/page_pool.h"
@@ -437,7 +437,7 @@ witcert_status witcert_dither_encode(const float* x, const float* xi, const uint
     const std::vector<std::uint8_t> mask = dither_layout(d, group, outlier, outlier_values, n_outliers);
     check_activations(x, d, "x");
     check_dither(xi, d);
-    formats::encode_dither_int8({x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
+    formats::encode_dither(8, {x, d}, {xi, d}, mask, group, {codes, d}, {scales, d / static_cast<std::size_t>(group)},
                               {outlier_values, n_outliers});
   });
 }
@@ -454,7 +454,7 @@ witcert_status witcert_dither_decode(const int8_t* codes, const uint16_t* scales
     check_f16(scales, d / static_cast<std::size_t>(group), "scales", true, false);
     check_f16(outlier_values, n_outliers, "outlier_values", false, false);
     check_dither(xi, d);
-    formats::decode_dither_int8({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
+    formats::decode_dither({codes, d}, {scales, d / static_cast<std::size_t>(group)}, {xi, d}, mask,
                               {outlier_values, n_outliers}, group, {out, d});
   });
 }

@@ -168,8 +168,8 @@ RequestPolicy RequestPolicy::from_json(const nlohmann::json& j, const CacheOptio
   require(!policy || base.certified,
           "tau_k, tau_v, granularity, delta, bound and coverage figures need a certified cache (kv)");
   // δ is the failure budget of Tier B's keys: on any other key format it would change nothing.
-  require(!j.contains("delta") || base.k_format.kind() == formats::FormatKind::dither_int8,
-          "delta is the failure budget of dither-int8 keys; the pool's keys are " +
+  require(!j.contains("delta") || base.k_format.kind() == formats::FormatKind::dither,
+          "delta is the failure budget of dithered keys (dither-int4/5/6/8); the pool's keys are " +
               std::string(base.k_format.name()) + ", whose bound holds for every query (no delta)");
   p.cache.read_policy(j);
   // The request's coverage τ, by the rule of every entry point: its own, else its own certified

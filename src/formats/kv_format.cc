@@ -1,13 +1,27 @@
 #include "formats/kv_format.h"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
+#include <string>
 
 namespace witcert::formats {
 
+namespace {
+constexpr const char* kDitherNames[] = {"dither-int4", "dither-int5", "dither-int6", "dither-int8"};
+static_assert(std::size(kDitherNames) == std::size(kDitherBits));
+}  // namespace
+
+KvFormat KvFormat::dither(int bits) {
+  for (int b : kDitherBits)
+    if (b == bits) return KvFormat(FormatKind::dither, nullptr, nullptr, bits);
+  throw std::invalid_argument("dithered codes take 4, 5, 6 or 8 bits, got " + std::to_string(bits));
+}
+
 KvFormat KvFormat::parse(std::string_view name) {
   if (name == kFp16) return KvFormat();
-  if (name == kDitherInt8) return dither_int8();
+  for (std::size_t i = 0; i < std::size(kDitherBits); ++i)
+    if (name == kDitherNames[i]) return dither(kDitherBits[i]);
   for (const std::string& s : kv_scheme_names())
     if (s == name) return KvFormat(FormatKind::scheme, &kv_scheme(s, KvSide::key), &kv_scheme(s, KvSide::value));
   std::string known;
@@ -18,7 +32,10 @@ KvFormat KvFormat::parse(std::string_view name) {
 std::string_view KvFormat::name() const {
   switch (kind_) {
     case FormatKind::exact: return kFp16;
-    case FormatKind::dither_int8: return kDitherInt8;
+    case FormatKind::dither:
+      for (std::size_t i = 0; i < std::size(kDitherBits); ++i)
+        if (kDitherBits[i] == bits_) return kDitherNames[i];
+      break;
     case FormatKind::scheme: break;
   }
   return key_->name();
@@ -27,7 +44,7 @@ std::string_view KvFormat::name() const {
 std::vector<std::string> kv_format_names() {
   std::vector<std::string> names = kv_scheme_names();  // fp16 among them, as Tier A's exact scheme
   if (std::find(names.begin(), names.end(), kFp16) == names.end()) names.insert(names.begin(), kFp16);
-  names.push_back(kDitherInt8);
+  names.insert(names.end(), std::begin(kDitherNames), std::end(kDitherNames));
   return names;
 }
 

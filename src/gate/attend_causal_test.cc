@@ -51,7 +51,7 @@ void fill(CertifiedKvCache& c, const Data& d) {
 
 TEST(AttendCausal, EveryPositionGetsItsOwnAttentionAndAMeterAtLeastAsLarge) {
   const std::int64_t row = kGroup * kDim;
-  for (const std::string fmt : {"q8_0", "q4_0", "fp8-e4m3", "rtn-int8", "kivi-2bit", "dither-int8"})
+  for (const std::string fmt : {"q8_0", "q4_0", "fp8-e4m3", "rtn-int8", "kivi-2bit", "dither-int4", "dither-int6", "dither-int8"})
     for (int page : {1, 16})
       for (auto [pos0, n] : std::vector<std::pair<int, int>>{{0, 16}, {16, 16}, {37, 5}, {64, 16}, {79, 1}}) {
         SCOPED_TRACE(fmt + " page " + std::to_string(page) + " pos0 " + std::to_string(pos0) + " n " +
@@ -83,7 +83,7 @@ TEST(AttendCausal, EveryPositionGetsItsOwnAttentionAndAMeterAtLeastAsLarge) {
           ASSERT_EQ(a[j].pos, b[j].pos);
           ASSERT_EQ(a[j].q_head, b[j].q_head);
           ASSERT_LE(a[j].tv, a[j].meter * (1 + 1e-9) + 1e-12) << "unsound at cell " << j;
-          if (fmt == "dither-int8") {
+          if (kvcache::dithered(fmt)) {
             ASSERT_GE(a[j].eform_raw, b[j].eform_raw * (1 - 1e-9)) << "cell " << j;
           } else {
             ASSERT_NEAR(a[j].eform_raw, b[j].eform_raw, 1e-6 * b[j].eform_raw + 1e-12) << "cell " << j;

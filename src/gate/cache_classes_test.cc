@@ -27,7 +27,8 @@ constexpr int kLayers = 2, kKvHeads = 1, kGroup = 3, kDim = 64, kDecode = 4;
 constexpr std::int64_t kChunk = 8, kRun = 4;  // prefill chunks and attend_causal runs, as the model makes them
 
 std::vector<std::string> formats() {
-  std::vector<std::string> f = {"fp16", kvcache::kDitherInt8};
+  std::vector<std::string> f = kvcache::dither_format_names();
+  f.insert(f.begin(), "fp16");
   for (const std::string& s : formats::kv_scheme_names())
     if (s != "fp16") f.push_back(s);
   return f;
@@ -149,7 +150,7 @@ TEST(CacheClasses, PrefillAndDecodeOverEveryFormatModeOutliersPromptAndPage) {
   for (const std::string& fmt : formats())
     for (int page : {1, 16})
       for (int prompt = 1; prompt <= 20; ++prompt) {
-        const bool dither = fmt == kvcache::kDitherInt8;
+        const bool dither = kvcache::dithered(fmt);
         for (kvcache::DitherMode mode : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page,
                                        kvcache::DitherMode::shared_prompt})
           for (int outliers : {0, 1, 4}) {
@@ -168,7 +169,7 @@ TEST(CacheClasses, PrefillAndDecodeOverEveryFormatModeOutliersPromptAndPage) {
             cases += 3;
           }
       }
-  EXPECT_EQ(cases, (16 + 9) * 2 * 20 * 3);  // 16 formats, 9 dither-int8 variants
+  EXPECT_EQ(cases, (16 + 4 * 9) * 2 * 20 * 3);  // 16 schemes, 9 variants of each dithered width
 }
 
 // A damaged value side alone triggers the joint gate: with exact keys (K meter 0) every served
@@ -299,6 +300,52 @@ TEST(CacheClasses, PromotedPagesServeTheBackingTierBitForBit) {
         }
         for (const MeterCell& cell : log.cells()) ASSERT_EQ(cell.meter, 0.0) << k << "/" << v;
       }
+}
+
+}  // namespace
+}  // namespace witcert::gate
+namespace witcert::gate {
+namespace {
+
+// A causal run reads the positions before it once for all its queries. When one query's gate
+// repairs pages there, the later queries of the run must see the repaired pages: every cell of
+// the run within τ_K and τ_V, for every granularity, format and page size.
+TEST(CacheClasses, ARepairInsideARunReachesTheRestOfTheRun) {
+  constexpr std::int64_t kN = 40, kPos0 = 32, kLen = 8;
+  int repaired_runs = 0;
+  for (const std::string fmt : {"q8_0", "q4_0", "kivi-2bit", "dither-int4", "dither-int6", "dither-int8"})
+    for (Granularity granularity : {Granularity::block, Granularity::head, Granularity::request})
+      for (int page : {1, 8, 16}) {
+        SCOPED_TRACE(fmt + " page " + std::to_string(page) + " " + granularity_name(granularity));
+        kvcache::CacheConfig cfg = kvcache::test_config(1, 1, kDim, kN, page, fmt, fmt, 3);
+        cfg.outlier_pairs = 0;
+        cfg.backing = kvcache::BackingPlace::in_ram();
+        CertifiedOptions o;
+        o.q_heads = kGroup;
+        o.gate = Policy::from_tau_k(0.002, granularity, 0.002);
+        CellLog log;
+        CertifiedKvCache cache(cfg, logged(o, log));
+        Stream s(11);
+        std::vector<float> k(kDim), v(kDim), q(kLen * kGroup * kDim), out(q.size());
+        for (std::int64_t p = 0; p < kN; ++p) {
+          s.key(k.data());
+          s.value(v.data());
+          cache.write(0, 0, p, k.data(), v.data());
+        }
+        for (std::int64_t j = 0; j < kLen; ++j) s.query(&q[j * kGroup * kDim]);
+        cache.attend_causal(0, 0, q.data(), kGroup * kDim, kGroup, kPos0, kLen, 0, out.data(), kGroup * kDim);
+        const std::vector<MeterCell> cells = log.cells();
+        ASSERT_EQ(cells.size(), static_cast<std::size_t>(kLen * kGroup));
+        bool any = false;
+        for (const MeterCell& c : cells) {
+          EXPECT_LE(c.meter, 0.002) << "pos " << c.pos << " head " << c.q_head;
+          EXPECT_LE(c.v_meter, 0.002) << "pos " << c.pos << " head " << c.q_head;
+          any = any || c.repaired;
+        }
+        EXPECT_TRUE(any) << "τ this low repairs";
+        repaired_runs += any;
+      }
+  EXPECT_EQ(repaired_runs, 6 * 3 * 3);
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ bool CertifiedKvCache::same_repairs(const CertifiedKvCache& other) const {
   const CertifiedOptions& o = other.opts_;
   if (opts_.gate != o.gate || opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
   // Tier B's radius u_t reads δ_loc = δ_req/(L·H·T); Tier A's bounds do not.
-  return store_.kind(formats::KvSide::key) != kvcache::FormatKind::dither_int8 || delta_loc_ == other.delta_loc_;
+  return store_.kind(formats::KvSide::key) != kvcache::FormatKind::dither || delta_loc_ == other.delta_loc_;
 }
 
 kvcache::AttendConcurrency CertifiedKvCache::attend_concurrency() const {
@@ -174,7 +174,7 @@ bool CertifiedKvCache::repair(kvcache::KvStore::Reader& reader, int layer, int k
   return true;
 }
 
-void CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
+bool CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,
                              std::int64_t begin, std::int64_t end, Group& g, float* out, std::vector<MeterCell>& cells) {
   const int d = g_.head_dim;
   std::vector<HeadResult>& before = scratch().before;  // the step's results before its repair
@@ -193,6 +193,7 @@ void CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv
     cells.push_back({layer, kv_head * group + h, end - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
                      b.v_meter, repaired, r.output_bound});
   }
+  return repaired;
 }
 
 void CertifiedKvCache::log(const std::vector<MeterCell>& cells) {
@@ -233,10 +234,16 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
   if (shared < pos0)
     kernel::attend_range(scratch().work, reader, qs.data(), static_cast<int>(n * group), d, shared, pos0, ctx, prefix);
   std::vector<MeterCell> local;
+  // A repair promotes pages that the shared prefix may have read packed: the positions after it
+  // compute their whole span afresh, so that the gate sees what they are served.
+  bool prefix_stale = false;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t begin = kvcache::window_begin(pos0 + i, window), end = pos0 + i + 1;
     Group g;
-    g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
+    if (prefix_stale)
+      g.partials.assign(group, HeadPartial{});
+    else
+      g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
     // The query's own positions: those before the shared range, and the causal tail from pos0 (or
     // its whole span where nothing is shared).
     const auto add = [&](std::int64_t b, std::int64_t e) {
@@ -245,14 +252,14 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
       kernel::attend_range(scratch().work, reader, &qs[i * row], group, d, b, e, ctx, own);
       for (int h = 0; h < group; ++h) g.partials[h].merge(own[h]);
     };
-    if (shared < pos0) {
+    if (shared < pos0 && !prefix_stale) {
       add(begin, shared);
       add(pos0, end);
     } else {
       add(begin, end);
     }
     finish_group(reader, &qs[i * row], begin, end, g);
-    serve(reader, layer, kv_head, &qs[i * row], group, begin, end, g, out + i * out_stride, local);
+    if (serve(reader, layer, kv_head, &qs[i * row], group, begin, end, g, out + i * out_stride, local)) prefix_stale = true;
   }
   log(local);
 }

@@ -77,8 +77,9 @@ class CertifiedKvCache final : public kvcache::KvCache {
   void compute_step(kvcache::KvStore::Reader& reader, const float* q, int group, std::int64_t begin,
                     std::int64_t end, Group& g);
   // Gates the computed attention of the position end − 1 over [begin, end) (repairing and
-  // recomputing while triggered), writes its output and appends its cells.
-  void serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t begin,
+  // recomputing while triggered), writes its output and appends its cells. Returns whether it
+  // repaired.
+  bool serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group, std::int64_t begin,
              std::int64_t end, Group& g, float* out, std::vector<MeterCell>& cells);
   void log(const std::vector<MeterCell>& cells);
   // Whether `other` makes exactly this cache's repairs from the same queries: the same policy,

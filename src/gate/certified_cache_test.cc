@@ -53,7 +53,7 @@ CertifiedOptions heads(int q_heads) {
 
 std::vector<std::string> all_formats() {
   std::vector<std::string> f = formats::kv_scheme_names();
-  f.push_back(kvcache::kDitherInt8);
+  for (const std::string& d : kvcache::dither_format_names()) f.push_back(d);
   return f;
 }
 

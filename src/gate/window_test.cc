@@ -100,7 +100,7 @@ TEST(SlidingWindow, EveryFormatModeAndPageAttendsOnlyItsWindow) {
   for (const std::string& fmt : formats::kv_format_names()) {
     if (fmt == formats::kFp16) continue;  // the exact cache's own test below
     std::vector<kvcache::DitherMode> modes = {kvcache::DitherMode::per_slot};
-    if (fmt == formats::kDitherInt8)
+    if (kvcache::dithered(fmt))
       modes = {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page, kvcache::DitherMode::shared_prompt,
                kvcache::DitherMode::none};
     for (kvcache::DitherMode mode : modes)

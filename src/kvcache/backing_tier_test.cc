@@ -142,7 +142,7 @@ TEST(BackingTier, FileTierAfterPageReuse) {
   c.capacity = 40;
   c.page_size = 16;
   c.k_format = formats::KvFormat::parse("q4_0");
-  c.v_format = formats::KvFormat::dither_int8();
+  c.v_format = formats::KvFormat::dither();
   c.shuffle_pages = 5;
   c.exact_tier = true;
   c.backing.path = scratch("store.bin");

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cert/round_up.h"
+#include "formats/dither/code_pack.h"
 
 namespace witcert::kvcache {
 namespace {
@@ -30,7 +31,7 @@ double dither_value_rho(const f16* scales, int groups) {
 }  // namespace
 
 std::size_t KvPool::Side::bytes() const {
-  return packed.size() + meta.size() * sizeof(f16) + codes.size() + outlier_values.size() * sizeof(f16) +
+  return packed.size() + meta.size() * sizeof(f16) + codes.size() + code_runs.size() + outlier_values.size() * sizeof(f16) +
          norm_max.size() * sizeof(float) + rows.size() * sizeof(f16);
 }
 
@@ -87,7 +88,7 @@ SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_, pool.cfg_.capac
   // follow one another.
   std::int64_t unencoded = 1;
   for (const KvPool::Side* sd : {&pool.k_, &pool.v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
-  if (pool.k_.kind == FormatKind::dither_int8) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
+  if (pool.k_.kind == FormatKind::dither) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
   ring_ = (unencoded + cfg.page_size - 1) / cfg.page_size * cfg.page_size;
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind != FormatKind::exact) side->ring.assign(streams * ring_ * cfg.head_dim, 0);
@@ -165,13 +166,17 @@ void KvPool::init_side(Side& side, const formats::KvFormat& format, formats::KvS
     side.kind = FormatKind::exact;
     return;
   }
-  if (format.kind() == FormatKind::dither_int8) {
+  if (format.kind() == FormatKind::dither) {
     formats::check_group(d, kDitherGroup);
     if (key && (cfg_.outlier_pairs < 0 || 2 * cfg_.outlier_pairs >= d))
       throw config_error("outlier pairs must lie in [0, " + std::to_string(d / 2) + "), got " +
                          std::to_string(cfg_.outlier_pairs));
-    side.kind = FormatKind::dither_int8;
-    side.codes = ReservedArray<std::int8_t>(streams * slots() * d);
+    side.kind = FormatKind::dither;
+    side.code_bits = format.dither_bits();
+    if (side.code_bits == 8)
+      side.codes = ReservedArray<std::int8_t>(streams * slots() * d);
+    else
+      side.code_runs = ReservedArray<std::uint8_t>(formats::packed_code_bytes(streams * slots() * d, side.code_bits));
     side.meta_per_token = d / kDitherGroup;
     side.meta = ReservedArray<f16>(streams * slots() * side.meta_per_token);
     if (key) side.outlier_values = ReservedArray<f16>(streams * slots() * 2 * cfg_.outlier_pairs);
@@ -229,7 +234,7 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   if (n <= 0 || n % P != 0) return false;
   for (const Side* sd : {&pool_->k_, &pool_->v_})
     if (sd->kind == FormatKind::scheme && n % sd->T != 0) return false;
-  if (pool_->k_.kind == FormatKind::dither_int8 && n < cfg().calibration_tokens) return false;
+  if (pool_->k_.kind == FormatKind::dither && n < cfg().calibration_tokens) return false;
   if (std::any_of(donor.seq_.written_.begin(), donor.seq_.written_.end(), [n](std::int64_t w) { return w < n; }))
     return false;
   if (seq_.prompt_length_ < n || donor.seq_.prompt_length_ < n) return false;
@@ -282,7 +287,7 @@ std::int64_t KvStore::packed_prefix(const Side& side, formats::KvSide which, std
       return 0;
     case FormatKind::scheme:
       return seq_.written_[st] / side.T * side.T;  // whole blocks only
-    case FormatKind::dither_int8:
+    case FormatKind::dither:
       return which == formats::KvSide::value || seq_.outliers_fixed_[st] ? seq_.written_[st] : 0;
   }
   return 0;
@@ -312,7 +317,7 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   }
   seq_.written_[st] = pos + 1;
 
-  if (pool_->k_.kind == FormatKind::dither_int8 && !seq_.outliers_fixed_[st]) {
+  if (pool_->k_.kind == FormatKind::dither && !seq_.outliers_fixed_[st]) {
     if (pos + 1 >= cfg().calibration_tokens) fix_outliers(st);  // encodes [0, pos]
   } else if (pool_->k_.kind == FormatKind::scheme && pool_->k_.T > 1) {
     if ((pos + 1) % pool_->k_.T == 0) encode_group(pool_->k_, formats::KvSide::key, st, pos / pool_->k_.T);
@@ -359,7 +364,7 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
   const std::span<float> x(scratch_.x.data(), d), x_hat(scratch_.x_hat.data(), d);
   for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
 
-  if (side.kind == FormatKind::dither_int8) {
+  if (side.kind == FormatKind::dither) {
     const std::span<float> xi(scratch_.xi.data(), d);
     std::fill(xi.begin(), xi.end(), 0.0f);  // values are rounded without dither: their bound is deterministic
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
@@ -370,10 +375,10 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
     }
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
     const std::span<std::int8_t> codes(scratch_.codes.data(), d);
-    formats::encode_dither_int8(x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
+    formats::encode_dither(side.code_bits, x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
                               std::span<f16>(&side.meta[at * side.meta_per_token], side.meta_per_token),
                               std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
-    for (int c = 0; c < d; ++c) side.codes[key ? key_code(at, c) : at * d + c] = codes[c];
+    for (int c = 0; c < d; ++c) set_code(side, key ? key_code(at, c) : at * d + c, codes[c]);
     if (!key) {  // the page's max_t (‖v̂_t‖ + ρ_t), restarted by its first token
       std::int32_t* squares = scratch_.code_squares.data();
       std::fill_n(squares, side.meta_per_token, 0);
@@ -429,8 +434,19 @@ double KvStore::bytes_per_token_head(formats::KvSide side) const {
   if (s.kind == FormatKind::exact && pool_->exact_) return static_cast<double>(pool_->exact_->bytes()) / 2 / tokens;
   // The sequence's group blocks count; its ring is a fixed staging buffer per stream, not a cost per token.
   double b = static_cast<double>(s.bytes() + seq_side(side).groups.size());
-  if (side == formats::KvSide::key && s.kind == FormatKind::dither_int8) b += seq_.outlier_mask_.size();
+  if (side == formats::KvSide::key && s.kind == FormatKind::dither) b += seq_.outlier_mask_.size();
   return b / tokens;
+}
+
+void KvStore::set_code(Side& side, std::size_t i, std::int8_t code) {
+  if (side.code_bits == 8)
+    side.codes[i] = code;
+  else
+    formats::pack_code(side.code_runs.data(), i, side.code_bits, code);
+}
+
+std::int8_t KvStore::code(const Side& side, std::size_t i) {
+  return side.code_bits == 8 ? side.codes[i] : formats::unpack_code(side.code_runs.data(), i, side.code_bits);
 }
 
 // --- Reader ---
@@ -480,7 +496,11 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     v.exact = exact;
     if (sd.kind == FormatKind::scheme && sd.T == 1) v.packed = &sd.packed[first * sd.block_bytes];
     if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
-    if (sd.kind == FormatKind::dither_int8) v.codes = &sd.codes[first * d];
+    if (sd.kind == FormatKind::dither && sd.code_bits == 8) v.codes = &sd.codes[first * d];
+    if (sd.kind == FormatKind::dither && sd.code_bits < 8) {
+      v.code_run = &sd.code_runs[formats::packed_code_bytes(first * d, sd.code_bits)];
+      v.code_bits = sd.code_bits;
+    }
     if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg().outlier_pairs];
     if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_->pages() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
     return v;
@@ -542,9 +562,9 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
     formats::dither_values(stream, s_.dither_counter_slot(pos), xi_);
   }
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
-  key_codes_.resize(d);
-  for (int c = 0; c < d; ++c) key_codes_[c] = sd.codes[s_.key_code(at, c)];
-  formats::decode_dither_int8(key_codes_,
+  codes_.resize(d);
+  for (int c = 0; c < d; ++c) codes_[c] = code(sd, s_.key_code(at, c));
+  formats::decode_dither(codes_,
                             std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
                             std::span<const std::uint8_t>(outlier_mask(), d),
                             std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,
@@ -569,7 +589,9 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
   }
   xi_.assign(d, 0.0f);
   no_outliers_.assign(d, 0);
-  formats::decode_dither_int8(std::span<const std::int8_t>(&sd.codes[at * d], d),
+  codes_.resize(d);
+  for (int c = 0; c < d; ++c) codes_[c] = code(sd, at * d + c);
+  formats::decode_dither(codes_,
                             std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
                             no_outliers_, {}, kDitherGroup,
                             std::span<float>(v_hat, d));

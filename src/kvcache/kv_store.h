@@ -30,7 +30,7 @@
 
 #include "base/fp16.h"
 #include "cert/witness.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "formats/kv_format.h"
 #include "formats/schemes.h"
 #include "kvcache/backing_tier.h"
@@ -112,6 +112,7 @@ class KvPool {
 
   const CacheConfig& config() const { return cfg_; }
   FormatKind kind(formats::KvSide side) const { return side == formats::KvSide::key ? k_.kind : v_.kind; }
+  int code_bits(formats::KvSide side) const { return side == formats::KvSide::key ? k_.code_bits : v_.code_bits; }
   std::int64_t pages() const { return pages_.pages(); }
   std::int64_t free_pages() const { return pages_.free_pages(); }
   std::size_t slots() const { return static_cast<std::size_t>(pages_.pages()) * cfg_.page_size; }
@@ -137,6 +138,10 @@ class KvPool {
     // ([stream][page][head_dim][page_size], key_code), so that a page's tokens of one channel are
     // contiguous for the fast kernel, which reads them with the tokens in SIMD lanes.
     ReservedArray<std::int8_t> codes;
+    // Dithered codes of B < 8 bits: the same indices as `codes`, packed (formats/dither/code_pack.h),
+    // so that each page's codes are one run of page_size·head_dim·B/8 bytes.
+    ReservedArray<std::uint8_t> code_runs;
+    int code_bits = 8;                 // B of a dithered side
     ReservedArray<f16> outlier_values; // dither-int8 keys: [stream][slot][2m]
     ReservedArray<float> norm_max;     // dither-int8 values: [stream][page] max_t (‖v̂_t‖ + ρ_t)
     ReservedArray<f16> rows;           // an fp16 side without the exact tier: [stream][slot][head_dim]
@@ -272,6 +277,10 @@ class KvStore {
       const std::uint8_t* packed = nullptr;  // per-token schemes: [slot][block_bytes]
       const f16* meta = nullptr;     // [slot][·]: B witness bands (keys), ρ_t (values) or d/32 dither scales
       const std::int8_t* codes = nullptr;       // dither-int8 keys: [head_dim][page_size]; values: [slot][head_dim]
+      // Dithered codes of B < 8 bits: the page's codes, in the order of `codes`, packed in one run
+      // (formats::unpack_codes gives `codes`); codes is then null.
+      const std::uint8_t* code_run = nullptr;
+      int code_bits = 8;
       const f16* outlier_values = nullptr;      // dither-int8 keys: [slot][2m], in channel order
       // dither-int8 values: max_t (‖v̂_t‖ + ρ_t) over [begin, packed_end), as value_norm_bound
       // computes it, rounded up to float.
@@ -289,6 +298,7 @@ class KvStore {
     };
     RawPage raw_page(std::int64_t pos) const;  // the page that holds pos
     FormatKind kind(formats::KvSide side) const { return s_.kind(side); }
+    int code_bits(formats::KvSide side) const { return s_.pool_->code_bits(side); }
     const formats::KvScheme* scheme(formats::KvSide side) const;  // nullptr unless FormatKind::scheme
     // Group schemes: the packed block of positions [block·T, block·T + T).
     const std::uint8_t* group_block(formats::KvSide side, std::int64_t block) const;
@@ -306,7 +316,7 @@ class KvStore {
     std::size_t stream_;
     BlockCache k_block_, v_block_;
     std::vector<float> xi_;
-    std::vector<std::int8_t> key_codes_;  // one key's codes, gathered from the page's channel-major block
+    std::vector<std::int8_t> codes_;  // one token's codes, gathered from its page
     std::vector<std::uint8_t> no_outliers_;
   };
 
@@ -344,6 +354,9 @@ class KvStore {
   std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg().kv_heads + kv_head; }
   const CacheConfig& cfg() const { return pool_->cfg_; }
   std::size_t slots() const { return pool_->slots(); }
+  // Code i of a dithered side (i indexes Side::codes), stored or read at the side's width.
+  static void set_code(Side& side, std::size_t i, std::int8_t code);
+  static std::int8_t code(const Side& side, std::size_t i);
   // Index in Side::codes of channel c of the dither-int8 key in global slot `at`.
   std::size_t key_code(std::size_t at, int c) const {
     const std::size_t P = static_cast<std::size_t>(cfg().page_size);

@@ -44,6 +44,7 @@ void write_all(KvStore& s, std::int64_t n, std::uint64_t seed) { write_range(s, 
 // With keys_too false the keys are left out and checked against their exact values in the exact
 // tier instead: within one quantization step of their group's scale.
 std::vector<float> read_all(const KvStore& s, std::int64_t n, bool keys_too = true) {
+  const int q = formats::dither_max_code(std::max(s.config().k_format.dither_bits(), 2));
   KvStore::Reader r(s, 0, 1);
   std::vector<float> k(kDim), v(kDim), exact(kDim), all;
   for (std::int64_t p = 0; p < n; ++p) {
@@ -58,7 +59,7 @@ std::vector<float> read_all(const KvStore& s, std::int64_t n, bool keys_too = tr
       for (int g = 0; g < kDim; g += 32) {
         float amax = 0.0f;
         for (int i = g; i < g + 32; ++i) amax = std::max(amax, std::fabs(exact[i]));
-        for (int i = g; i < g + 32; ++i) EXPECT_LE(std::fabs(k[i] - exact[i]), amax / 127.0f * 1.01f) << p << " " << i;
+        for (int i = g; i < g + 32; ++i) EXPECT_LE(std::fabs(k[i] - exact[i]), amax / static_cast<float>(q) * 1.01f) << p << " " << i;
       }
     }
     all.insert(all.end(), v.begin(), v.end());
@@ -88,7 +89,7 @@ TEST(KvStore, AClearedSequenceReturnsItsPagesAndReusedPagesCarryNothingOfIt) {
         write_all(fresh, n - 5, 2);
         // Every format, dither-int8 keys too: a page's dither is named by its writer, not its place.
         EXPECT_EQ(read_all(reused, n - 5), read_all(fresh, n - 5));
-        if (fmt == formats::kDitherInt8) read_all(reused, n - 5, false);  // and near the exact keys
+        if (dithered(fmt)) read_all(reused, n - 5, false);  // and near the exact keys
       }
 }
 
@@ -96,7 +97,7 @@ TEST(KvStore, SequencesInOnePoolEachReadWhatTheyReadAlone) {
   for (const std::string& fmt : formats::kv_format_names())
     for (int page : {1, 16, 64})
       for (DitherMode mode : {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt}) {
-        if (fmt != formats::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        if (!dithered(fmt) && mode != DitherMode::per_slot) continue;
         SCOPED_TRACE(fmt + " page " + std::to_string(page) + " " + dither_mode_name(mode));
         const std::int64_t lengths[3] = {70, 33, 129};
         CacheConfig cfg = test_config(1, 2, kDim, 129, page, fmt, fmt, page == 16 ? 11 : 0);
@@ -281,7 +282,7 @@ TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
     for (const DitherMode mode :
          {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt, DitherMode::none})
       for (const bool tier : {false, true}) {
-        if (name != formats::kDitherInt8 && mode != DitherMode::per_slot) continue;
+        if (!dithered(name) && mode != DitherMode::per_slot) continue;
         CacheConfig c = test_config(2, 2, kDim, n, 16, name, name, 0);
         c.dither = mode;
         c.exact_tier = tier;

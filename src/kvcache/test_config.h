@@ -1,8 +1,10 @@
-// Test support: a CacheConfig from its geometry, format names, page size and page shuffle.
+// Test support: a CacheConfig from its geometry, format names, page size and page shuffle, and the
+// dithered formats (every width) that tests sweep in each dither mode.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvcache/kv_store.h"
 
@@ -20,6 +22,16 @@ inline CacheConfig test_config(int layers, int kv_heads, int head_dim, std::int6
   c.v_format = formats::KvFormat::parse(v_format);
   c.shuffle_pages = shuffle;
   return c;
+}
+
+inline bool dithered(const std::string& format) {
+  return formats::KvFormat::parse(format).kind() == FormatKind::dither;
+}
+
+inline std::vector<std::string> dither_format_names() {
+  std::vector<std::string> names;
+  for (int bits : formats::kDitherBits) names.emplace_back(formats::KvFormat::dither(bits).name());
+  return names;
 }
 
 }  // namespace witcert::kvcache

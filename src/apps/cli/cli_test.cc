@@ -331,12 +331,12 @@ TEST(Cli, FlagsThatWouldBeIgnoredAreErrors) {
   // The dither flags shape dither-int8 keys only.
   for (const char* flag : {"--outliers 2", "--dither per-slot", "--shared-page-dither", "--dither-seed 3"}) {
     const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
-    expect_usage_error(kGen + "--kv q4_0 " + flag, name + " applies to dither-int8 keys only");
+    expect_usage_error(kGen + "--kv q4_0 " + flag, name + " applies to dithered keys (dither-int4/5/6/8) only");
   }
-  expect_usage_error(kGen + "--kv q4_0 --kv-v dither-int8 --outliers 2", "--outliers applies to dither-int8 keys only");
-  expect_usage_error(kRun + "--kv q4_0 --dither per-slot", "--dither applies to dither-int8 keys only; --kv");
+  expect_usage_error(kGen + "--kv q4_0 --kv-v dither-int8 --outliers 2", "--outliers applies to dithered keys (dither-int4/5/6/8) only");
+  expect_usage_error(kRun + "--kv q4_0 --dither per-slot", "--dither applies to dithered keys (dither-int4/5/6/8) only; --kv");
   expect_usage_error(kRun + "--scheme-sweep q4_0,q8_0 --dither per-slot",
-                     "--dither applies to dither-int8 keys only; --scheme-sweep");
+                     "--dither applies to dithered keys (dither-int4/5/6/8) only; --scheme-sweep");
   // --scheme-sweep replaces --kv, and --shared-page-dither is a spelling of --dither.
   expect_usage_error(kRun + "--kv q4_0 --scheme-sweep q4_0,q8_0", "--scheme-sweep");
   expect_usage_error(kGen + "--kv dither-int8 --shared-page-dither --dither per-slot", "--shared-page-dither");

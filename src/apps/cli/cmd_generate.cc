@@ -51,9 +51,9 @@ void summarize(const kvcache::KvStore& st, const engine::BatchResult& r, const e
   if (opts.check_soundness)
     err << fmt::format("  soundness: {} cells checked against the true TV from the exact tier: {} violations, worst TV/meter {:.4g}\n",
                        s.checked, s.violations, s.worst_tv_ratio);
-  if (st.config().k_format.kind() == formats::FormatKind::dither_int8 && st.config().dither == kvcache::DitherMode::none)
+  if (st.config().k_format.kind() == formats::FormatKind::dither && st.config().dither == kvcache::DitherMode::none)
     err << "  (keys rounded without dither: their bound is deterministic, for any query)\n";
-  else if (st.config().k_format.kind() == formats::FormatKind::dither_int8)
+  else if (st.config().k_format.kind() == formats::FormatKind::dither)
     err << "  (Tier B is a certificate for non-adaptive queries; free-running decoding is outside its theorem)\n";
 }
 

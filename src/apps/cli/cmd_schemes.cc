@@ -38,7 +38,7 @@ double measured_bytes_per_token(const formats::KvScheme& s, int d) {
 // Bytes per token per head of dither-int8 (Tier B), measured from kvcache::KvStore: the growth of
 // the side's allocations from C to 2C tokens, divided by C. The per-(layer, KV head) outlier mask
 // of d bytes does not grow with the tokens and is left out.
-double dither_bytes_per_token(formats::KvSide side, int d, int outlier_pairs) {
+double dither_bytes_per_token(int bits, formats::KvSide side, int d, int outlier_pairs) {
   constexpr std::int64_t kTokens = 1024;
   const auto total = [&](std::int64_t capacity) {
     kvcache::CacheConfig cc;
@@ -46,7 +46,7 @@ double dither_bytes_per_token(formats::KvSide side, int d, int outlier_pairs) {
     cc.kv_heads = 1;
     cc.head_dim = d;
     cc.capacity = capacity;
-    cc.k_format = cc.v_format = formats::KvFormat::dither_int8();
+    cc.k_format = cc.v_format = formats::KvFormat::dither(bits);
     cc.outlier_pairs = outlier_pairs;
     return kvcache::KvStore(cc).bytes_per_token_head(side) * static_cast<double>(capacity);
   };
@@ -62,9 +62,9 @@ std::string kind(const formats::KvScheme& s) {
 int run_schemes(std::ostream& out) {
   out << "KV-cache schemes: bytes per token per head, measured by encoding one block of T tokens\n"
          "into a buffer of block_bytes and dividing by T; x fp16 = (2*2d) / (K + V). Tier A: any\n"
-         "scheme, with a deterministic witness. Tier B: dither-int8 (int8 codes, an fp16 scale per 32\n"
-         "channels; keys keep m outlier RoPE pairs in fp16, values a 4-byte bound per page of 16),\n"
-         "measured from the cache's allocations per token\n\n";
+         "scheme, with a deterministic witness. Tier B: dither-int4/5/6/8 (B-bit codes, packed below 8\n"
+         "bits, an fp16 scale per 32 channels; keys keep m outlier RoPE pairs in fp16, values a 4-byte\n"
+         "bound per page of 16), measured from the cache's allocations per token\n\n";
   out << fmt::format("{:<16} {:<11} {:<11} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7} {}\n", "scheme", "K kind", "V kind",
                      "d64 K", "d64 V", "x fp16", "d128 K", "d128 V", "x fp16", "tier");
   const auto bytes = [](double kb64, double vb64, double kb128, double vb128) {
@@ -81,9 +81,10 @@ int run_schemes(std::ostream& out) {
                  measured_bytes_per_token(v, 128))
         << " A\n";
   }
+  for (int bits : formats::kDitherBits)
   for (int m : {0, 4}) {
-    const auto dither = [&](formats::KvSide side, int d) { return dither_bytes_per_token(side, d, m); };
-    out << fmt::format("{:<16} {:<11} {:<11}", kvcache::kDitherInt8, fmt::format("token,m={}", m), "per-token")
+    const auto dither = [&](formats::KvSide side, int d) { return dither_bytes_per_token(bits, side, d, m); };
+    out << fmt::format("{:<16} {:<11} {:<11}", formats::KvFormat::dither(bits).name(), fmt::format("token,m={}", m), "per-token")
         << bytes(dither(formats::KvSide::key, 64), dither(formats::KvSide::value, 64), dither(formats::KvSide::key, 128),
                  dither(formats::KvSide::value, 128))
         << " B\n";

@@ -227,14 +227,15 @@ void resolve_coverage_tau(witcert::apps::CacheFlags& c, const CLI::Option* cover
                                                  given(coverage_tau) ? std::optional(c.coverage_tau) : std::nullopt);
 }
 
-// --outliers and --dither shape dither-int8 keys only: an error when no K format is dither-int8.
+// --outliers and --dither shape dithered keys only: an error when no K format is dither-int4/5/6/8.
 void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
                         const std::string& formats_flag) {
   for (const std::string& f : k_formats)
-    if (f == witcert::kvcache::kDitherInt8) return;
+    for (int bits : witcert::formats::kDitherBits)
+      if (f == witcert::formats::KvFormat::dither(bits).name()) return;
   for (const CLI::Option* opt : dither_opts)
     if (given(opt))
-      throw UsageError(opt->get_name() + " applies to dither-int8 keys only; " + formats_flag + " gives none");
+      throw UsageError(opt->get_name() + " applies to dithered keys (dither-int4/5/6/8) only; " + formats_flag + " gives none");
 }
 
 // Edits between a and b: insertions, deletions, substitutions and swaps of neighbours.

@@ -12,7 +12,7 @@
 #include "cert/subgaussian.h"
 #include "engine/cache_factory.h"
 #include "engine/session.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "gate/certified_cache.h"
 
 namespace witcert::apps::eval {
@@ -327,8 +327,8 @@ std::vector<json> outlier_control(const EvalOptions& o, std::int64_t& violations
       std::vector<std::int8_t> codes(d);
       std::vector<f16> outl(t.exclude ? 2 * massive.size() : 0);
       const std::vector<std::uint8_t>& enc_mask = t.exclude ? mask : none;
-      formats::encode_dither_int8(k[s], xi, enc_mask, group, codes, scales[s], outl);
-      formats::decode_dither_int8(codes, scales[s], xi, enc_mask, outl, group, k_hat[s]);
+      formats::encode_dither(8, k[s], xi, enc_mask, group, codes, scales[s], outl);
+      formats::decode_dither(codes, scales[s], xi, enc_mask, outl, group, k_hat[s]);
       // Bypassed without leaving the amax: the pairs are stored exactly, on the unchanged scales.
       if (t.bypass && !t.exclude)
         for (int c = 0; c < d; ++c)

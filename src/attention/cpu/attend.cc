@@ -53,7 +53,7 @@ void AttendWith(Workspace& work, kvcache::KvStore::Reader& reader, const float* 
 // scheme's keys), or the black-box decode.
 enum class Side { dither_int8, packed, decoded };
 Side SideOf(const kvcache::KvStore::Reader& reader, formats::KvSide side, int head_dim) {
-  if (reader.kind(side) == kvcache::FormatKind::dither_int8) return Side::dither_int8;
+  if (reader.kind(side) == kvcache::FormatKind::dither) return Side::dither_int8;
   const formats::KvScheme* scheme = reader.scheme(side);
   if (scheme == nullptr) return Side::decoded;
   if (scheme->tokens_per_block() == 1 && PackedDecoder(scheme->layout(), head_dim) != nullptr) return Side::packed;
@@ -106,7 +106,7 @@ void attend_range(Workspace& work, kvcache::KvStore::Reader& reader, const float
                   std::vector<attention::HeadPartial>& partials, bool meter) {
   // Keys rounded without dither (DitherMode::none) have no fast path: the δ = 0 reference of the
   // evaluation, not a serving format.
-  if (reader.kind(formats::KvSide::key) == kvcache::FormatKind::dither_int8 &&
+  if (reader.kind(formats::KvSide::key) == kvcache::FormatKind::dither &&
       reader.config().dither == kvcache::DitherMode::none)
     return attention::attend_range_reference(reader, q, group, head_dim, begin, end, ctx, partials);
   HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);

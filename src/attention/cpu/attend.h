@@ -23,7 +23,7 @@
 
 #include "attention/cpu/workspace.h"
 #include "attention/reference/certified_attention.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "formats/schemes.h"
 #include "kvcache/kv_store.h"
 

@@ -29,7 +29,8 @@
 #include "attention/cpu/philox-inl.h"
 #include "attention/cpu/simd-inl.h"
 #include "attention/cpu/workspace.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/code_pack.h"
+#include "formats/dither/dither.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace witcert::kernel {
@@ -61,6 +62,10 @@ class Attention {
     work_.keys.block.block = work_.values.block.block = -1;  // a decoded block of another call's store
     work_.head_dim = d_;
     work_.segments.reserve(kTile / kNF + 1);  // a tile's most pages (ExtendTile): no growth mid-call
+    // A tile's pages, with the page before it, span at most kTile + 3P positions of one side.
+    const std::size_t page_codes = static_cast<std::size_t>(cfg_.page_size) * d_;
+    if (reader.code_bits(formats::KvSide::key) < 8 || reader.code_bits(formats::KvSide::value) < 8)
+      work_.unpacked.resize(std::max(work_.unpacked.size(), 4 * (kTile + 3 * page_codes / d_) * d_ + page_codes));
     work_.query.qd.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
       for (int c = 0; c < d_; ++c) work_.query.qd[h * dp_ + c] = q_[h * d_ + c];
@@ -233,7 +238,7 @@ class Attention {
     page.end = page.begin = -1;
     int n = 0;
     for (std::int64_t t0 = begin; t0 < end; t0 += n) {
-      if (t0 >= page.end) page = r_.raw_page(t0);
+      if (t0 >= page.end) page = Unpacked(r_.raw_page(t0));
       n = static_cast<int>(std::min<std::int64_t>({kTile, end - t0, page.end - t0}));
       const bool k_packed = t0 < page.k.packed_end, v_packed = t0 < page.v.packed_end;
       if (k_packed) n = static_cast<int>(std::min<std::int64_t>(n, page.k.packed_end - t0));
@@ -288,6 +293,23 @@ class Attention {
   using CodeBlock = Workspace::CodeBlock;
   using Segment = Workspace::Segment;
 
+  // The page with its codes below 8 bits unpacked into the workspace's ring (the rows the kernel
+  // reads: a key page's channels hold its rows, so it is unpacked whole).
+  RawPage Unpacked(RawPage page) {
+    auto unpack = [&](kvcache::KvStore::Reader::RawSide& side, bool key) {
+      if (side.code_run == nullptr || side.packed_end <= page.begin) return;
+      const std::size_t n = static_cast<std::size_t>(key ? page.end - page.begin : side.packed_end - page.begin) * d_;
+      if (work_.unpacked_at + n > work_.unpacked.size()) work_.unpacked_at = 0;
+      std::int8_t* out = work_.unpacked.data() + work_.unpacked_at;
+      formats::unpack_codes(side.code_run, side.code_bits, n, out);
+      side.codes = out;
+      work_.unpacked_at += n;
+    };
+    unpack(page.k, true);
+    unpack(page.v, false);
+    return page;
+  }
+
   // A float tile goes on into the following pages while it has filled whole lane blocks (so that no
   // block straddles two pages) and they are packed on both sides and share their page's ξ: the
   // per-tile work (softmax bookkeeping, the output's double accumulators) is then shared by up to
@@ -295,7 +317,7 @@ class Attention {
   int ExtendTile(std::int64_t t0, std::int64_t end, int n, RawPage& page) {
     while (n < kTile && n % static_cast<int>(kNF) == 0 && t0 + n < end) {
       const std::int64_t at = t0 + n;
-      const RawPage next = r_.raw_page(at);
+      const RawPage next = Unpacked(r_.raw_page(at));
       const std::int64_t stop =
           std::min<std::int64_t>({next.end, end, t0 + kTile, next.k.packed_end, next.v.packed_end, next.shared_end});
       if (stop <= at) break;

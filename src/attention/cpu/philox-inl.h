@@ -13,7 +13,7 @@
 
 #include "hwy/highway.h"
 #include "attention/cpu/simd-inl.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "formats/dither/philox.h"
 
 HWY_BEFORE_NAMESPACE();

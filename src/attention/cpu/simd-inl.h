@@ -18,7 +18,7 @@
 #include "attention/cpu/load_f16-inl.h"
 #include "base/fp16.h"
 #include "hwy/highway.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace witcert::kernel {

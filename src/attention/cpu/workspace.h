@@ -130,6 +130,10 @@ struct Workspace {
   } heads;
 
   std::vector<Segment> segments;  // the tile's pages, in order
+  // Pages of dithered codes below 8 bits, unpacked to one int8 a code as the kernel reads them: a
+  // ring that holds at least the pages of the current tile and the page before it.
+  std::vector<std::int8_t> unpacked;
+  std::size_t unpacked_at = 0;
   int head_dim = 0;  // of the last call: the row buffers' padding channels are zero for it
 };
 

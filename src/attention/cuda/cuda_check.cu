@@ -23,7 +23,7 @@
 #include "attention/cuda/device_buffers.h"
 #include "attention/cuda/mirror.h"
 #include "attention/cuda/test_stores.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 namespace witcert::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // The per-token math of every key and value format, for host and device: Philox4x32-10 and the
-// dither ξ (formats/dither/philox.h, formats/dither/dither_int8.h), the decoders of fp16, dither-int8, q8_0, q4_0 and
+// dither ξ (formats/dither/philox.h, formats/dither/dither.h), the decoders of fp16, dither-int8, q8_0, q4_0 and
 // fp8-e4m3 (formats::KvScheme::decode, bit for bit), and the bounds: the band norms ‖q_b‖ and
 // Theorem 2's c_t (cert/witness.h), Lemma 2's ς_t² and u_t (cert/subgaussian.h), and the value
 // side's ρ_t (kvcache/kv_store.cc). Each reproduces its CPU counterpart operation for operation;
@@ -48,7 +48,7 @@ WITCERT_HD void dither_quad(std::uint64_t seed, std::uint32_t layer, std::uint32
   for (int i = 0; i < 4; ++i) xi[i] = dither_from_bits(w.v[i]);
 }
 
-// x̂_c = s·(code − ξ) of a dither-int8 channel (formats::decode_dither_int8): in double, then float.
+// x̂_c = s·(code − ξ) of a dither-int8 channel (formats::decode_dither): in double, then float.
 WITCERT_HD float dither_decode(std::int8_t code, std::uint16_t scale, float xi) {
   const double s = half_to_double(scale);
   return static_cast<float>(s * (static_cast<double>(code) - static_cast<double>(xi)));

@@ -14,7 +14,7 @@
 #include "base/fp16.h"
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 #include "formats/dither/philox.h"
 #include "formats/fp8/fp8.h"
 #include "formats/schemes.h"
@@ -97,8 +97,8 @@ TEST(CudaFormats, DitherDecodeMatchesTheCpuDecoder) {
   for (int trial = 0; trial < 100; ++trial) {
     for (float& v : x) v = 3.0f * g(rng);
     formats::dither_values({rng(), 1, 2}, static_cast<std::uint32_t>(rng()), xi);
-    formats::encode_dither_int8(x, xi, outlier, 32, codes, scales, outliers);
-    formats::decode_dither_int8(codes, scales, xi, outlier, outliers, 32, cpu);
+    formats::encode_dither(8, x, xi, outlier, 32, codes, scales, outliers);
+    formats::decode_dither(codes, scales, xi, outlier, outliers, 32, cpu);
     for (int c = 0; c < d; ++c) {
       if (outlier[c]) continue;
       ASSERT_TRUE(same_bits(dither_decode(codes[c], scales[c / 32], xi[c]), cpu[c])) << c;

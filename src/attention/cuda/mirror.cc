@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "formats/dither/code_pack.h"
+
 namespace witcert::cuda {
 
 PoolView HostPool::view() const {
@@ -32,7 +34,7 @@ BatchView HostBatch::view() const {
 Format cuda_format(const kvcache::KvStore& store, formats::KvSide side) {
   switch (store.kind(side)) {
     case formats::FormatKind::exact: return Format::fp16;
-    case formats::FormatKind::dither_int8:
+    case formats::FormatKind::dither:
       // Keys rounded without dither have no fast path on the CPU either: the δ = 0 reference of the
       // evaluation, not a serving format.
       if (side == formats::KvSide::key && store.config().dither == kvcache::DitherMode::none)
@@ -151,10 +153,17 @@ void mirror(const std::vector<const kvcache::KvStore*>& stores, const std::vecto
           return static_cast<int>(std::clamp<std::int64_t>(side.packed_end - begin, 0, written));
         };
         const int kp = packed_rows(kf, raw.k), vp = packed_rows(vf, raw.v);
+        // The device reads one int8 a code: codes packed below 8 bits are unpacked on the way.
+        const auto codes = [](const kvcache::KvStore::Reader::RawSide& side, std::size_t n, std::int8_t* out) {
+          if (side.code_run != nullptr)
+            formats::unpack_codes(side.code_run, side.code_bits, n, out);
+          else
+            std::copy_n(side.codes, n, out);
+        };
         batch.k_packed_rows[at * max_pages + j] = static_cast<std::int16_t>(kp);
         batch.v_packed_rows[at * max_pages + j] = static_cast<std::int16_t>(vp);
         if (kf == Format::dither_int8 && kp > 0) {
-          std::copy_n(raw.k.codes, static_cast<std::size_t>(d) * P, &pool.k_codes[slot0 * d]);
+          codes(raw.k, static_cast<std::size_t>(d) * P, &pool.k_codes[slot0 * d]);
           std::copy_n(raw.k.meta, static_cast<std::size_t>(kp) * p.k.meta_per_token, &pool.k_meta[slot0 * p.k.meta_per_token]);
           if (n_out > 0) std::copy_n(raw.k.outlier_values, kp * n_out, &pool.k_outliers[slot0 * n_out]);
         } else if (kf != Format::fp16 && kp > 0) {
@@ -162,7 +171,7 @@ void mirror(const std::vector<const kvcache::KvStore*>& stores, const std::vecto
           std::copy_n(raw.k.meta, static_cast<std::size_t>(kp) * p.k.meta_per_token, &pool.k_meta[slot0 * p.k.meta_per_token]);
         }
         if (vf == Format::dither_int8 && vp > 0) {
-          std::copy_n(raw.v.codes, static_cast<std::size_t>(vp) * d, &pool.v_codes[slot0 * d]);
+          codes(raw.v, static_cast<std::size_t>(vp) * d, &pool.v_codes[slot0 * d]);
           std::copy_n(raw.v.meta, static_cast<std::size_t>(vp) * p.v.meta_per_token, &pool.v_meta[slot0 * p.v.meta_per_token]);
         } else if (vf != Format::fp16 && vp > 0) {
           std::copy_n(raw.v.packed, static_cast<std::size_t>(vp) * p.v.row_bytes, &pool.v_packed[slot0 * p.v.row_bytes]);

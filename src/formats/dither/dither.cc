@@ -1,4 +1,4 @@
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +28,7 @@ void check_group(int d, int group) {
 // All arithmetic below is in double on fp16 inputs, fp16 scales and dither on a 2^-24 grid,
 // where x/s + ξ is exact enough that round() picks a nearest integer: |x̂ − x| ≤ s/2 holds
 // exactly, not just up to rounding (docs/tier-b.md).
-void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
+void encode_dither(int bits, std::span<const float> x, std::span<const float> xi,
                         std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
                         std::span<f16> scales, std::span<f16> outlier_values) {
   const int d = static_cast<int>(x.size());
@@ -42,7 +42,7 @@ void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
       if (!std::isfinite(v)) finite = false;
       amax = std::max(amax, std::fabs(v));
     }
-    const f16 s16 = finite ? fp16_from_double(amax / kScaleDivisor, Round::up) : kFp16PosInf;
+    const f16 s16 = finite ? fp16_from_double(amax / dither_scale_divisor(bits), Round::up) : kFp16PosInf;
     const double s = fp16_to_double(s16);
     scales[g0 / group] = s16;
     for (int c = g0; c < g0 + group; ++c) {
@@ -57,12 +57,12 @@ void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
         continue;
       }
       const double code = std::nearbyint(fp16_to_double(x16) / s + static_cast<double>(xi[c]));
-      codes[c] = static_cast<std::int8_t>(code);  // |code| ≤ 127 because |x/s| ≤ 126.5, |ξ| ≤ ½
+      codes[c] = static_cast<std::int8_t>(code);  // |code| ≤ Q because |x/s| ≤ Q − ½, |ξ| ≤ ½
     }
   }
 }
 
-void decode_dither_int8(std::span<const std::int8_t> codes, std::span<const f16> scales,
+void decode_dither(std::span<const std::int8_t> codes, std::span<const f16> scales,
                         std::span<const float> xi, std::span<const std::uint8_t> outlier,
                         std::span<const f16> outlier_values, int group, std::span<float> out) {
   std::size_t n_out = 0;

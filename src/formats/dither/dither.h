@@ -1,9 +1,10 @@
-// The subtractively dithered INT8 quantizer of Tier B (paper §4.2, §6.2.1):
+// The subtractively dithered B-bit quantizer of Tier B (paper §4.2, §6.2.1), B ∈ {4, 5, 6, 8}:
 //   x̂ = s · (round(x/s + ξ) − ξ),   ξ ~ U[−½, ½) regenerated from Philox at read time,
-// per token × group of G_c channels, with s = amax/(127 − ½) over the group's non-outlier
-// channels, stored fp16 rounded up and used as stored, so |x/s| ≤ 126.5: no clipping and
-// |x̂ − x| ≤ s/2 on every non-outlier channel. Outlier channels are stored in fp16 (exact)
-// and excluded from the amax.
+// per token × group of G_c channels, with s = amax/(Q − ½), Q = 2^(B−1) − 1, over the group's
+// non-outlier channels, stored fp16 rounded up and used as stored, so |x/s| ≤ Q − ½: no clipping
+// (|code| ≤ Q) and |x̂ − x| ≤ s/2 on every non-outlier channel, at any B. Outlier channels are
+// stored in fp16 (exact) and excluded from the amax. Below 8 bits the pool packs the codes
+// (code_pack.h); here they are one int8 each.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,12 @@
 namespace witcert::formats {
 
 inline constexpr int kDefaultGroup = 32;     // G_c
-inline constexpr double kScaleDivisor = 126.5;  // Q − ½ with Q = 127
+// The bit widths of the dithered formats, "dither-int<B>".
+inline constexpr int kDitherBits[] = {4, 5, 6, 8};
+
+// Q = 2^(B−1) − 1, the largest code of B bits, and the scale divisor Q − ½.
+constexpr int dither_max_code(int bits) { return (1 << (bits - 1)) - 1; }
+constexpr double dither_scale_divisor(int bits) { return dither_max_code(bits) - 0.5; }
 
 // The dither stream of one (layer, KV head) of one request. The Philox counter is
 // (slot, channel/4, kv_head, layer) under key (seed_lo, seed_hi): it names the physical slot,
@@ -36,17 +42,17 @@ void dither_values(const DitherStream& stream, std::uint32_t slot, std::span<flo
 // Checks that `group` divides d; throws std::invalid_argument otherwise.
 void check_group(int d, int group);
 
-// Encodes one token. x: the token's values (rounded to fp16 first: the reference is the value
+// Encodes one token in B-bit codes. x: the token's values (rounded to fp16 first: the reference is the value
 // the exact tier holds); xi: its dither; outlier: 1 for channels kept exact. Writes d codes
 // (0 on outlier channels), d/group fp16 scales, and the fp16 value of each outlier channel in
 // channel order (outlier_values.size() = number of outlier channels).
 // A group with a non-finite value gets scale +inf: the certificate then reads "no guarantee".
-void encode_dither_int8(std::span<const float> x, std::span<const float> xi,
+void encode_dither(int bits, std::span<const float> x, std::span<const float> xi,
                         std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
                         std::span<f16> scales, std::span<f16> outlier_values);
 
 // x̂_c = s_{g(c)} · (code_c − ξ_c) on non-outlier channels, the stored fp16 value on outliers.
-void decode_dither_int8(std::span<const std::int8_t> codes, std::span<const f16> scales,
+void decode_dither(std::span<const std::int8_t> codes, std::span<const f16> scales,
                         std::span<const float> xi, std::span<const std::uint8_t> outlier,
                         std::span<const f16> outlier_values, int group, std::span<float> out);
 

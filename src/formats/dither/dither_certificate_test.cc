@@ -14,7 +14,7 @@
 
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 namespace witcert::formats {
 namespace {
@@ -104,7 +104,7 @@ Outcome run(const Workload& st, long requests, double radius_factor, std::uint64
     const KeySet& ks = sets[s];
     std::vector<f16> scales(st.S * st.d / G), outliers(ks.n_outliers);
     for (int t = 0; t < st.S; ++t)
-      encode_dither_int8(std::span<const float>(&ks.keys[t * st.d], st.d), xi, ks.mask, G, codes,
+      encode_dither(8, std::span<const float>(&ks.keys[t * st.d], st.d), xi, ks.mask, G, codes,
                          std::span<f16>(&scales[t * st.d / G], st.d / G), outliers);
     for (int h = 0; h < st.q_heads; ++h) {
       if (h * st.kv_heads / st.q_heads != s % st.kv_heads) continue;  // GQA: query head h reads kv head s % kv_heads
@@ -134,8 +134,8 @@ Outcome run(const Workload& st, long requests, double radius_factor, std::uint64
       for (int t = 0; t < st.S; ++t) {
         dither_values(stream, dither_counter(mode, t), xi);
         const std::span<const float> x(&ks.keys[t * st.d], st.d);
-        encode_dither_int8(x, xi, ks.mask, G, codes, token_scales, outliers);
-        decode_dither_int8(codes, token_scales, xi, ks.mask, outliers, G, decoded);
+        encode_dither(8, x, xi, ks.mask, G, codes, token_scales, outliers);
+        decode_dither(codes, token_scales, xi, ks.mask, outliers, G, decoded);
         for (int c = 0; c < st.d; ++c) residual[t * st.d + c] = double(decoded[c]) - double(x[c]);
       }
       for (int h = 0; h < st.q_heads; ++h) {
@@ -235,8 +235,8 @@ Outcome run_adaptive_key(Dither mode, long requests) {
     for (int t = 0; t < S; ++t) {
       dither_values(stream, dither_counter(mode, t), xi);
       const std::span<const float> x(&keys[t * d], d);
-      encode_dither_int8(x, xi, no_outliers, G, codes, scales, {});
-      decode_dither_int8(codes, scales, xi, no_outliers, {}, G, decoded);
+      encode_dither(8, x, xi, no_outliers, G, codes, scales, {});
+      decode_dither(codes, scales, xi, no_outliers, {}, G, decoded);
       double eps = 0.0;
       for (int c = 0; c < d; ++c) eps += double(q[c]) * (double(decoded[c]) - double(x[c]));
       eps *= sm;

@@ -1,4 +1,4 @@
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 #include <gtest/gtest.h>
 
@@ -17,12 +17,12 @@ struct Encoded {
 };
 
 Encoded encode(const std::vector<float>& x, const std::vector<float>& xi, const std::vector<std::uint8_t>& mask,
-               int group) {
+               int group, int bits = 8) {
   Encoded e;
   e.codes.resize(x.size());
   e.scales.resize(x.size() / group);
   e.outliers.resize(std::count(mask.begin(), mask.end(), 1));
-  encode_dither_int8(x, xi, mask, group, e.codes, e.scales, e.outliers);
+  encode_dither(bits, x, xi, mask, group, e.codes, e.scales, e.outliers);
   return e;
 }
 
@@ -36,36 +36,43 @@ std::vector<float> draw_key(std::mt19937_64& rng, int d) {
   return x;
 }
 
-TEST(DitherInt8, NoClippingAndErrorWithinHalfStepExactly) {
+// Every width: the codes stay in [−Q, Q] (no clipping) and the reconstruction is within s/2.
+TEST(Dither, NoClippingAndErrorWithinHalfStepExactlyAtEveryWidth) {
   std::mt19937_64 rng(1);
   const int d = 128, G = 32;
   std::vector<std::uint8_t> mask(d, 0);
   mask[3] = mask[67] = 1;  // the RoPE pair (3, 67) of a NeoX-layout head
   std::vector<float> xi(d), out(d);
-  long elements = 0;
-  for (std::uint32_t slot = 0; slot < 20000; ++slot) {
-    const std::vector<float> x = draw_key(rng, d);
-    dither_values({5, 1, 2}, slot, xi);
-    const Encoded e = encode(x, xi, mask, G);
-    decode_dither_int8(e.codes, e.scales, xi, mask, e.outliers, G, out);
-    for (int c = 0; c < d; ++c) {
-      if (mask[c]) {
-        ASSERT_EQ(out[c], x[c]) << "outlier channels are stored exactly";
-        continue;
+  for (int bits : kDitherBits) {
+    const int q = dither_max_code(bits);
+    const std::uint32_t slots = bits == 8 ? 20000 : 8000;
+    long elements = 0, at_q = 0;
+    for (std::uint32_t slot = 0; slot < slots; ++slot) {
+      const std::vector<float> x = draw_key(rng, d);
+      dither_values({5, 1, 2}, slot, xi);
+      const Encoded e = encode(x, xi, mask, G, bits);
+      decode_dither(e.codes, e.scales, xi, mask, e.outliers, G, out);
+      for (int c = 0; c < d; ++c) {
+        if (mask[c]) {
+          ASSERT_EQ(out[c], x[c]) << "outlier channels are stored exactly";
+          continue;
+        }
+        const double s = fp16_to_double(e.scales[c / G]);
+        ASSERT_LE(std::fabs(x[c] / s), q - 0.5) << "|x/s| ≤ Q − ½ with the stored scale";
+        ASSERT_GE(e.codes[c], -q) << bits << " bits";
+        ASSERT_LE(e.codes[c], q) << bits << " bits";
+        at_q += std::abs(e.codes[c]) == q;
+        // The exact (double) reconstruction error is within s/2 with no slack.
+        const double exact = s * (double(e.codes[c]) - double(xi[c]));
+        ASSERT_LE(std::fabs(exact - double(x[c])), s / 2) << bits << " bits, slot " << slot << " channel " << c;
+        // The float decode adds at most half a float ulp of the decoded value (covered by β_t).
+        ASSERT_LE(std::fabs(double(out[c]) - exact), std::fabs(exact) * 0x1p-24);
+        ++elements;
       }
-      const double s = fp16_to_double(e.scales[c / G]);
-      ASSERT_LE(std::fabs(x[c] / s), 126.5) << "|x/s| ≤ 126.5 with the stored scale";
-      ASSERT_GE(e.codes[c], -127);
-      ASSERT_LE(e.codes[c], 127);
-      // The exact (double) reconstruction error is within s/2 with no slack.
-      const double exact = s * (double(e.codes[c]) - double(xi[c]));
-      ASSERT_LE(std::fabs(exact - double(x[c])), s / 2) << "slot " << slot << " channel " << c;
-      // The float decode adds at most half a float ulp of the decoded value (covered by β_t).
-      ASSERT_LE(std::fabs(double(out[c]) - exact), std::fabs(exact) * 0x1p-24);
-      ++elements;
     }
+    EXPECT_EQ(elements, long{slots} * (d - 2));
+    EXPECT_GT(at_q, 0) << bits << " bits: the amax reaches the largest code";
   }
-  EXPECT_EQ(elements, 20000L * (d - 2));
 }
 
 TEST(DitherInt8, ScaleIsStoredRoundedUpAndOutliersLeaveTheAmax) {
@@ -98,6 +105,20 @@ TEST(DitherInt8, KnownAnswer) {
   EXPECT_EQ(e.codes[1], -63);  // round(−63.198… − 0.25) = −63
 }
 
+TEST(Dither, KnownAnswerAtFourBits) {
+  // Q = 7: s = fp16_up(1/6.5) = (1 + 237/1024)·2^-3; codes round(6.4965… + 0.25) = 7 and
+  // round(−3.2483… − 0.25) = −3.
+  const std::vector<float> x = {1.0f, -0.5f}, xi = {0.25f, -0.25f};
+  const Encoded e = encode(x, xi, {0, 0}, 2, 4);
+  EXPECT_EQ(e.scales[0], 0x30ED);
+  EXPECT_EQ(fp16_to_double(e.scales[0]), (1.0 + 237.0 / 1024.0) / 8.0);
+  EXPECT_EQ(e.codes[0], 7);
+  EXPECT_EQ(e.codes[1], -3);
+  EXPECT_EQ(dither_scale_divisor(5), 14.5);
+  EXPECT_EQ(dither_scale_divisor(6), 30.5);
+  EXPECT_EQ(dither_scale_divisor(8), 126.5);
+}
+
 TEST(DitherInt8, ZeroAndNonFiniteGroups) {
   const int d = 8, G = 4;
   std::vector<float> x(d, 0.0f), xi(d, 0.3f), out(d);
@@ -106,7 +127,7 @@ TEST(DitherInt8, ZeroAndNonFiniteGroups) {
   const Encoded e = encode(x, xi, mask, G);
   EXPECT_EQ(e.scales[0], 0);  // an all-zero group is exact
   EXPECT_EQ(e.scales[1], kFp16PosInf) << "a NaN group must be marked, never encoded as a number";
-  decode_dither_int8(e.codes, e.scales, xi, mask, e.outliers, G, out);
+  decode_dither(e.codes, e.scales, xi, mask, e.outliers, G, out);
   for (int c = 0; c < 4; ++c) EXPECT_EQ(out[c], 0.0f);
   for (int c = 4; c < 8; ++c) EXPECT_FALSE(std::isfinite(out[c]));
 }
@@ -129,7 +150,9 @@ double ks_statistic(std::vector<double> u) {  // u should be U[0, 1)
   return D;
 }
 
-TEST(DitherInt8, ResidualIsUniformGoodnessOfFit) {
+class DitherResidual : public ::testing::TestWithParam<int> {};
+
+TEST_P(DitherResidual, IsUniformGoodnessOfFit) {
   const int d = 32, G = 32, n = 4000;
   std::mt19937_64 rng(8);
   const std::vector<float> x = draw_key(rng, d);
@@ -137,10 +160,11 @@ TEST(DitherInt8, ResidualIsUniformGoodnessOfFit) {
   std::vector<std::vector<double>> residual(d), rtn(d);
   std::vector<float> xi(d);
   const std::vector<float> no_dither(d, 0.0f);
+  const int bits = GetParam();
   for (std::uint32_t slot = 0; slot < n; ++slot) {
     dither_values({77, 0, 0}, slot, xi);
-    const Encoded e = encode(x, xi, mask, G);
-    const Encoded r = encode(x, no_dither, mask, G);
+    const Encoded e = encode(x, xi, mask, G, bits);
+    const Encoded r = encode(x, no_dither, mask, G, bits);
     const double s = fp16_to_double(e.scales[0]);
     for (int c = 0; c < d; ++c) {
       residual[c].push_back((s * (e.codes[c] - double(xi[c])) - x[c]) / s + 0.5);
@@ -157,6 +181,8 @@ TEST(DitherInt8, ResidualIsUniformGoodnessOfFit) {
   }
   EXPECT_EQ(rtn_rejected, d) << "the test must reject undithered rounding";
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryWidth, DitherResidual, ::testing::ValuesIn(kDitherBits));
 
 }  // namespace
 }  // namespace witcert::formats

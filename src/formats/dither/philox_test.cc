@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "formats/dither/dither_int8.h"
+#include "formats/dither/dither.h"
 
 namespace witcert::formats {
 namespace {
