@@ -39,6 +39,7 @@
 #include "attention/cpu/exact_attention_fast.h"
 #include "attention/cpu/exact_cache.h"
 #include "attention/reference/certified_attention.h"
+#include "attention/reference/exact_attention.h"
 #include "cert/subgaussian.h"
 #include "kvcache/kv_store.h"
 
@@ -78,6 +79,11 @@ constexpr Variant kVariants[] = {
     {"kivi-2bit", "kivi-2bit", kvcache::DitherMode::per_slot, true, Path::fast},
     {"kvquant-4", "kvquant-4", kvcache::DitherMode::per_slot, true, Path::fast},
     {"rot-4bit", "rot-4bit", kvcache::DitherMode::per_slot, true, Path::fast},
+    // The dithered formats below 8 bits (packed codes, unpacked a page at a time), shared-page
+    // dither as `generate` runs a prompt: only in the last pairs of paired_args.
+    {"dither-int6/shared", "dither-int6", kvcache::DitherMode::shared_page, true, Path::fast},
+    {"dither-int5/shared", "dither-int5", kvcache::DitherMode::shared_page, true, Path::fast},
+    {"dither-int4/shared", "dither-int4", kvcache::DitherMode::shared_page, true, Path::fast},
     {"rtn-2bit", "rtn-2bit", kvcache::DitherMode::per_slot, true, Path::fast},
     {"sign-1bit", "sign-1bit", kvcache::DitherMode::per_slot, true, Path::fast},
 };
@@ -302,6 +308,9 @@ void paired_args(benchmark::internal::Benchmark* b) {
   // context (4,433 tokens), hot; q8_0 (0.72× fp16 end to end in docs/BENCHMARKS.md) as the yardstick.
   for (const char* name : {"kivi-2bit", "kvquant-4", "rot-4bit", "rtn-2bit", "sign-1bit", "q8_0"})
     b->Args({index("fp16/meter"), index(name), 4433, 64, 3, 0});
+  // The dithered formats below 8 bits against dither-int8 at the same shape (target ≥ 0.9×).
+  for (const char* name : {"dither-int6/shared", "dither-int5/shared", "dither-int4/shared"})
+    b->Args({index("dither-int8/shared"), index(name), 4433, 64, 3, 0});
 }
 BENCHMARK(BM_PairedRatio)->Apply(paired_args)->Unit(benchmark::kMicrosecond)->MinTime(3.0);
 

@@ -312,7 +312,8 @@ const std::vector<std::pair<std::string, eval::Experiment>>& registry() {
   static const std::vector<std::pair<std::string, eval::Experiment>> r = {
       {"soundness", eval::soundness}, {"schemes", eval::schemes}, {"shapes", eval::shapes},
       {"outliers", eval::outliers},   {"risk-coverage", eval::risk_coverage}, {"needle", eval::needle},
-      {"danger", eval::danger},       {"layer-pollution", eval::layer_pollution}, {"quality", eval::quality}};
+      {"danger", eval::danger},       {"layer-pollution", eval::layer_pollution}, {"quality", eval::quality},
+      {"below8", eval::below8}};
   return r;
 }
 

@@ -133,5 +133,6 @@ std::int64_t needle(const engine::Model&, const EvalOptions&, std::ostream&, std
 std::int64_t danger(const engine::Model&, const EvalOptions&, std::ostream&, std::ostream&);
 std::int64_t layer_pollution(const engine::Model&, const EvalOptions&, std::ostream&, std::ostream&);
 std::int64_t quality(const engine::Model&, const EvalOptions&, std::ostream&, std::ostream&);
+std::int64_t below8(const engine::Model&, const EvalOptions&, std::ostream&, std::ostream&);
 
 }  // namespace witcert::apps::eval

@@ -147,6 +147,28 @@ if experiment == "outliers":
     ax.legend(h1 + h2, l1 + ["bytes per token and head (right axis)"], fontsize=7, loc="lower right")
     save(fig, "outliers")
 
+if experiment == "below8":
+    r = rows("below8")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for m in ("0", "4"):
+        for values in (False, True):
+            pts = sorted((num(x["capacity x fp16"]), num(x["joint coverage prose"]), num(x["joint coverage code"]),
+                          x["format"]) for x in r if x["m"] == m and (x["values"] != "fp16") == values)
+            label = f"m = {m}, " + ("keys and values dithered" if values else "keys dithered, fp16 values")
+            for ax, col in ((axes[0], 1), (axes[1], 2)):
+                ax.plot([p[0] for p in pts], [p[col] for p in pts], marker="o", label=label)
+                for p in pts:
+                    ax.annotate(p[3].replace("dither-", ""), (p[0], p[col]), fontsize=6, textcoords="offset points",
+                                xytext=(3, 3))
+    for ax, domain in ((axes[0], "prose"), (axes[1], "code")):
+        ax.axhline(0.9, color="gray", linestyle=":", label="coverage 0.9")
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"Capacity against certified coverage ({domain})")
+        ax.set_xlabel("capacity against fp16 (fp16 bytes / bytes per token, measured)")
+        ax.set_ylabel("joint coverage at tau_K 0.2 / tau_V 0.05")
+    axes[0].legend(fontsize=7, loc="lower left")
+    save(fig, "below8")
+
 if experiment == "risk-coverage":
     r = rows("curve")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -99,6 +99,7 @@ namespace witcert::kernel {
 HWY_EXPORT(AttendRange);
 HWY_EXPORT(DitherValuesFast);
 HWY_EXPORT(DecodePackedRow);
+HWY_EXPORT(UnpackCodes);
 HWY_EXPORT(DecodeGroupRows);
 
 void attend_range(Workspace& work, kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
@@ -110,6 +111,10 @@ void attend_range(Workspace& work, kvcache::KvStore::Reader& reader, const float
       reader.config().dither == kvcache::DitherMode::none)
     return attention::attend_range_reference(reader, q, group, head_dim, begin, end, ctx, partials);
   HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
+}
+
+void unpack_codes_fast(const std::uint8_t* run, int bits, std::size_t n, std::int8_t* out) {
+  HWY_DYNAMIC_DISPATCH(UnpackCodes)(run, bits, n, out);
 }
 
 void decode_packed_row(formats::PackedLayout layout, const std::uint8_t* in, int d, float* out) {

@@ -43,6 +43,8 @@ void attend_range(Workspace& work, kvcache::KvStore::Reader& reader, const float
 // decoder (exposed for its test against formats::KvScheme::decode). d: the head dimension, at most
 // 1,024 for rot-4bit (beyond, the kernel takes its black-box decode).
 void decode_packed_row(formats::PackedLayout layout, const std::uint8_t* in, int d, float* out);
+// The kernel's unpacking of dithered codes below 8 bits: bit for bit formats::unpack_codes.
+void unpack_codes_fast(const std::uint8_t* run, int bits, std::size_t n, std::int8_t* out);
 
 // Tokens [first, first + count) of a group scheme's block (formats::GroupLayout, not opaque) decoded
 // by the kernel's SIMD decoder into out (count × d floats, token-major), as formats::KvScheme::decode

@@ -19,6 +19,7 @@
 #include "attention/reference/certified_attention.h"
 #include "base/alloc_counter.h"
 #include "cert/subgaussian.h"
+#include "formats/dither/code_pack.h"
 #include "formats/schemes.h"
 #include "kvcache/test_config.h"
 
@@ -632,6 +633,30 @@ TEST(CertifiedFast, PackedDecodersMatchSchemeDecode) {
         }
     }
   EXPECT_GE(schemes, 20);  // fp16, fp8-e4m3 (and scaled), rtn-int8/int4, q8_0, q4_0/1, q5_0/1, iq4_nl, both sides
+}
+
+// The kernel unpacks dithered codes below 8 bits as formats::unpack_codes does, on every target:
+// every code value at every position of a block, over runs of 1 to 64 blocks.
+TEST(CertifiedFast, PackedCodesUnpackAsTheScalarReference) {
+  std::mt19937_64 rng(12);
+  for (int bits : {4, 5, 6}) {
+    const int q = formats::dither_max_code(bits);
+    for (std::size_t blocks : {1u, 2u, 7u, 64u}) {
+      const std::size_t n = blocks * formats::kCodeBlock;
+      std::vector<std::uint8_t> run(formats::packed_code_bytes(n, bits));
+      for (std::size_t i = 0; i < n; ++i)  // each value at each block position across the blocks
+        formats::pack_code(run.data(), i, bits,
+                           static_cast<std::int8_t>((static_cast<int>(i / formats::kCodeBlock + i) + static_cast<int>(rng() % 3)) %
+                                                        (2 * q + 1) - q));
+      std::vector<std::int8_t> want(n), got(n);
+      formats::unpack_codes(run.data(), bits, n, want.data());
+      for_each_target([&](std::int64_t) {
+        std::fill(got.begin(), got.end(), 0);
+        unpack_codes_fast(run.data(), bits, n, got.data());
+        ASSERT_EQ(got, want) << bits << " bits, " << blocks << " blocks";
+      });
+    }
+  }
 }
 
 // The code-book decoders (fp8 by arithmetic, iq4_nl by byte shuffle) on every code they can

@@ -24,6 +24,7 @@
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
 #include "hwy/highway.h"
+#include "attention/cpu/codes-inl.h"
 #include "attention/cpu/group-inl.h"
 #include "attention/cpu/packed-inl.h"
 #include "attention/cpu/philox-inl.h"
@@ -301,7 +302,7 @@ class Attention {
       const std::size_t n = static_cast<std::size_t>(key ? page.end - page.begin : side.packed_end - page.begin) * d_;
       if (work_.unpacked_at + n > work_.unpacked.size()) work_.unpacked_at = 0;
       std::int8_t* out = work_.unpacked.data() + work_.unpacked_at;
-      formats::unpack_codes(side.code_run, side.code_bits, n, out);
+      UnpackCodes(side.code_run, side.code_bits, n, out);
       side.codes = out;
       work_.unpacked_at += n;
     };
