@@ -145,7 +145,8 @@ def test_dither_int8_round_trip_and_radius():
         witcert.DitherInt8(64, group=30)
 
 
-@pytest.mark.parametrize("kv,gate", [("q4_0", None), ("q8_0", 0.2), ("kivi-2bit", 0.1), ("dither-int8", None)])
+@pytest.mark.parametrize("kv,gate", [("q4_0", None), ("q8_0", 0.2), ("kivi-2bit", 0.1), ("dither-int8", None),
+                                     ("dither-int4", 0.2), ("dither-int6", None)])
 def test_cache_outputs_within_their_bounds(kv, gate):
     rng = np.random.default_rng(3)
     cache = witcert.Cache(2, 4, 2, 64, 200, kv=kv, tau_k=gate, layout="neox")

@@ -493,6 +493,7 @@ std::vector<Call> poisonable_calls() {
   // followed by a clean write and an attend over both: its cells are the certificate.
   for (const std::string& options :
        {std::string("{}"), std::string(R"({"kv": "q4_0"})"), std::string(R"({"kv": "dither-int8"})"),
+        std::string(R"({"kv": "dither-int4"})"),
         std::string(R"({"kv": "q8_0", "tau_k": 0.2})")}) {
     calls.push_back({"witcert_cache_write " + options, {"k[1]", "v[1]"}, [=](std::size_t arg, double v) {
                        SmallCache sc(options, 0);
@@ -552,7 +553,7 @@ TEST(CApi, NoCallCertifiesANonFiniteOrOutOfRangeInput) {
             break;
         }
       }
-  EXPECT_EQ(cases, 4 * (2 + 2 + 1 + 2 + 7 + 2 + 2 + 3 + 2 + 3 + 1 + 4 + 3 + 4 * (2 + 1)));
+  EXPECT_EQ(cases, 4 * (2 + 2 + 1 + 2 + 7 + 2 + 2 + 3 + 2 + 3 + 1 + 4 + 3 + 5 * (2 + 1)));
   EXPECT_EQ(legit_seen.size(), kLegit.size());  // every listed value was met, each once
 }
 
@@ -673,6 +674,7 @@ TEST(CApi, CacheOutputsStayWithinTheirMeters) {
   };
   for (const Case& cs : {Case{R"({"kv": "q4_0"})", false}, Case{R"({"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.2})", true},
                          Case{R"({"kv": "dither-int8"})", false}, Case{R"({"kv": "kivi-2bit", "tau_k": 0.1})", true},
+                         Case{R"({"kv": "dither-int5", "kv_v": "dither-int4", "tau_k": 0.2})", true},
                          Case{R"({"kv": "fp8-e4m3", "tau_k": 0.3, "granularity": "head"})", true},
                          Case{R"({"kv": "rtn-int4", "page_size": 1})", false}, Case{"{}", false}})
     for (std::int64_t n : {5, 300}) {

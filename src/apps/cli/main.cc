@@ -194,7 +194,7 @@ struct PoolCacheOptions {
 PoolCacheOptions add_pool_cache_options(CLI::App* cmd, witcert::apps::CacheFlags& c) {
   PoolCacheOptions o;
   o.kv = cmd->add_option("--kv", c.kv,
-                         "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes` "
+                         "KV-cache format of the keys (and values): fp16, dither-int4/5/6/8 or a scheme of `witcert schemes` "
                          "(default: the plain exact cache, no meter)");
   o.kv_v = cmd->add_option("--kv-v", c.kv_v, "KV-cache format of the values (default: --kv)");
   cmd->add_option("--page-size", c.page_size, "tokens per cache page")->transform(whole_in("--page-size", 1, 4096));
@@ -311,9 +311,9 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.seed, "sampling seed")->transform(seed("--seed"));
   generate->add_option("--threads", gen.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
   auto* gen_kv = generate->add_option(
-      "--kv", gen.cache.kv, "KV-cache format of the keys (and values): fp16, dither-int8 or a scheme of `witcert schemes`");
+      "--kv", gen.cache.kv, "KV-cache format of the keys (and values): fp16, dither-int4/5/6/8 or a scheme of `witcert schemes`");
   auto* gen_kv_v = generate->add_option("--kv-v", gen.cache.kv_v, "KV-cache format of the values (default: --kv)");
-  auto* gen_outliers = generate->add_option("--outliers", gen.cache.outliers, "dither-int8: outlier RoPE pairs kept in fp16")
+  auto* gen_outliers = generate->add_option("--outliers", gen.cache.outliers, "dithered keys (dither-int4/5/6/8): outlier RoPE pairs kept in fp16")
                            ->transform(whole_in("--outliers", 0, 31));
   auto* gen_page_size = generate->add_option("--page-size", gen.cache.page_size, "tokens per cache page")
                             ->transform(whole_in("--page-size", 1, 4096));
@@ -325,13 +325,13 @@ int main(int argc, char** argv) {
                                                "repair granularity of the gate: head, block or request")
                               ->check(choice("--granularity", {"head", "block", "request"}));
   auto* gen_dither = generate->add_option(
-      "--dither", gen.cache.dither, "dither-int8 keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
+      "--dither", gen.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
                          ->check(dither_mode("--dither"));
   auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.cache.shared_page_dither,
                                              "the same as --dither shared-page")
                               ->excludes(gen_dither);
   auto* gen_dither_seed = generate->add_option("--dither-seed", gen.cache.dither_seed,
-                                               "dither-int8: seed of the key dither's Philox stream")
+                                               "dithered keys: seed of the key dither's Philox stream")
                               ->transform(seed("--dither-seed"));
   auto* gen_check = generate->add_flag("--check-soundness", gen.cache.check_soundness,
                                        "compare every meter with the true TV from the exact tier");
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
   auto* runc = app.add_subcommand("run", "One request under a KV format, gated or not, against fp16: quality, meter, page-ins");
   runc->add_option("prompt", ra.prompt, "prompt text")->required();
   runc->add_option("--model", ra.model, "GGUF model file (default: the fetched SmolLM2-135M)");
-  auto* run_kv = runc->add_option("--kv", ra.cache.kv, "KV-cache format: fp16, dither-int8 or a scheme of `witcert schemes`");
+  auto* run_kv = runc->add_option("--kv", ra.cache.kv, "KV-cache format: fp16, dither-int4/5/6/8 or a scheme of `witcert schemes`");
   runc->add_option("--kv-v", ra.cache.kv_v, "format of the values (default: --kv)");
   auto* run_sweep = runc->add_option("--scheme-sweep", ra.scheme_sweep, "comma-separated formats, one run each, one table")
                         ->excludes(run_kv);
@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
       ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
   const TierOptions run_tier = add_tier_options(runc, ra.cache);
   auto* run_dither = runc->add_option(
-      "--dither", ra.cache.dither, "dither-int8 keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
+      "--dither", ra.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
                          ->check(dither_mode("--dither"));
   runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 

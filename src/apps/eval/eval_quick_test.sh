@@ -17,10 +17,11 @@ for f in soundness/soundness.md soundness/soundness.csv soundness/soundness.png 
          needle/needle.md needle/traffic.md needle/needle.png needle/needle.svg needle/coverage-accuracy.png \
          danger/danger.md danger/danger.png danger/danger.svg \
          layer-pollution/layer-pollution.md layer-pollution/layer-pollution.png layer-pollution/layer-pollution.svg \
-         quality/quality.md quality/quality.png quality/quality.svg; do
+         quality/quality.md quality/quality.png quality/quality.svg \
+         below8/below8.md below8/below8.csv below8/below8.png below8/below8.svg; do
   [ -s "$work/$f" ] || { echo "missing $work/$f"; exit 1; }
 done
-for e in soundness schemes shapes outliers risk-coverage needle danger layer-pollution quality; do
+for e in soundness schemes shapes outliers risk-coverage needle danger layer-pollution quality below8; do
   grep -q "^$e: 0 soundness violations" "$work.log" || { echo "no clean verdict for $e"; cat "$work.log"; exit 1; }
 done
 lines=$(cat "$work"/*/results.jsonl | wc -l)

@@ -39,6 +39,7 @@ DitherStream request_stream(long request, int layer, int kv_head) {
 struct Workload {
   int layers, q_heads, kv_heads, steps, S, d, outlier_pairs;
   double delta_req;
+  int bits = 8;  // B of the dithered codes
 };
 
 struct Outcome {
@@ -104,7 +105,7 @@ Outcome run(const Workload& st, long requests, double radius_factor, std::uint64
     const KeySet& ks = sets[s];
     std::vector<f16> scales(st.S * st.d / G), outliers(ks.n_outliers);
     for (int t = 0; t < st.S; ++t)
-      encode_dither(8, std::span<const float>(&ks.keys[t * st.d], st.d), xi, ks.mask, G, codes,
+      encode_dither(st.bits, std::span<const float>(&ks.keys[t * st.d], st.d), xi, ks.mask, G, codes,
                          std::span<f16>(&scales[t * st.d / G], st.d / G), outliers);
     for (int h = 0; h < st.q_heads; ++h) {
       if (h * st.kv_heads / st.q_heads != s % st.kv_heads) continue;  // GQA: query head h reads kv head s % kv_heads
@@ -134,7 +135,7 @@ Outcome run(const Workload& st, long requests, double radius_factor, std::uint64
       for (int t = 0; t < st.S; ++t) {
         dither_values(stream, dither_counter(mode, t), xi);
         const std::span<const float> x(&ks.keys[t * st.d], st.d);
-        encode_dither(8, x, xi, ks.mask, G, codes, token_scales, outliers);
+        encode_dither(st.bits, x, xi, ks.mask, G, codes, token_scales, outliers);
         decode_dither(codes, token_scales, xi, ks.mask, outliers, G, decoded);
         for (int c = 0; c < st.d; ++c) residual[t * st.d + c] = double(decoded[c]) - double(x[c]);
       }
@@ -175,6 +176,29 @@ TEST(DitherCertificate, RequestLevelViolationRateAtDeltaOnePercent) {
     std::printf("[tier-b] %-11s delta_req=%.3g: %ld / %ld requests violated (%ld cells each), worst |eps|/u = %.4f\n",
                 name(mode), st.delta_req, o.violated_requests, o.requests, o.cells / o.requests, o.worst_ratio);
     EXPECT_LE(o.violated_requests, max_consistent(R, st.delta_req)) << name(mode);
+  }
+}
+
+// Every width below 8 bits: the same certificate with its coarser step, at the request level and
+// (δ_req = 0.5, one page) where violations occur at all, with the unsound radius caught.
+TEST(DitherCertificate, EveryWidthBelow8BitsKeepsItsBudget) {
+  for (int bits : {4, 5, 6}) {
+    Workload st{2, 3, 1, 8, 64, 64, 2, 1e-2};
+    st.bits = bits;
+    const long R = 1000;
+    for (Dither mode : {Dither::per_slot, Dither::shared_page}) {
+      const Outcome o = run(st, R, 1.0, 2024 + bits, mode);
+      std::printf("[tier-b] int%d %-11s delta_req=%.3g: %ld / %ld requests violated, worst |eps|/u = %.4f\n", bits,
+                  name(mode), st.delta_req, o.violated_requests, o.requests, o.worst_ratio);
+      EXPECT_LE(o.violated_requests, max_consistent(R, st.delta_req)) << bits << " bits " << name(mode);
+    }
+    Workload loose{1, 1, 1, 1, kPageSize, 64, 0, 0.5};
+    loose.bits = bits;
+    const Outcome ok = run(loose, 3000, 1.0, 7 + bits, Dither::per_slot);
+    const Outcome bad = run(loose, 3000, 0.3, 7 + bits, Dither::per_slot);
+    EXPECT_GT(ok.violated_requests, 0) << bits << " bits: the check must be able to see violations";
+    EXPECT_LE(ok.violated_requests, max_consistent(3000, 0.5)) << bits << " bits";
+    EXPECT_GT(bad.violated_requests, max_consistent(3000, 0.5)) << bits << " bits: 0.3·u_t must be caught";
   }
 }
 
