@@ -3,7 +3,7 @@
 # --kv FMT` after a prompt of about L tokens, L = 128, 1024 and 4096, RUNS runs each (default 3),
 # printed as a markdown table of the median decode tok/s (generate reports prefill and decode
 # tok/s on stderr). Builds nothing. Usage: bench/decode_formats.sh [BINARY] [FORMATS...]
-# (default: build/witcert; fp16, dither-int8 and every Tier-A scheme of `witcert schemes`).
+# (default: build/witcert; fp16, the dithered formats and every Tier-A scheme of `witcert schemes`).
 set -euo pipefail
 bin=${1:-build/witcert}
 shift || true
@@ -13,7 +13,7 @@ if [[ $# -gt 0 ]]; then
   formats=("$@")
 else
   mapfile -t formats < <("$bin" schemes | awk '$NF == "A" && NF > 3 { print $1 }' | sort -u)
-  formats=(dither-int8 "${formats[@]}")
+  formats=(dither-int8 dither-int6 dither-int5 dither-int4 "${formats[@]}")
 fi
 # A prompt of about L tokens (bench/prompt_text.sh); the table prints its measured token count.
 source "$(dirname "$0")/prompt_text.sh"
