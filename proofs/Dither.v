@@ -304,23 +304,31 @@ Definition uniform_mgf {Omega : Type} (E : (Omega -> R) -> R) (n : nat)
 Definition bounded_half {Omega : Type} (n : nat) (V : nat -> Omega -> R) : Prop :=
   forall i w, (i < n)%nat -> Rabs (V i w) <= / 2.
 
-Section Chernoff.
-(** A probability [Pr] on events and an expectation [E] on random variables, linked only by
-    Markov's inequality for bounded nonnegative variables.  Any probability space satisfies
-    them (Pr an outer measure, E an upper integral); Markov is stated for bounded variables
-    only, since an unbounded one may have no finite expectation. *)
-Context (Omega : Type) (Pr : (Omega -> Prop) -> R) (E : (Omega -> R) -> R).
-Context (Pr_mono : forall A B : Omega -> Prop, (forall w, A w -> B w) -> Pr A <= Pr B).
-Context (Pr_union : forall A B : Omega -> Prop, Pr (fun w => A w \/ B w) <= Pr A + Pr B).
-Context (Pr_empty : Pr (fun _ => False) = 0).
-Context (markov : forall (X : Omega -> R) (a M : R), 0 < a -> (forall w, 0 <= X w <= M) ->
-           Pr (fun w => a <= X w) <= E X / a).
+(** The probability space, written once and taken as the single section parameter
+    [Context (P : ProbSpace)] of [Chernoff] here, of [TierBDither] and [TierBRequest] in
+    TierB.v and of [ValueDither] in ValueDither.v: a probability [Pr] on events (monotone,
+    subadditive, zero on the empty event) and an expectation [E] on random variables, linked
+    only by Markov's inequality for bounded nonnegative variables.  Any probability space
+    satisfies them (Pr an outer measure, E an upper integral); Markov is stated for bounded
+    variables only, since an unbounded one may have no finite expectation. *)
+Record ProbSpace := {
+  Omega : Type;
+  Pr : (Omega -> Prop) -> R;
+  E : (Omega -> R) -> R;
+  Pr_mono : forall A B : Omega -> Prop, (forall w, A w -> B w) -> Pr A <= Pr B;
+  Pr_union : forall A B : Omega -> Prop, Pr (fun w => A w \/ B w) <= Pr A + Pr B;
+  Pr_empty : Pr (fun _ => False) = 0;
+  markov : forall (X : Omega -> R) (a M : R), 0 < a -> (forall w, 0 <= X w <= M) ->
+    Pr (fun w => a <= X w) <= E X / a }.
 
-Context (n : nat) (V : nat -> Omega -> R).
-Context (V_indep : mgf_factorizes E n V) (V_unif : uniform_mgf E n V) (V_bound : bounded_half n V).
+Section Chernoff.
+Context (P : ProbSpace).
+Context (n : nat) (V : nat -> Omega P -> R).
+Context (V_indep : mgf_factorizes (E P) n V) (V_unif : uniform_mgf (E P) n V)
+  (V_bound : bounded_half n V).
 
 Lemma mgf_sum_bound (b : nat -> R) :
-  E (fun w => exp (sum n (fun i => b i * V i w))) <= exp (sum n (fun i => b i ^ 2) / 24).
+  E P (fun w => exp (sum n (fun i => b i * V i w))) <= exp (sum n (fun i => b i ^ 2) / 24).
 Proof.
   rewrite V_indep. rewrite <- sum_div_r, <- rprod_exp. apply rprod_le. intros i Hi.
   rewrite (V_unif i (b i) Hi). split; [left; apply mgf_unif_pos|].
@@ -337,17 +345,17 @@ Qed.
 
 (** One side: Pr(Σ a_i V_i > u) ≤ e^{λ²Σa_i²/24 − λu} for every λ ≥ 0. *)
 Lemma chernoff_upper (a : nat -> R) (u lam : R) : 0 <= lam ->
-  Pr (fun w => u < sum n (fun i => a i * V i w))
+  Pr P (fun w => u < sum n (fun i => a i * V i w))
     <= exp (lam ^ 2 * sum n (fun i => a i ^ 2) / 24 - lam * u).
 Proof.
   intros Hl.
   set (X := fun w => exp (sum n (fun i => (lam * a i) * V i w))).
   assert (HX : forall w, X w = exp (lam * sum n (fun i => a i * V i w))).
   { intros w. unfold X. f_equal. rewrite <- sum_scal_l. apply sum_ext. intros. ring. }
-  apply Rle_trans with (Pr (fun w => exp (lam * u) <= X w)).
-  { apply Pr_mono. intros w Hw. rewrite HX. apply exp_le. apply Rmult_le_compat_l; lra. }
+  apply Rle_trans with (Pr P (fun w => exp (lam * u) <= X w)).
+  { apply (Pr_mono P). intros w Hw. rewrite HX. apply exp_le. apply Rmult_le_compat_l; lra. }
   eapply Rle_trans.
-  { apply (markov X (exp (lam * u)) (exp (sum n (fun i => Rabs (lam * a i))))); [apply exp_pos|].
+  { apply (markov P X (exp (lam * u)) (exp (sum n (fun i => Rabs (lam * a i))))); [apply exp_pos|].
     intros w. split; [left; apply exp_pos|]. apply exp_le.
     eapply Rle_trans; [apply Rle_abs|]. apply sum_bounded. }
   pose proof (mgf_sum_bound (fun i => lam * a i)) as H. cbv beta in H. fold X in H.
@@ -360,7 +368,7 @@ Qed.
 
 (** Optimized at λ = u/σ². *)
 Lemma chernoff_opt (a : nat -> R) (u : R) : 0 <= u ->
-  Pr (fun w => u < sum n (fun i => a i * V i w)) <= exp (- (u * u) / (2 * proxy n a)).
+  Pr P (fun w => u < sum n (fun i => a i * V i w)) <= exp (- (u * u) / (2 * proxy n a)).
 Proof.
   intros Hu. unfold proxy.
   set (q := sum n (fun i => a i ^ 2)).
@@ -370,25 +378,25 @@ Proof.
     + apply Rmult_le_pos; [lra|left; apply Rinv_0_lt_compat; exact Hq].
     + right. f_equal. fold q. field. lra.
   - (* σ² = 0: every a_i is 0, the sum is 0 and the event is empty *)
-    apply Rle_trans with (Pr (fun _ => False)).
-    + apply Pr_mono. intros w Hw.
+    apply Rle_trans with (Pr P (fun _ => False)).
+    + apply (Pr_mono P). intros w Hw.
       rewrite (sum_ext n _ (fun _ => 0)) in Hw by (intros i Hi; rewrite (sum_sq_zero n a (eq_sym Hq) i Hi); ring).
       rewrite sum_const0 in Hw. lra.
-    + rewrite Pr_empty. left. apply exp_pos.
+    + rewrite (Pr_empty P). left. apply exp_pos.
 Qed.
 
 (** Two sides: Pr(|Σ_i a_i V_i| > u) ≤ 2 e^{−u²/(2σ²)}, σ² = Σ_i a_i²/12. *)
 Theorem subgaussian_sum (a : nat -> R) (u : R) : 0 <= u ->
-  Pr (fun w => u < Rabs (sum n (fun i => a i * V i w)))
+  Pr P (fun w => u < Rabs (sum n (fun i => a i * V i w)))
     <= 2 * exp (- (u * u) / (2 * proxy n a)).
 Proof.
   intros Hu.
-  apply Rle_trans with (Pr (fun w => u < sum n (fun i => a i * V i w)
-                                   \/ u < sum n (fun i => (- a i) * V i w))).
-  { apply Pr_mono. intros w Hw.
+  apply Rle_trans with (Pr P (fun w => u < sum n (fun i => a i * V i w)
+                                     \/ u < sum n (fun i => (- a i) * V i w))).
+  { apply (Pr_mono P). intros w Hw.
     rewrite (sum_ext n (fun i => - a i * V i w) (fun i => - (a i * V i w))) by (intros; ring).
     rewrite sum_opp. unfold Rabs in Hw. destruct Rcase_abs; [right|left]; lra. }
-  eapply Rle_trans; [apply Pr_union|].
+  eapply Rle_trans; [apply (Pr_union P)|].
   assert (Hp : proxy n (fun i => - a i) = proxy n a).
   { unfold proxy. f_equal. apply sum_ext. intros. ring. }
   pose proof (chernoff_opt a u Hu). pose proof (chernoff_opt (fun i => - a i) u Hu) as H2.

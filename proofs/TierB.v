@@ -114,8 +114,9 @@ End TierB.
 (** * Tier B from dither: the tail is proved
 
     [TierBDither] replaces [subgaussian_tail] by more primitive named assumptions: Markov's
-    inequality links [Pr] to an expectation [E] (section [Chernoff] of Dither.v), and for each
-    token t the residuals U_{t,c} of its D channels (the stored error is s_{t,c}·U_{t,c}) are
+    inequality links [Pr] to an expectation [E] (both fields of the record [ProbSpace] of
+    Dither.v, the section parameter [P]), and for each token t the residuals U_{t,c} of its D
+    channels (the stored error is s_{t,c}·U_{t,c}) are
     - independent: [mgf_factorizes], the moment generating function of every weighted sum
       Σ_c b_c U_{t,c} is the product of the channels' ones;
     - uniform on [−½, ½]: [uniform_mgf], E[e^{μU}] = sinh(μ/2)/(μ/2).  That the residual of
@@ -137,38 +138,35 @@ Proof.
 Qed.
 
 Section TierBDither.
-Context (Omega : Type) (Pr : (Omega -> Prop) -> R) (E : (Omega -> R) -> R).
-Context (Pr_mono : forall A B : Omega -> Prop, (forall w, A w -> B w) -> Pr A <= Pr B).
-Context (Pr_union : forall A B : Omega -> Prop, Pr (fun w => A w \/ B w) <= Pr A + Pr B).
-Context (Pr_empty : Pr (fun _ => False) = 0).
-Context (markov : forall (X : Omega -> R) (a M : R), 0 < a -> (forall w, 0 <= X w <= M) ->
-           Pr (fun w => a <= X w) <= E X / a).
-Context (S D : nat) (a : nat -> nat -> R) (U : nat -> nat -> Omega -> R).
-Context (U_indep : forall t, (t < S)%nat -> mgf_factorizes E D (U t)).
-Context (U_unif : forall t, (t < S)%nat -> uniform_mgf E D (U t)).
+Context (P : ProbSpace).
+Context (S D : nat) (a : nat -> nat -> R) (U : nat -> nat -> Omega P -> R).
+Context (U_indep : forall t, (t < S)%nat -> mgf_factorizes (E P) D (U t)).
+Context (U_unif : forall t, (t < S)%nat -> uniform_mgf (E P) D (U t)).
 Context (U_bound : forall t, (t < S)%nat -> bounded_half D (U t)).
 
 (** Lemma 2 through Chernoff: the hypothesis [subgaussian_tail] of [TierB], proved. *)
 Theorem dither_tail t x : (t < S)%nat -> 0 <= x ->
-  Pr (fun w => x < Rabs (dither_eps D a U t w)) <= 2 * exp (- (x * x) / (2 * dither_s2 D a t)).
+  Pr P (fun w => x < Rabs (dither_eps D a U t w))
+    <= 2 * exp (- (x * x) / (2 * dither_s2 D a t)).
 Proof.
   intros Ht Hx. unfold dither_eps, dither_s2.
-  apply (subgaussian_sum Omega Pr E Pr_mono Pr_union Pr_empty markov D (U t));
+  apply (subgaussian_sum P D (U t));
     [apply U_indep|apply U_unif|apply U_bound|]; assumption.
 Qed.
 
 (** With probability at least 1 − δ, |ε_t| ≤ u_t for every token jointly. *)
 Theorem tier_b_joint_dither delta :
   (forall t, (t < S)%nat -> 0 < dither_s2 D a t) -> 0 < delta -> delta <= 2 * INR S ->
-  Pr (fun w => exists t, (t < S)%nat /\
+  Pr P (fun w => exists t, (t < S)%nat /\
          u S (dither_s2 D a) delta t < Rabs (dither_eps D a U t w)) <= delta.
 Proof.
-  apply (tier_b_joint Omega Pr Pr_mono Pr_union Pr_empty S (dither_eps D a U) (dither_s2 D a)).
+  apply (tier_b_joint (Omega P) (Pr P) (Pr_mono P) (Pr_union P) (Pr_empty P) S (dither_eps D a U)
+           (dither_s2 D a)).
   exact dither_tail.
 Qed.
 
 (** Outside that event, Theorem 1 with c := u bounds the cell's TV. *)
-Theorem tier_b_meter_dither delta (pt : nat -> R) (w : Omega) :
+Theorem tier_b_meter_dither delta (pt : nat -> R) (w : Omega P) :
   distribution S pt ->
   ~ (exists t, (t < S)%nat /\ u S (dither_s2 D a) delta t < Rabs (dither_eps D a U t w)) ->
   TV S (p S pt (fun t => dither_eps D a U t w)) pt <= eform (A S pt (u S (dither_s2 D a) delta)).
@@ -180,30 +178,25 @@ End TierBDither.
     a_k and residuals U_k: with δ_loc = δ_req/K per cell, some token of some cell leaves its
     radius with probability at most δ_req. *)
 Section TierBRequest.
-Context (Omega : Type) (Pr : (Omega -> Prop) -> R) (E : (Omega -> R) -> R).
-Context (Pr_mono : forall A B : Omega -> Prop, (forall w, A w -> B w) -> Pr A <= Pr B).
-Context (Pr_union : forall A B : Omega -> Prop, Pr (fun w => A w \/ B w) <= Pr A + Pr B).
-Context (Pr_empty : Pr (fun _ => False) = 0).
-Context (markov : forall (X : Omega -> R) (a M : R), 0 < a -> (forall w, 0 <= X w <= M) ->
-           Pr (fun w => a <= X w) <= E X / a).
+Context (P : ProbSpace).
 Context (K D : nat) (S : nat -> nat) (a : nat -> nat -> nat -> R)
-  (U : nat -> nat -> nat -> Omega -> R).
-Context (U_indep : forall k t, (k < K)%nat -> (t < S k)%nat -> mgf_factorizes E D (U k t)).
-Context (U_unif : forall k t, (k < K)%nat -> (t < S k)%nat -> uniform_mgf E D (U k t)).
+  (U : nat -> nat -> nat -> Omega P -> R).
+Context (U_indep : forall k t, (k < K)%nat -> (t < S k)%nat -> mgf_factorizes (E P) D (U k t)).
+Context (U_unif : forall k t, (k < K)%nat -> (t < S k)%nat -> uniform_mgf (E P) D (U k t)).
 Context (U_bound : forall k t, (k < K)%nat -> (t < S k)%nat -> bounded_half D (U k t)).
 
 Theorem tier_b_request_dither delta_req :
   (0 < K)%nat -> 0 < delta_req ->
   (forall k, (k < K)%nat -> delta_req / INR K <= 2 * INR (S k)) ->
   (forall k t, (k < K)%nat -> (t < S k)%nat -> 0 < dither_s2 D (a k) t) ->
-  Pr (fun w => exists k, (k < K)%nat /\ exists t, (t < S k)%nat /\
+  Pr P (fun w => exists k, (k < K)%nat /\ exists t, (t < S k)%nat /\
          u (S k) (dither_s2 D (a k)) (delta_req / INR K) t < Rabs (dither_eps D (a k) (U k) t w))
     <= delta_req.
 Proof.
   intros HK Hd HS Hs.
-  apply (request_budget Omega Pr Pr_mono Pr_union Pr_empty K _ delta_req HK).
+  apply (request_budget (Omega P) (Pr P) (Pr_mono P) (Pr_union P) (Pr_empty P) K _ delta_req HK).
   intros k Hk.
-  apply (tier_b_joint_dither Omega Pr E Pr_mono Pr_union Pr_empty markov (S k) D (a k) (U k));
+  apply (tier_b_joint_dither P (S k) D (a k) (U k));
     [intros; apply U_indep; assumption|intros; apply U_unif; assumption
     |intros; apply U_bound; assumption|intros; apply Hs; assumption| |apply HS, Hk].
   apply Rdiv_lt_0_compat; [exact Hd|]. apply lt_0_INR. exact HK.

@@ -43,19 +43,14 @@ Proof.
 Qed.
 
 Section ValueDither.
-Context (Omega : Type) (Pr : (Omega -> Prop) -> R) (E : (Omega -> R) -> R).
-Context (Pr_mono : forall A B : Omega -> Prop, (forall w, A w -> B w) -> Pr A <= Pr B).
-Context (Pr_union : forall A B : Omega -> Prop, Pr (fun w => A w \/ B w) <= Pr A + Pr B).
-Context (Pr_empty : Pr (fun _ => False) = 0).
-Context (markov : forall (X : Omega -> R) (a M : R), 0 < a -> (forall w, 0 <= X w <= M) ->
-           Pr (fun w => a <= X w) <= E X / a).
+Context (P : ProbSpace).
 (** n tokens, d channels, weights p̃, value scales s_{t,c}, residuals V_{t,c}. *)
-Context (n d : nat) (pt : nat -> R) (s : nat -> nat -> R) (V : nat -> nat -> Omega -> R).
-Context (V_indep : forall c, (c < d)%nat -> mgf_factorizes E n (fun t => V t c)).
-Context (V_unif : forall c, (c < d)%nat -> uniform_mgf E n (fun t => V t c)).
+Context (n d : nat) (pt : nat -> R) (s : nat -> nat -> R) (V : nat -> nat -> Omega P -> R).
+Context (V_indep : forall c, (c < d)%nat -> mgf_factorizes (E P) n (fun t => V t c)).
+Context (V_unif : forall c, (c < d)%nat -> uniform_mgf (E P) n (fun t => V t c)).
 Context (V_bound : forall c, (c < d)%nat -> bounded_half n (fun t => V t c)).
 
-Definition verr (c : nat) (w : Omega) : R := sum n (fun t => pt t * s t c * V t c w).
+Definition verr (c : nat) (w : Omega P) : R := sum n (fun t => pt t * s t c * V t c w).
 Definition vproxy (c : nat) : R := proxy n (fun t => pt t * s t c).
 Definition vrad (delta : R) (c : nat) : R := radius (vproxy c) (INR d) delta.
 
@@ -67,21 +62,21 @@ Qed.
 (** (i) One channel: Pr(|e_c| > sqrt(2σ_c² ln(2d/δ))) ≤ δ/d. *)
 Theorem value_channel_tail delta c :
   (c < d)%nat -> 0 < vproxy c -> 0 < delta -> delta <= 2 * INR d ->
-  Pr (fun w => vrad delta c < Rabs (verr c w)) <= delta / INR d.
+  Pr P (fun w => vrad delta c < Rabs (verr c w)) <= delta / INR d.
 Proof.
   intros Hc Hs Hd HD. rewrite <- (radius_tail (vproxy c) (INR d) delta Hs Hd HD).
-  apply (subgaussian_sum Omega Pr E Pr_mono Pr_union Pr_empty markov n (fun t => V t c));
+  apply (subgaussian_sum P n (fun t => V t c));
     [apply V_indep|apply V_unif|apply V_bound|apply sqrt_pos]; exact Hc.
 Qed.
 
 (** (ii) All d channels jointly, with probability ≥ 1 − δ. *)
 Theorem value_joint delta :
   (forall c, (c < d)%nat -> 0 < vproxy c) -> 0 < delta -> delta <= 2 * INR d ->
-  Pr (fun w => exists c, (c < d)%nat /\ vrad delta c < Rabs (verr c w)) <= delta.
+  Pr P (fun w => exists c, (c < d)%nat /\ vrad delta c < Rabs (verr c w)) <= delta.
 Proof.
-  apply (tier_b_joint Omega Pr Pr_mono Pr_union Pr_empty d verr vproxy).
+  apply (tier_b_joint (Omega P) (Pr P) (Pr_mono P) (Pr_union P) (Pr_empty P) d verr vproxy).
   intros c x Hc Hx.
-  apply (subgaussian_sum Omega Pr E Pr_mono Pr_union Pr_empty markov n (fun t => V t c));
+  apply (subgaussian_sum P n (fun t => V t c));
     [apply V_indep|apply V_unif|apply V_bound|]; assumption.
 Qed.
 
@@ -126,10 +121,10 @@ Qed.
 (** With probability ≥ 1 − δ, ‖e‖₂ ≤ sqrt(2 ln(2d/δ)/12 · Σ_t p̃_t² ‖s_t‖²). *)
 Theorem value_l2_tail delta :
   (forall c, (c < d)%nat -> 0 < vproxy c) -> 0 < delta -> delta <= 2 * INR d ->
-  Pr (fun w => vbound_prob delta < enorm d (fun c => verr c w)) <= delta.
+  Pr P (fun w => vbound_prob delta < enorm d (fun c => verr c w)) <= delta.
 Proof.
   intros Hs Hd HD. eapply Rle_trans; [|apply (value_joint delta Hs Hd HD)].
-  apply Pr_mono. intros w Hw.
+  apply (Pr_mono P). intros w Hw.
   destruct (some_or_none d (fun c => vrad delta c < Rabs (verr c w))) as [Hex|Hnone].
   - intros c. destruct (Rlt_dec (vrad delta c) (Rabs (verr c w))); [left|right]; assumption.
   - exact Hex.
@@ -160,11 +155,11 @@ Qed.
 Theorem value_l2_min delta :
   (forall t, (t < n)%nat -> 0 <= pt t) ->
   (forall c, (c < d)%nat -> 0 < vproxy c) -> 0 < delta -> delta <= 2 * INR d ->
-  Pr (fun w => Rmin (vbound_prob delta) (sum n (fun t => pt t * enorm d (s t)) / 2)
-               < enorm d (fun c => verr c w)) <= delta.
+  Pr P (fun w => Rmin (vbound_prob delta) (sum n (fun t => pt t * enorm d (s t)) / 2)
+                 < enorm d (fun c => verr c w)) <= delta.
 Proof.
   intros Hp Hs Hd HD. eapply Rle_trans; [|apply (value_l2_tail delta Hs Hd HD)].
-  apply Pr_mono. intros w Hw. pose proof (value_l2_det w Hp).
+  apply (Pr_mono P). intros w Hw. pose proof (value_l2_det w Hp).
   unfold Rmin in Hw. destruct Rle_dec; lra.
 Qed.
 
