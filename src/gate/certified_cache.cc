@@ -239,11 +239,12 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
   bool prefix_stale = false;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t begin = kvcache::window_begin(pos0 + i, window), end = pos0 + i + 1;
+    const bool from_prefix = shared < pos0 && !prefix_stale;
     Group g;
-    if (prefix_stale)
-      g.partials.assign(group, HeadPartial{});
-    else
+    if (from_prefix)
       g.partials.assign(prefix.begin() + i * group, prefix.begin() + (i + 1) * group);
+    else
+      g.partials.assign(group, HeadPartial{});
     // The query's own positions: those before the shared range, and the causal tail from pos0 (or
     // its whole span where nothing is shared).
     const auto add = [&](std::int64_t b, std::int64_t e) {
@@ -252,7 +253,7 @@ void CertifiedKvCache::attend_causal(int layer, int kv_head, const float* q, std
       kernel::attend_range(scratch().work, reader, &qs[i * row], group, d, b, e, ctx, own);
       for (int h = 0; h < group; ++h) g.partials[h].merge(own[h]);
     };
-    if (shared < pos0 && !prefix_stale) {
+    if (from_prefix) {
       add(begin, shared);
       add(pos0, end);
     } else {

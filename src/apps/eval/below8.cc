@@ -60,15 +60,16 @@ json run_domain(const engine::Model& m, const EvalOptions& o, const Arm& arm,
           {"kv_bytes_per_token", bytes}, {"cells_checked", checked}, {"violations", violations}};
 }
 
-// Needle accuracy of a cache (raw) over the prompts, with its decode steps checked.
+// Needle accuracy of a cache (raw; the default options: fp16) over the prompts, with its decode
+// steps checked.
 json run_needles(const engine::Model& m, ThreadPool& pool, const std::vector<NeedlePrompt>& needles, int n,
-                 const engine::CacheOptions& c, bool fp16) {
+                 const engine::CacheOptions& c) {
   int correct = 0;
   std::int64_t checked = 0, violations = 0;
   for (const NeedlePrompt& p : needles) {
     const std::vector<std::int32_t> prompt = m.prompt_tokens(p.text, true);
     SoundnessSink sound(static_cast<std::int64_t>(prompt.size()));
-    const CheckedRun r = run_checked(m, pool, prompt, n, fp16 ? engine::CacheOptions{} : c, {&sound}, /*stop=*/true,
+    const CheckedRun r = run_checked(m, pool, prompt, n, c, {&sound}, /*stop=*/true,
                                      /*check_prompt=*/false);
     correct += answered(m.tokenizer->decode(r.tokens), p.answer);
     checked += sound.checked, violations += sound.violations;
@@ -106,7 +107,7 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
   if (store.has("fp16")) {
     bar.skip();
   } else {
-    store.put("fp16", {{"needle", run_needles(m, pool, needles, n, {}, true)}});
+    store.put("fp16", {{"needle", run_needles(m, pool, needles, n, {})}});
     bar.advance();
   }
   for (const Arm& arm : arms) {
@@ -117,7 +118,7 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
     prepare();
     json rec = {{"bits", arm.bits}, {"m", arm.m}, {"values", arm.values}};
     for (const auto& [domain, list] : prompts) rec[domain] = run_domain(m, o, arm, list, refs.at(domain), n);
-    rec["needle"] = run_needles(m, pool, needles, n, arm.cache(false), false);
+    rec["needle"] = run_needles(m, pool, needles, n, arm.cache(false));
     store.put(arm.key(), rec);
     bar.advance();
   }

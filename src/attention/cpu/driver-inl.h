@@ -30,7 +30,6 @@
 #include "attention/cpu/philox-inl.h"
 #include "attention/cpu/simd-inl.h"
 #include "attention/cpu/workspace.h"
-#include "formats/dither/code_pack.h"
 #include "formats/dither/dither.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -63,10 +62,11 @@ class Attention {
     work_.keys.block.block = work_.values.block.block = -1;  // a decoded block of another call's store
     work_.head_dim = d_;
     work_.segments.reserve(kTile / kNF + 1);  // a tile's most pages (ExtendTile): no growth mid-call
-    // A tile's pages, with the page before it, span at most kTile + 3P positions of one side.
-    const std::size_t page_codes = static_cast<std::size_t>(cfg_.page_size) * d_;
+    // A tile's pages, with the page before it, span at most kTile + 3P positions of each side: the
+    // ring holds twice that for both sides, and one more page for its wrap.
+    const std::size_t P = static_cast<std::size_t>(cfg_.page_size);
     if (reader.code_bits(formats::KvSide::key) < 8 || reader.code_bits(formats::KvSide::value) < 8)
-      work_.unpacked.resize(std::max(work_.unpacked.size(), 4 * (kTile + 3 * page_codes / d_) * d_ + page_codes));
+      work_.unpacked.resize(std::max(work_.unpacked.size(), (4 * (kTile + 3 * P) + P) * d_));
     work_.query.qd.assign(group_ * dp_, 0.0);
     for (int h = 0; h < group_; ++h)
       for (int c = 0; c < d_; ++c) work_.query.qd[h * dp_ + c] = q_[h * d_ + c];
@@ -318,11 +318,11 @@ class Attention {
   int ExtendTile(std::int64_t t0, std::int64_t end, int n, RawPage& page) {
     while (n < kTile && n % static_cast<int>(kNF) == 0 && t0 + n < end) {
       const std::int64_t at = t0 + n;
-      const RawPage next = Unpacked(r_.raw_page(at));
+      const RawPage next = r_.raw_page(at);
       const std::int64_t stop =
           std::min<std::int64_t>({next.end, end, t0 + kTile, next.k.packed_end, next.v.packed_end, next.shared_end});
-      if (stop <= at) break;
-      page = next;
+      if (stop <= at) break;  // the next tile reads this page (and unpacks it) itself
+      page = Unpacked(next);
       work_.segments.push_back(Segment{page, static_cast<std::size_t>(at - page.begin), n, static_cast<int>(stop - at)});
       n = static_cast<int>(stop - t0);
     }

@@ -19,9 +19,10 @@ constexpr std::size_t packed_code_bytes(std::size_t n, int bits) { return n / kC
 
 // Writes code i of the run (its other codes unchanged).
 void pack_code(std::uint8_t* run, std::size_t i, int bits, std::int8_t code);
-// Reads code i of the run: the scalar reference of unpack_codes.
+// Reads code i of the run.
 std::int8_t unpack_code(const std::uint8_t* run, std::size_t i, int bits);
-// Codes [0, n) of the run into out, n a multiple of kCodeBlock (the fast kernel's page decode).
+// Codes [0, n) of the run into out, n a multiple of kCodeBlock, one unpack_code each: the scalar
+// reference of the kernel's SIMD unpacking (attention/cpu/codes-inl.h).
 void unpack_codes(const std::uint8_t* run, int bits, std::size_t n, std::int8_t* out);
 
 }  // namespace witcert::formats
