@@ -10,6 +10,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "apps/eval/eval.h"
 #include "engine/options.h"
 
@@ -86,10 +88,12 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-EtaBar::EtaBar(std::ostream& err, std::string label, std::int64_t total)
-    : err_(err), label_(std::move(label)), total_(total), start_(now_seconds()) {
+EtaBar::EtaBar(std::ostream& err, std::string label, std::int64_t total, bool terminal)
+    : err_(err), label_(std::move(label)), total_(total), start_(now_seconds()), terminal_(terminal) {
   draw();
 }
+
+bool EtaBar::stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 void EtaBar::skip() {
   ++done_;
@@ -102,15 +106,20 @@ void EtaBar::advance() {
   draw();
 }
 
-void EtaBar::finish() { err_ << "\n" << std::flush; }
+void EtaBar::finish() {
+  if (terminal_) err_ << "\n" << std::flush;
+}
 
 void EtaBar::draw() {
+  const std::int64_t n = std::max<std::int64_t>(1, total_);
+  const bool tenth = done_ == 0 || done_ == total_ || done_ * 10 / n != (done_ - 1) * 10 / n;
+  if (!terminal_ && !tenth) return;
   const double elapsed = now_seconds() - start_;
   const int width = 24, filled = static_cast<int>(width * done_ / std::max<std::int64_t>(1, total_));
   const std::string eta = computed_ > 0 ? format_duration(elapsed / computed_ * static_cast<double>(total_ - done_)) : "?";
-  err_ << fmt::format("\r  {:<22} [{}{}] {}/{}  {} elapsed, ETA {}   ", label_, std::string(filled, '#'),
-                      std::string(width - filled, '.'), done_, total_, format_duration(elapsed),
-                      done_ == total_ ? "0s" : eta)
+  err_ << fmt::format("{}  {:<22} [{}{}] {}/{}  {} elapsed, ETA {}{}", terminal_ ? "\r" : "", label_,
+                      std::string(filled, '#'), std::string(width - filled, '.'), done_, total_,
+                      format_duration(elapsed), done_ == total_ ? "0s" : eta, terminal_ ? "   " : "\n")
        << std::flush;
 }
 

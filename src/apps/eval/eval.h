@@ -58,10 +58,12 @@ class ResultStore {
 };
 
 // A progress bar over cells with elapsed time and an ETA from the cells computed in this run
-// (cells loaded from a previous run count as done but not in the rate).
+// (cells loaded from a previous run count as done but not in the rate). On a terminal it is one
+// line redrawn in place; in a log, a line at each tenth of the cells and none with a carriage return.
 class EtaBar {
  public:
-  EtaBar(std::ostream& err, std::string label, std::int64_t total);
+  EtaBar(std::ostream& err, std::string label, std::int64_t total, bool terminal = stderr_is_terminal());
+  static bool stderr_is_terminal();
   void skip();     // a cell found in the store
   void advance();  // a cell computed now
   void finish();
@@ -72,6 +74,7 @@ class EtaBar {
   std::string label_;
   std::int64_t total_, done_ = 0, computed_ = 0;
   double start_;
+  bool terminal_;
 };
 
 // "1h02m", "3m07s", "12s".

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,35 @@ TEST(Eval, DurationsReadAsAPersonWritesThem) {
   EXPECT_EQ(format_duration(3720), "1h02m");
   EXPECT_EQ(format_duration(NAN), "?");
   EXPECT_EQ(format_duration(HUGE_VAL), "?");
+}
+
+TEST(Eval, ProgressInALogIsWholeLinesAtEachTenth) {
+  // Into a file: no carriage return, the first line, then a line each time a tenth of the cells is
+  // crossed (3, 5, 8, 10, 13, 15, 18, 20, 23 and 25 of 25), the last one complete.
+  std::ostringstream log;
+  {
+    EtaBar bar(log, "cells", 25, /*terminal=*/false);
+    bar.skip();
+    for (int i = 1; i < 25; ++i) bar.advance();
+    bar.finish();
+  }
+  const std::string text = log.str();
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 11);
+  EXPECT_NE(text.find("0/25"), std::string::npos);
+  EXPECT_NE(text.find("25/25"), std::string::npos);
+  EXPECT_EQ(text.back(), '\n');
+
+  // On a terminal: one line redrawn for every cell, ended by finish().
+  std::ostringstream tty;
+  {
+    EtaBar bar(tty, "cells", 4, /*terminal=*/true);
+    for (int i = 0; i < 4; ++i) bar.advance();
+    bar.finish();
+  }
+  const std::string drawn = tty.str();
+  EXPECT_EQ(std::count(drawn.begin(), drawn.end(), '\r'), 5);
+  EXPECT_EQ(std::count(drawn.begin(), drawn.end(), '\n'), 1);
 }
 
 TEST(Eval, TheStoreResumesAndDropsATornLine) {

@@ -20,7 +20,6 @@ import csv, math, sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.cm.tab20.colors)  # 16 schemes, 16 colours
 
 experiment, out = sys.argv[1], sys.argv[2]
 written = []
@@ -32,100 +31,190 @@ def rows(name):
 def num(s):
     return math.inf if s == "inf" else float(s)
 
-def save(fig, name):
-    fig.tight_layout()
+def save(fig, name, legend_below=0.0):
+    # legend_below: the fraction of the figure's height kept under the axes for a shared legend.
+    fig.tight_layout(rect=(0, legend_below, 1, 1))
     for ext in ("png", "svg"):
         path = f"{out}/{name}.{ext}"
         fig.savefig(path, dpi=120)
         written.append(path)
     plt.close(fig)
 
+def shared_legend(fig, axes, ncol):
+    # One legend under all panels, built from the first panel's entries and any others' new ones.
+    seen = {}
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(l, h)
+    fig.legend(list(seen.values()), list(seen.keys()), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+
+# The schemes in families, one panel each where a plot would otherwise overdraw 16-19 schemes.
+FAMILIES = (
+    ("dithered (Tier B)", lambda s: s.startswith("dither-")),
+    ("llama.cpp blocks", lambda s: s in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")),
+    ("fp8", lambda s: s.startswith("fp8-")),
+    ("round to nearest", lambda s: s.startswith("rtn-") or s == "sign-1bit"),
+    ("rotation, KIVI, KVQuant", lambda s: True),
+)
+
+def family(s):
+    return next(name for name, member in FAMILIES if member(s))
+
+def by_family(schemes):
+    groups = {}
+    for s in sorted(schemes):
+        groups.setdefault(family(s), []).append(s)
+    return [(name, groups[name]) for name, _ in FAMILIES if name in groups]
+
+def panels(n, width=3.7, height=3.4, sharey=True):
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False, sharey=sharey)
+    return fig, list(axes[0])
+
+COLOURS = plt.cm.tab10.colors
+
+def place_labels(ax, pts, fontsize=6):
+    # Labels (x, y, text) next to their points without overlapping each other or the points: each
+    # takes the first free spot of a spiral of offsets, joined to its point by a thin line when far.
+    fig = ax.figure
+    fig.canvas.draw()
+    scale = fig.dpi / 72.0
+    bbox = ax.get_window_extent()
+    marks = [tuple(ax.transData.transform((x, y))) for x, y, _ in pts]
+    boxes = []
+    def free(b):
+        x0, y0, x1, y1 = b
+        if x0 < bbox.x0 or x1 > bbox.x1 or y0 < bbox.y0 or y1 > bbox.y1:
+            return False
+        if any(x0 < c[2] and c[0] < x1 and y0 < c[3] and c[1] < y1 for c in boxes):
+            return False
+        return not any(x0 - 2 < mx < x1 + 2 and y0 - 2 < my < y1 + 2 for mx, my in marks)
+    offsets = [(dx, dy) for r in (4, 10, 18, 28, 40, 54) for dx, dy in
+               ((r, r * 0.3), (r, -r), (-r, r * 0.3), (-r, -r), (0, r + 2), (0, -r - 8))]
+    for (x, y, text), (mx, my) in sorted(zip(pts, marks), key=lambda p: (p[1][1], p[1][0])):
+        w = 0.56 * fontsize * scale * len(text)
+        h = 1.2 * fontsize * scale
+        for dx, dy in offsets:
+            x0 = mx + dx * scale - (w if dx < 0 else 0)
+            y0 = my + dy * scale
+            b = (x0, y0, x0 + w, y0 + h)
+            if free(b):
+                break
+        boxes.append(b)
+        far = abs(dx) > 12 or abs(dy) > 12
+        ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                    ha="right" if dx < 0 else "left", va="bottom",
+                    arrowprops=dict(arrowstyle="-", lw=0.4, color="gray") if far else None)
+
 if experiment == "soundness":
     r = rows("ratios")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    schemes = sorted({x["scheme"] for x in r})
-    data = [[num(x["worst_ratio"]) for x in r if x["scheme"] == s] for s in schemes]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    groups = by_family({x["scheme"] for x in r})
+    data = [[num(x["worst_ratio"]) for x in r if family(x["scheme"]) == name] for name, _ in groups]
+    labels = [f"{name} ({len(members)}: {', '.join(members)})" if len(members) <= 3 else f"{name} ({len(members)} formats)"
+              for name, members in groups]
     # Edges on multiples of 0.05, so that no bin straddles 1 (a ratio of 0.9999 is not a violation).
-    ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=schemes)
+    ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=labels, color=COLOURS[:len(groups)])
     ax.axvline(1.0, color="red", linestyle="--", label="violation (TV > meter)")
-    ax.set_title("Soundness: worst true TV / meter of each request")
+    ax.set_xlim(0, 1.1)
+    ax.set_title(f"Soundness: worst true TV / meter of each of {len(r)} requests")
     ax.set_xlabel("worst true TV / meter in the request (dimensionless; > 1 is a violation)")
     ax.set_ylabel("requests")
-    ax.legend(fontsize=6, ncol=2)
-    save(fig, "soundness")
+    shared_legend(fig, [ax], 2)
+    save(fig, "soundness", legend_below=0.16)
 
 if experiment == "schemes":
     r = rows("cells")
-    schemes = sorted({x["scheme"] for x in r})
-    floor = 1e-7
-    fig, ax = plt.subplots(figsize=(7, 6))
-    for s in schemes:
-        pts = [(max(num(x["raw"]), floor), max(num(x["tv"]), floor)) for x in r if x["scheme"] == s and num(x["raw"]) < math.inf]
-        if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=3, alpha=0.5, label=s)
-    ax.plot([floor, 1e3], [floor, 1e3], color="black", linewidth=1, label="y = x (bound = TV)")
-    ax.set_xscale("log"); ax.set_yscale("log")
-    ax.set_xlim(floor, 1e3); ax.set_ylim(floor, 1.5)
-    ax.set_title("Raw meter (e-form) against the true TV, per (layer, head, step) cell")
-    ax.set_xlabel(f"raw meter, unclamped (TV bound; values below {floor:g} drawn at it)")
-    ax.set_ylabel("true TV(p, p~)")
-    ax.legend(fontsize=6, ncol=2, markerscale=3)
+    groups = by_family({x["scheme"] for x in r})
+    lo, hi = 1e-5, 1e3
+    clip = lambda v: min(max(v, lo), hi)
+    fig, axes = panels(len(groups))
+    context = [(clip(num(x["raw"])), clip(num(x["tv"]))) for x in r]
+    context = context[::max(1, len(context) // 20000)]
+    for ax, (name, members) in zip(axes, groups):
+        ax.scatter([p[0] for p in context], [p[1] for p in context], s=2, color="0.88", rasterized=True,
+                   label="every scheme")
+        for i, s in enumerate(members):
+            pts = [(clip(num(x["raw"])), clip(num(x["tv"]))) for x in r if x["scheme"] == s]
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=3, alpha=0.5, color=COLOURS[i], rasterized=True, label=s)
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="bound = TV")
+        ax.set_xscale("log"); ax.set_yscale("log")
+        ax.set_xlim(lo, hi); ax.set_ylim(lo, 1.5)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("raw meter (TV bound, unclamped)", fontsize=8)
+        ax.legend(fontsize=6, markerscale=3, loc="lower right")
+    axes[0].set_ylabel("true TV(p, p~)")
+    fig.suptitle(f"Raw meter against the true TV per (layer, head, step) cell; values outside [{lo:g}, {hi:g}] drawn at the edge",
+                 fontsize=9)
     save(fig, "scatter")
 
-    fig, ax = plt.subplots(figsize=(6, 6))
-    for s in schemes:
-        cells = [(num(x["raw"]), num(x["tv"]) > 0.2) for x in r if x["scheme"] == s]
-        pos = sum(1 for c in cells if c[1]); neg = len(cells) - pos
-        if pos == 0 or neg == 0:
-            continue
-        cells.sort(key=lambda c: -c[0])
-        tp = fp = 0; xs = [0.0]; ys = [0.0]
-        for _, d in cells:
-            if d: tp += 1
-            else: fp += 1
-            xs.append(fp / neg); ys.append(tp / pos)
-        ax.plot(xs, ys, label=s)
-    ax.plot([0, 1], [0, 1], color="gray", linestyle=":", label="chance")
-    ax.set_title("Raw score as a classifier of danger (true TV > 0.2)")
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.legend(fontsize=6)
+    fig, axes = panels(len(groups))
+    for ax, (name, members) in zip(axes, groups):
+        drawn = False
+        for i, s in enumerate(members):
+            cells = [(num(x["raw"]), num(x["tv"]) > 0.2) for x in r if x["scheme"] == s]
+            pos = sum(1 for c in cells if c[1]); neg = len(cells) - pos
+            if pos == 0 or neg == 0:
+                ax.plot([], [], color=COLOURS[i], label=f"{s}: no cell above 0.2" if pos == 0 else f"{s}: every cell above")
+                continue
+            cells.sort(key=lambda c: -c[0])
+            tp = fp = 0; xs = [0.0]; ys = [0.0]
+            for _, d in cells:
+                if d: tp += 1
+                else: fp += 1
+                xs.append(fp / neg); ys.append(tp / pos)
+            ax.plot(xs, ys, color=COLOURS[i], label=s)
+            drawn = True
+        ax.plot([0, 1], [0, 1], color="gray", linestyle=":", label="chance")
+        ax.set_xlim(0, 1); ax.set_ylim(0, 1.02)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("false positive rate", fontsize=8)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0].set_ylabel("true positive rate")
+    fig.suptitle("Raw score as a classifier of danger (true TV > 0.2)", fontsize=9)
     save(fig, "roc")
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for s in schemes:
-        t = sorted(num(x["meter"]) / num(x["tv"]) for x in r if x["scheme"] == s and num(x["tv"]) > 1e-12)
-        if t:
-            ax.plot(t, [(i + 1) / len(t) for i in range(len(t))], label=s)
-    ax.set_xscale("log")
-    ax.axvline(1.0, color="red", linestyle="--", label="meter = TV")
-    ax.set_title("Tightness: meter / true TV per cell (cumulative)")
-    ax.set_xlabel("meter / true TV (dimensionless, >= 1 when sound)")
-    ax.set_ylabel("fraction of cells")
-    ax.legend(fontsize=6, ncol=2)
+    # Tightness on [0.8, 10^4]: the share of cells beyond is in the legend, not on a 10^10 axis.
+    top = 1e4
+    fig, axes = panels(len(groups))
+    for ax, (name, members) in zip(axes, groups):
+        for i, s in enumerate(members):
+            t = sorted(num(x["meter"]) / num(x["tv"]) for x in r if x["scheme"] == s and num(x["tv"]) > 1e-12)
+            if not t:
+                continue
+            beyond = sum(1 for v in t if v > top) / len(t)
+            label = s + (f" ({100 * beyond:.1f} % > 1e4)" if beyond >= 0.0005 else "")
+            ax.plot([min(v, top) for v in t], [(k + 1) / len(t) for k in range(len(t))], color=COLOURS[i], label=label)
+        ax.axvline(1.0, color="red", linestyle="--", label="meter = TV")
+        ax.set_xscale("log"); ax.set_xlim(0.8, top); ax.set_ylim(0, 1.02)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("meter / true TV (>= 1 when sound)", fontsize=8)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0].set_ylabel("fraction of cells (cumulative)")
+    fig.suptitle("Tightness: meter / true TV per cell (cells with TV > 1e-12)", fontsize=9)
     save(fig, "tightness")
 
 if experiment == "shapes":
     r = rows("shapes")
     schemes = list(dict.fromkeys(x["scheme"] for x in r))
     bounds = list(dict.fromkeys(x["bound"] for x in r))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
     width = 0.8 / len(schemes)
     for i, s in enumerate(schemes):
         sub = {x["bound"]: x for x in r if x["scheme"] == s}
         xs = [j + i * width for j in range(len(bounds))]
-        axes[0].bar(xs, [float(sub[b]["K coverage at 0.2"]) for b in bounds], width, label=s)
-        axes[1].bar(xs, [float(sub[b]["gated page-in KiB per request"]) for b in bounds], width, label=s)
+        axes[0].bar(xs, [float(sub[b]["K coverage at 0.2"]) for b in bounds], width, color=COLOURS[i], label=s)
+        axes[1].bar(xs, [float(sub[b]["gated page-in KiB per request"]) for b in bounds], width, color=COLOURS[i], label=s)
     for ax in axes:
         ax.set_xticks([j + width * (len(schemes) - 1) / 2 for j in range(len(bounds))])
         ax.set_xticklabels(bounds)
         ax.set_xlabel("bound shape")
-        ax.legend(fontsize=7)
+    axes[0].set_ylim(0, 1.02)
     axes[0].set_title("K coverage at tau = 0.2, no gate")
     axes[0].set_ylabel("fraction of decode cells with meter <= 0.2")
     axes[1].set_title("Page-in of a gate at tau = 0.2")
     axes[1].set_ylabel("KiB read from the exact tier per request")
-    save(fig, "shapes")
+    shared_legend(fig, axes[:1], len(schemes))
+    save(fig, "shapes", legend_below=0.08)
 
 if experiment == "outliers":
     r = rows("outliers")
@@ -149,47 +238,50 @@ if experiment == "outliers":
 
 if experiment == "below8":
     r = rows("below8")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+    labels = {ax: [] for ax in axes}
+    series = 0
     for m in ("0", "4"):
         for values in (False, True):
             pts = sorted((num(x["capacity x fp16"]), num(x["joint coverage prose"]), num(x["joint coverage code"]),
                           x["format"]) for x in r if x["m"] == m and (x["values"] != "fp16") == values)
             label = f"m = {m}, " + ("keys and values dithered" if values else "keys dithered, fp16 values")
             for ax, col in ((axes[0], 1), (axes[1], 2)):
-                ax.plot([p[0] for p in pts], [p[col] for p in pts], marker="o", label=label)
-                for p in pts:
-                    ax.annotate(p[3].replace("dither-", ""), (p[0], p[col]), fontsize=6, textcoords="offset points",
-                                xytext=(3, 3))
+                ax.plot([p[0] for p in pts], [p[col] for p in pts], marker="o", color=COLOURS[series], label=label)
+                labels[ax] += [(p[0], p[col], p[3].replace("dither-", "")) for p in pts]
+            series += 1
     for ax, domain in ((axes[0], "prose"), (axes[1], "code")):
         ax.axhline(0.9, color="gray", linestyle=":", label="coverage 0.9")
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(-0.03, 1.08)
+        ax.set_xlim(1.0, max(p[0] for p in labels[ax]) + 0.4)
         ax.set_title(f"Capacity against certified coverage ({domain})")
         ax.set_xlabel("capacity against fp16 (fp16 bytes / bytes per token, measured)")
-        ax.set_ylabel("joint coverage at tau_K 0.2 / tau_V 0.05")
-    axes[0].legend(fontsize=7, loc="lower left")
-    save(fig, "below8")
+        place_labels(ax, labels[ax])
+    axes[0].set_ylabel("joint coverage at tau_K 0.2 / tau_V 0.05")
+    shared_legend(fig, axes[:1], 5)
+    save(fig, "below8", legend_below=0.1)
 
 if experiment == "risk-coverage":
     r = rows("curve")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for m, ax in zip(("0", "4"), axes):
         for dom in dict.fromkeys(x["domain"] for x in r):
             pts = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) > 0]
             pts.sort(key=lambda x: float(x["delta"]))
             colour = {"prose": "tab:blue", "code": "tab:green", "needle": "tab:orange"}.get(dom, "black")
-            line, = ax.plot([float(x["delta"]) for x in pts], [float(x["coverage"]) for x in pts], marker="o", color=colour, label=f"{dom}, default shape")
+            ax.plot([float(x["delta"]) for x in pts], [float(x["coverage"]) for x in pts], marker="o", color=colour, label=f"{dom}, default shape")
             ax.plot([float(x["delta"]) for x in pts], [float(x["coverage_eform"]) for x in pts], marker="s", linestyle="--",
-                    color=line.get_color(), label=f"{dom}, e-form")
+                    color=colour, label=f"{dom}, e-form")
             t = [x for x in r if x["domain"] == dom and x["m"] == m and float(x["delta"]) == 0]
             if t:
-                ax.axhline(float(t[0]["coverage"]), color=line.get_color(), linestyle=":", label=f"{dom}, tanh (delta = 0)")
+                ax.axhline(float(t[0]["coverage"]), color=colour, linestyle=":", label=f"{dom}, tanh (delta = 0)")
         ax.set_xscale("log")
         ax.set_ylim(0, 1.05)
         ax.set_title(f"Risk-coverage, dither-int8, m = {m}")
         ax.set_xlabel("request failure budget delta (log)")
-        ax.set_ylabel("joint K and V coverage of decode cells (tau_K 0.2, tau_V 0.05)")
-        ax.legend(fontsize=6)
-    save(fig, "risk-coverage")
+    axes[0].set_ylabel("joint K and V coverage of decode cells\n(tau_K 0.2, tau_V 0.05)")
+    shared_legend(fig, axes, 3)
+    save(fig, "risk-coverage", legend_below=0.16)
 
 if experiment == "needle":
     r = [x for x in rows("needle")]
@@ -198,52 +290,57 @@ if experiment == "needle":
     base = acc[0]
     lo = [float(x["fp16 on them"]) + float(x["95% CI low"]) for x in r]
     hi = [float(x["fp16 on them"]) + float(x["95% CI high"]) for x in r]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), sharey=True)
     ys = list(range(len(r)))
     axes[0].barh(ys, acc, color=["gray" if "raw" in l or l == "fp16" else "tab:green" for l in labels])
     axes[0].errorbar(acc, ys, xerr=[[max(0.0, a - l) for a, l in zip(acc, lo)], [max(0.0, h - a) for a, h in zip(acc, hi)]],
                      fmt="none", color="black", capsize=2, label="95% paired bootstrap interval vs fp16")
     axes[0].set_yticks(ys); axes[0].set_yticklabels(labels, fontsize=7); axes[0].invert_yaxis()
-    axes[0].axvline(base, color="red", linestyle="--", label="fp16")
+    axes[0].axvline(base, color="red", linestyle="--", label="fp16's accuracy")
     axes[0].set_xlim(0, 1.05)
     axes[0].set_title("Needle accuracy, raw (gray) and gated (green)")
     axes[0].set_xlabel("fraction of prompts answered")
-    axes[0].legend(fontsize=7, loc="lower right")
     p50 = [float(x["page-in P50 KiB"]) for x in r]
     p95 = [float(x["page-in P95 KiB"]) for x in r]
-    axes[1].barh(ys, p95, color="lightgray", label="P95")
-    axes[1].barh(ys, p50, color="tab:blue", label="P50")
-    axes[1].set_yticks(ys); axes[1].set_yticklabels(labels, fontsize=7); axes[1].invert_yaxis()
+    axes[1].barh(ys, p95, color="lightgray", label="page-in P95")
+    axes[1].barh(ys, p50, color="tab:blue", label="page-in P50")
     axes[1].set_title("Page-in per request")
     axes[1].set_xlabel("KiB read from the exact tier per request")
-    axes[1].legend(fontsize=7)
-    save(fig, "needle")
+    shared_legend(fig, axes, 4)
+    save(fig, "needle", legend_below=0.07)
 
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    pts = []
     for x in r:
         if x["configuration"] == "fp16":
             continue
-        ax.scatter(float(x["coverage at 0.2"]), float(x["accuracy"]), marker="o" if x["gate"] == "–" else "^")
-        ax.annotate(x["configuration"], (float(x["coverage at 0.2"]), float(x["accuracy"])), fontsize=6)
-    ax.set_xlim(-0.02, 1.05); ax.set_ylim(-0.02, 1.05)
+        gated = x["gate"] != "–"
+        ax.scatter(float(x["coverage at 0.2"]), float(x["accuracy"]), marker="^" if gated else "o",
+                   color="tab:green" if gated else "gray")
+        pts.append((float(x["coverage at 0.2"]), float(x["accuracy"]), x["configuration"]))
+    ax.scatter([], [], marker="o", color="gray", label="raw cache")
+    ax.scatter([], [], marker="^", color="tab:green", label="gated")
+    ax.set_xlim(-0.05, 1.3); ax.set_ylim(-0.05, 1.1)
     ax.set_title("Coverage (online) against accuracy (ground truth)")
     ax.set_xlabel("joint coverage at tau = 0.2 of decode cells, as served")
     ax.set_ylabel("needle accuracy")
+    ax.legend(fontsize=7, loc="lower right")
+    place_labels(ax, pts)
     save(fig, "coverage-accuracy")
 
 if experiment == "danger":
     r = [x for x in rows("danger")]
     labels = [x["scheme"] for x in r]
     ys = list(range(len(r)))
-    fig, ax = plt.subplots(figsize=(8, 6))
+    fig, ax = plt.subplots(figsize=(8, 6.3))
     ax.barh([y - 0.2 for y in ys], [float(x["danger rate (TV > 0.2)"]) for x in r], 0.4, color="tab:red", label="danger rate (true TV > 0.2)")
     ax.barh([y + 0.2 for y in ys], [float(x["needle accuracy"]) for x in r], 0.4, color="tab:blue", label="needle accuracy")
     ax.set_yticks(ys); ax.set_yticklabels(labels, fontsize=7); ax.invert_yaxis()
     ax.set_xlim(0, 1.05)
     ax.set_title("Per-step danger against end-task accuracy, raw caches")
     ax.set_xlabel("fraction (of decode cells, or of prompts)")
-    ax.legend(fontsize=7)
-    save(fig, "danger")
+    shared_legend(fig, [ax], 2)
+    save(fig, "danger", legend_below=0.05)
 
 if experiment == "layer-pollution":
     r = [x for x in rows("layer-pollution") if int(x["layer"]) >= 0]
@@ -261,18 +358,25 @@ if experiment == "layer-pollution":
 
 if experiment == "quality":
     r = rows("quality")
-    fig, ax = plt.subplots(figsize=(9, 6))
-    for dom, mk in (("prose", "o"), ("code", "s")):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5), sharey=True)
+    for ax, dom in zip(axes, ("prose", "code")):
         pts = [x for x in r if x["domain"] == dom and x["cache"] != "fp16"]
-        ax.scatter([float(x["B/token/head (K+V)/2"]) for x in pts], [max(float(x["KL/token vs fp16"]), 1e-7) for x in pts], marker=mk, label=dom)
         for x in pts:
-            ax.annotate(x["cache"], (float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7)), fontsize=5)
-    ax.set_yscale("log")
-    ax.set_title("Teacher-forced KL against fp16 by bytes per token")
-    ax.set_xlabel("bytes per token and head (mean of K and V)")
-    ax.set_ylabel("KL(fp16 || run) per token, nats (log)")
-    ax.legend(fontsize=7)
-    save(fig, "quality")
+            ax.scatter(float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7),
+                       color=COLOURS[[name for name, _ in FAMILIES].index(family(x["cache"].split(" ")[-1]))] if not x["cache"].startswith("ablation") else "black",
+                       marker="x" if x["cache"].startswith("ablation") else "o")
+        ax.set_yscale("log")
+        xs = [float(x["B/token/head (K+V)/2"]) for x in pts]
+        ax.set_xlim(min(xs) - 8, max(xs) + 12)
+        ax.set_title(f"Teacher-forced KL against fp16 ({dom})")
+        ax.set_xlabel("bytes per token and head (mean of K and V)")
+        place_labels(ax, [(float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7), x["cache"]) for x in pts])
+    for i, (name, _) in enumerate(FAMILIES):
+        axes[0].scatter([], [], color=COLOURS[i], marker="o", label=name)
+    axes[0].scatter([], [], color="black", marker="x", label="ablations of dither-int8")
+    axes[0].set_ylabel("KL(fp16 || run) per token, nats (log)")
+    shared_legend(fig, axes[:1], 6)
+    save(fig, "quality", legend_below=0.06)
 
 print("\n".join(written))
 )PY";
