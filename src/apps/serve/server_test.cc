@@ -400,13 +400,47 @@ TEST_F(Serve, PromptAsTokenIdsAndChatContentAsParts) {
 
 // `witcert generate --json` prints the witcert object the server returns for the same request,
 // field for field, on a gated q4_0 cache (repaired) and an ungated one (at-risk).
-TEST_F(Serve, GenerateJsonCarriesTheServersWitcertObject) {
+// One request, four views: the response's `witcert` object, the last chunk of the same request
+// streamed, the dashboard's state after both, and `witcert generate --json`. They agree on the
+// tokens, the cells, the coverage and the verdict, gated (repaired) and not (at risk).
+TEST_F(Serve, TheObjectTheStreamTheDashboardAndGenerateAgree) {
   const std::string prompt = "The lighthouse keeper wrote in the log every night";
   for (const double tau : {0.2, 0.0}) {
     engine::CacheOptions q4 = dither(tau);
     q4.k_format = q4.v_format = formats::KvFormat::parse("q4_0");
     Running r(options(q4));
     const json served = post(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}});
+    const json& w = served.at("witcert");
+
+    const std::vector<std::string> events = stream(r, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}});
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    std::string streamed;
+    for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+      const json chunk = json::parse(events[i]);
+      for (const json& c : chunk.at("choices")) streamed += c.at("text").get<std::string>();
+    }
+    EXPECT_EQ(streamed, served.at("choices").at(0).at("text"));
+    EXPECT_EQ(json::parse(events[events.size() - 2]).at("witcert").dump(), w.dump()) << "tau " << tau;
+
+    // The dashboard after the two: both requests' verdicts, and its counters twice the request's.
+    const auto res = r.client().Get("/state");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    const json state = json::parse(res->body);
+    EXPECT_EQ(state.at("verdicts").at(w.at("verdict").get<std::string>()), 2) << state.at("verdicts");
+    const json& last = state.at("samples").back();
+    const double cells = w.at("cells");
+    EXPECT_EQ(last.at("requests"), 2.0);
+    EXPECT_EQ(last.at("cells_k"), 2 * cells);
+    EXPECT_EQ(last.at("cells_v"), 2 * cells);
+    EXPECT_NEAR(last.at("certified_k").get<double>() / last.at("cells_k").get<double>(),
+                w.at("coverage").at("k").get<double>(), 0.5 / cells);
+    EXPECT_NEAR(last.at("certified_v").get<double>() / last.at("cells_v").get<double>(),
+                w.at("coverage").at("v").get<double>(), 0.5 / cells);
+    EXPECT_EQ(last.at("page_in_bytes"), 2 * w.at("page_in_bytes").get<double>());
+    EXPECT_EQ(state.at("gate").is_null(), tau == 0) << state.at("gate");
+    EXPECT_EQ(state.at("at_risk_reason").is_null(), tau > 0) << state.at("at_risk_reason");
     const std::string cmd = std::string(WITCERT_BIN) + " generate --json --kv q4_0 --n 8 --prompt '" + prompt + "'" +
                             (tau > 0 ? " --tau-k 0.2" : "") + " 2>/dev/null";
     FILE* p = ::popen(cmd.c_str(), "r");
