@@ -303,6 +303,14 @@ double value_output_bound(double tv_k, double v_max_norm, double weighted_rho) {
   return sound(2.0 * tv_k * v_max_norm + weighted_rho);
 }
 
+double value_tier_b(double weighted_rho, double weighted_rho2, int head_dim, double delta) {
+  if (!(delta > 0.0 && delta < 1.0) || head_dim <= 0) throw std::invalid_argument("value_tier_b: delta in (0, 1), head_dim > 0");
+  if (!(weighted_rho2 >= 0.0 && weighted_rho >= 0.0) || !std::isfinite(weighted_rho2) || !std::isfinite(weighted_rho))
+    return kInf;
+  const double log_term = std::log(2.0 * head_dim) - std::log(delta);
+  return sound(std::sqrt(2.0 * log_term * weighted_rho2 / 3.0) + 0x1p-14 * weighted_rho);
+}
+
 double value_meter(double weighted_rho, double v_max_norm) {
   if (weighted_rho == 0.0) return 0.0;
   return sound(weighted_rho / v_max_norm);  // v_max_norm = 0 with ρ > 0: +inf, no guarantee

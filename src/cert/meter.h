@@ -131,5 +131,15 @@ double true_tv(std::span<const double> p_tilde, std::span<const double> eps);
 double value_output_bound(double tv_k, double v_max_norm, double weighted_rho);
 // The V meter: the second term relative to max_t‖v_t‖ (0 when all values are zero and exact).
 double value_meter(double weighted_rho, double v_max_norm);
+// Tier B on the value side (docs/tier-b.md, "Values"): for values quantized with a dither of
+// their own per token and channel (independent across tokens and of the weights p̃), with
+// probability at least 1 − δ
+//   ‖Σ_t p̃_t (v̂_t − v_t)‖ ≤ sqrt(2·ln(2d/δ)·Σ_t p̃_t² ρ_t² / 3) + 2^-14·Σ_t p̃_t ρ_t,
+// where ρ_t ≥ ½·sqrt(Σ_c s_{t,c}²) is the token's sure bound: channel c's error is s·U plus a
+// deterministic part below 2^-15·s, U centred with variance proxy 1/12, so the channel's sum is
+// sub-Gaussian with proxy Σ_t p̃_t² s_{t,c}²/12 and a union over the d channels bounds the norm.
+// weighted_rho = Σ p̃_t ρ_t, weighted_rho2 = Σ p̃_t² ρ_t²; +inf when either is not finite. The sure
+// Σ p̃_t ρ_t holds too, so the smaller of the two holds with probability at least 1 − δ.
+double value_tier_b(double weighted_rho, double weighted_rho2, int head_dim, double delta);
 
 }  // namespace witcert::cert

@@ -123,8 +123,9 @@ Served serve(const Case& c) {
   return r;
 }
 
-// What every served case must satisfy: finite outputs, meters in range, the true TV under the
-// meter where it was computed, and a certified gate's cells within τ_K and τ_V.
+// What every served case must satisfy: finite outputs, meters in range, the true TV under the K
+// meter and the values' true error under the V meter where they were computed, and a certified
+// gate's cells within τ_K and τ_V.
 void expect_sound(const Case& c, const Served& r) {
   for (float x : r.out) ASSERT_TRUE(std::isfinite(x)) << c.name();
   ASSERT_EQ(r.cells.size(), static_cast<std::size_t>(kLayers * kGroup * (c.prompt + kDecode))) << c.name();
@@ -134,6 +135,9 @@ void expect_sound(const Case& c, const Served& r) {
     ASSERT_TRUE(cell.eform_raw >= 0.0) << c.name();
     if (c.check) {
       ASSERT_LE(cell.tv, cell.meter * (1 + 1e-9) + 1e-12) << c.name() << " pos " << cell.pos;
+      ASSERT_LE(cell.v_true, cell.v_meter * (1 + 1e-9) + 1e-12) << c.name() << " pos " << cell.pos;
+      ASSERT_LE(cell.v_meter, cell.v_meter_sure) << c.name() << " pos " << cell.pos;
+      ASSERT_FALSE(violates(cell));
     }
     if (c.gate.on() && c.gate.certified()) {
       ASSERT_LE(cell.meter, c.gate.tau_k()) << c.name() << " pos " << cell.pos;

@@ -33,7 +33,13 @@ CertifiedKvCache::CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const 
     : opts_(opts), store_(std::move(pool)) {
   const kvcache::CacheConfig& cfg = store_.config();
   g_ = {cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity};
-  delta_loc_ = cert::delta_loc(opts.delta_req, cfg.layers, opts.q_heads, opts.decode_budget);
+  // δ_req goes to the Tier-B sides, halved between keys and values when both are Tier B, and each
+  // side's share to its cells by a union bound (δ_loc = share/(L·H·T)).
+  const bool tier_b_keys = store_.kind(formats::KvSide::key) == kvcache::FormatKind::dither &&
+                           cfg.dither != kvcache::DitherMode::none;
+  const double share = tier_b_keys && store_.value_dither() ? 0.5 : 1.0;
+  delta_loc_ = cert::delta_loc(opts.delta_req * share, cfg.layers, opts.q_heads, opts.decode_budget);
+  delta_v_loc_ = store_.value_dither() ? delta_loc_ : 0.0;
   if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
   opts.gate.validate();
   if ((opts.gate.on() || opts.check_soundness) && !store_.has_exact_tier())
@@ -41,7 +47,7 @@ CertifiedKvCache::CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const 
 }
 
 attention::BoundContext CertifiedKvCache::context(std::int64_t S) const {
-  return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_};
+  return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_, delta_v_loc_};
 }
 
 void CertifiedKvCache::set_check_soundness(bool on) {
@@ -88,6 +94,7 @@ bool CertifiedKvCache::same_repairs(const CertifiedKvCache& other) const {
   const CertifiedOptions& o = other.opts_;
   if (opts_.gate != o.gate || opts_.bound != o.bound || opts_.splits != o.splits || opts_.q_heads != o.q_heads) return false;
   // Tier B's radius u_t reads δ_loc = δ_req/(L·H·T); Tier A's bounds do not.
+  if (delta_v_loc_ != other.delta_v_loc_) return false;
   return store_.kind(formats::KvSide::key) != kvcache::FormatKind::dither || delta_loc_ == other.delta_loc_;
 }
 
@@ -146,7 +153,7 @@ void CertifiedKvCache::finish_group(kvcache::KvStore::Reader& reader, const floa
   const std::size_t group = g.partials.size();
   g.out.resize(group * d);
   g.results.resize(group);
-  for (std::size_t h = 0; h < group; ++h) g.results[h] = attention::finish(g.partials[h], d, &g.out[h * d], opts_.bound);
+  for (std::size_t h = 0; h < group; ++h) g.results[h] = attention::finish(g.partials[h], d, &g.out[h * d], opts_.bound, delta_v_loc_);
   if (opts_.bound != cert::BoundShape::retention) return;
   const std::vector<double> retention =
       attention::retention_raw(reader, q, static_cast<int>(group), d, begin, end, context(end - begin));
@@ -189,9 +196,13 @@ bool CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv
   for (int h = 0; h < group; ++h) {
     const HeadResult& r = g.results[h];
     const HeadResult& b = repaired ? before[h] : r;
-    const double tv = opts_.check_soundness ? attention::true_tv(reader, q + h * d, d, begin, end) : NAN;
-    cells.push_back({layer, kv_head * group + h, end - 1, r.eform_raw, r.meter, r.v_meter, tv, b.eform_raw, b.meter,
-                     b.v_meter, repaired, r.output_bound});
+    attention::TrueErrors truth{NAN, NAN};
+    if (opts_.check_soundness) truth = attention::true_errors(reader, q + h * d, d, begin, end);
+    const double v_max = g.partials[h].v_max;
+    const double v_true = std::isnan(truth.value_error) || truth.value_error == 0.0 ? truth.value_error
+                                                                                    : truth.value_error / v_max;
+    cells.push_back({layer, kv_head * group + h, end - 1, r.eform_raw, r.meter, r.v_meter, truth.tv, b.eform_raw, b.meter,
+                     b.v_meter, repaired, r.output_bound, v_true, r.v_meter_sure});
   }
   return repaired;
 }

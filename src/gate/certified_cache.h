@@ -83,7 +83,7 @@ class CertifiedKvCache final : public kvcache::KvCache {
              std::int64_t end, Group& g, float* out, std::vector<MeterCell>& cells);
   void log(const std::vector<MeterCell>& cells);
   // Whether `other` makes exactly this cache's repairs from the same queries: the same policy,
-  // bound shape, split count, heads and, for Tier-B keys, δ_loc.
+  // bound shape, split count, heads and, for Tier-B keys and values, δ_loc.
   bool same_repairs(const CertifiedKvCache& other) const;
   // The output and meters of every head from the group's merged partials (retention: with its
   // second pass).
@@ -98,6 +98,7 @@ class CertifiedKvCache final : public kvcache::KvCache {
   CertifiedOptions opts_;
   kvcache::KvStore store_;
   double delta_loc_ = 0.0;
+  double delta_v_loc_ = 0.0;  // Tier B of dithered values (KvStore::value_dither), else 0
 };
 
 }  // namespace witcert::gate

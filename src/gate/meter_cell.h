@@ -2,6 +2,7 @@
 // sinks that receive it while the cache serves.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -23,11 +24,20 @@ struct MeterCell {
   double v_meter_before;
   bool repaired;
   double output_bound = 0.0;  // ‖y − ŷ‖ ≤ this for the served output (2·meter·max‖v‖ + Σ p̃ ρ^v)
+  // The true error the values add, ‖Σ_t p̃_t (v̂_t − v_t)‖, in the V meter's unit (per the bound on
+  // max‖v_t‖ it divides by): NaN unless check_soundness.
+  double v_true = NAN;
+  double v_meter_sure = 0.0;  // the V meter's sure form (Σ p̃ ρ^v / max‖v‖): v_meter unless values take Tier B
 };
 
-// A checked cell (tv not NaN) whose true TV exceeds its served meter beyond the double rounding
-// of both (relative 1e-9, absolute 1e-12): a soundness violation.
-inline bool violates(const MeterCell& c) { return !(c.tv <= c.meter * (1 + 1e-9) + 1e-12); }
+// A checked cell (tv not NaN) whose true TV exceeds its served K meter, or whose values' true error
+// exceeds its V meter, beyond the double rounding of both (relative 1e-9, absolute 1e-12): a
+// soundness violation.
+inline bool violates(const MeterCell& c) {
+  const bool k = !(c.tv <= c.meter * (1 + 1e-9) + 1e-12);
+  const bool v = !std::isnan(c.v_true) && !(c.v_true <= c.v_meter * (1 + 1e-9) + 1e-12);
+  return k || v;
+}
 
 // Receives the cells of every attention call as it is served, from several threads at once.
 class MeterSink {

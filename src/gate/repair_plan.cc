@@ -13,7 +13,9 @@ bool plan_blocks(kvcache::KvStore::Reader& reader, const float* q, int head_dim,
   for (int h = 0; h < group; ++h) {
     lse_z[h] = partials[h].meter.z.value();
     A[h] = std::exp(partials[h].meter.log_A());
-    // The V meter times max‖v‖: Σ p̃ ρ^v with its float allowance, the quantity the pages' terms add up to.
+    // The V meter times max‖v‖: Σ p̃ ρ^v with its float allowance, the quantity the pages' terms add up to
+    // (or, for values with their own dither, Tier B's smaller term: the plan may then stop short, and
+    // the gate's next round, which recomputes the meter, goes on).
     rho[h] = results[h].v_meter * partials[h].v_max;
   }
   const attention::PageTerms terms = attention::page_contributions(reader, q, group, head_dim, begin, end, ctx, lse_z);

@@ -350,7 +350,9 @@ void write_cells_jsonl(std::ostream& out, std::span<const MeterCell> cells) {
                         {"meter_before", number(c.meter_before)},
                         {"v_meter_before", number(c.v_meter_before)},
                         {"repaired", c.repaired}};
+    if (c.v_meter_sure != c.v_meter) j["v_meter_sure"] = number(c.v_meter_sure);
     if (!std::isnan(c.tv)) j["tv"] = c.tv;
+    if (!std::isnan(c.v_true)) j["v_true"] = number(c.v_true);
     out << j.dump() << "\n";
   }
 }

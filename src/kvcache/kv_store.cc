@@ -35,12 +35,9 @@ std::size_t KvPool::Side::bytes() const {
          norm_max.size() * sizeof(float) + rows.size() * sizeof(f16);
 }
 
-double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups) {
+double value_norm_bound(std::span<const float> v_hat, const f16* scales, int groups) {
   double norm2 = 0.0;
-  for (int g = 0; g < groups; ++g) {
-    const double s = fp16_to_double(scales[g]);
-    norm2 += s * s * code_squares[g];
-  }
+  for (const float x : v_hat) norm2 += static_cast<double>(x) * x;
   return std::sqrt(norm2) + dither_value_rho(scales, groups);
 }
 
@@ -121,7 +118,6 @@ KvStore::WriteScratch::WriteScratch(const KvPool& pool) {
   x_hat.resize(T * d);
   xi.resize(d);
   codes.resize(d);
-  code_squares.resize(d / kDitherGroup);
   no_outliers.assign(d, 0);
   energy.resize(d / 2);
 }
@@ -198,8 +194,12 @@ void KvStore::clear() { seq_.clear(); }
 
 std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
   // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
+  if (shared_dither(pos)) return pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))] | 0x80000000u;
+  return slot_counter(pos);
+}
+
+std::uint32_t KvStore::slot_counter(std::int64_t pos) const {
   const std::uint32_t name = pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))];
-  if (shared_dither(pos)) return name | 0x80000000u;
   return name * static_cast<std::uint32_t>(cfg().page_size) + static_cast<std::uint32_t>(pos % cfg().page_size);
 }
 
@@ -366,13 +366,12 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
 
   if (side.kind == FormatKind::dither) {
     const std::span<float> xi(scratch_.xi.data(), d);
-    std::fill(xi.begin(), xi.end(), 0.0f);  // values are rounded without dither: their bound is deterministic
+    std::fill(xi.begin(), xi.end(), 0.0f);
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
-    if (key && cfg().dither != DitherMode::none) {
-      const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
+    const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
                                        static_cast<std::uint32_t>(st % cfg().kv_heads)};
-      formats::dither_values(stream, dither_counter_slot(pos), xi);
-    }
+    if (key && cfg().dither != DitherMode::none) formats::dither_values(stream, dither_counter_slot(pos), xi);
+    if (!key && value_dither()) formats::dither_values(formats::value_stream(stream), slot_counter(pos), xi);
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
     const std::span<std::int8_t> codes(scratch_.codes.data(), d);
     formats::encode_dither(side.code_bits, x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
@@ -380,11 +379,10 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
                               std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
     for (int c = 0; c < d; ++c) set_code(side, key ? key_code(at, c) : at * d + c, codes[c]);
     if (!key) {  // the page's max_t (‖v̂_t‖ + ρ_t), restarted by its first token
-      std::int32_t* squares = scratch_.code_squares.data();
-      std::fill_n(squares, side.meta_per_token, 0);
-      for (int c = 0; c < d; ++c) squares[c / kDitherGroup] += codes[c] * codes[c];
-      const float bound =
-          cert::float_round_up(value_norm_bound(&side.meta[at * side.meta_per_token], squares, side.meta_per_token));
+      const f16* scales = &side.meta[at * side.meta_per_token];
+      formats::decode_dither(codes, std::span<const f16>(scales, side.meta_per_token), xi,
+                             std::span<const std::uint8_t>(mask, d), {}, kDitherGroup, x_hat);
+      const float bound = cert::float_round_up(value_norm_bound(x_hat, scales, side.meta_per_token));
       float& page_max = side.norm_max[st * pool_->pages() + static_cast<std::size_t>(slot / cfg().page_size)];
       page_max = pos % cfg().page_size == 0 ? bound : std::max(page_max, bound);
     }
@@ -508,6 +506,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   // A page's slots, and its rows in a ring, follow one another from the row of its first position.
   r.k = view(s_.pool_->k_, formats::KvSide::key, s_.exact_row(formats::KvSide::key, stream_, r.begin));
   r.v = view(s_.pool_->v_, formats::KvSide::value, s_.exact_row(formats::KvSide::value, stream_, r.begin));
+  r.v.dithered = s_.value_dither();
   return r;
 }
 
@@ -588,6 +587,8 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
     return;
   }
   xi_.assign(d, 0.0f);
+  if (s_.value_dither())
+    formats::dither_values(formats::value_stream(dither_stream()), s_.slot_counter(pos), xi_);
   no_outliers_.assign(d, 0);
   codes_.resize(d);
   for (int c = 0; c < d; ++c) codes_[c] = code(sd, at * d + c);

@@ -81,10 +81,9 @@ struct CacheConfig {
   BackingPlace backing;  // where the tier lives (default: a private memory-mapped temporary file)
 };
 
-// ‖v̂‖ + ρ of a dither-int8 value from its group scales s_g and code squares C_g = Σ_{c∈g} code_c²
-// (G of each): sqrt(Σ_g s_g²·C_g) + sqrt(Σ_g 32·(s_g·(½ + 2^-17))²)·kRoundUpMargin, in double, the
-// ρ of Reader::value. The fast kernel computes the same expression.
-double value_norm_bound(const f16* scales, const std::int32_t* code_squares, int groups);
+// ‖v̂‖ + ρ of a dithered value from its decoded v̂ (Reader::value's) and its group scales s_g:
+// sqrt(Σ_c v̂_c²) + sqrt(Σ_g 32·(s_g·(½ + 2^-17))²)·kRoundUpMargin, in double, ρ being Reader::value's.
+double value_norm_bound(std::span<const float> v_hat, const f16* scales, int groups);
 
 // How the meter bounds one stored key.
 struct KeyBound {
@@ -232,6 +231,13 @@ class KvStore {
     return 0;
   }
   bool shared_dither(std::int64_t pos) const { return pos < shared_dither_end(); }
+  // Dithered values (dither-int4/5/6/8 on the value side) take a dither of their own only per
+  // slot: the value side's Tier-B bound sums the errors of many tokens and needs each token's
+  // dither independent of every other's, which a shared ξ is not. Otherwise they are rounded to
+  // nearest and bounded deterministically.
+  bool value_dither() const {
+    return config().dither == DitherMode::per_slot && config().v_format.kind() == FormatKind::dither;
+  }
 
   // Prefix sharing: this empty sequence takes positions [0, n) of `donor`, a sequence of the
   // same pool whose tokens there are this one's, by sharing its pages (payload, metadata, exact
@@ -285,6 +291,7 @@ class KvStore {
       // dither-int8 values: max_t (‖v̂_t‖ + ρ_t) over [begin, packed_end), as value_norm_bound
       // computes it, rounded up to float.
       const float* norm_max = nullptr;
+      bool dithered = false;  // dithered values with their own ξ (KvStore::value_dither): v̂ = s·(code − ξ)
     };
     struct RawPage {
       std::int64_t begin = 0, end = 0;  // the positions of the page
@@ -303,6 +310,7 @@ class KvStore {
     // Group schemes: the packed block of positions [block·T, block·T + T).
     const std::uint8_t* group_block(formats::KvSide side, std::int64_t block) const;
     formats::DitherStream dither_stream() const;
+    bool value_dither() const { return s_.value_dither(); }
 
    private:
     struct BlockCache {
@@ -377,7 +385,8 @@ class KvStore {
   // ρ_t = ‖x̂ − x‖ rounded up of a value.
   void scheme_meta(formats::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const;
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
-  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the Philox counter word that names a token: its page's name and offset
+  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the key's Philox counter word: its slot's or its page's
+  std::uint32_t slot_counter(std::int64_t pos) const;  // the Philox counter word that names a token: its page's name and offset
   // Positions [0, packed_prefix) of a stream are served from the packed form, the rest from the
   // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
   std::int64_t packed_prefix(const Side& side, formats::KvSide which, std::size_t st) const;
@@ -397,7 +406,6 @@ class KvStore {
     std::vector<float> x, x_hat;               // a token's (a block's) exact values and their decode
     std::vector<float> xi;                     // dither-int8: a key's ξ (zero for values)
     std::vector<std::int8_t> codes;            // dither-int8: a token's codes
-    std::vector<std::int32_t> code_squares;    // dither-int8 values: Σ code² per group of channels
     std::vector<std::uint8_t> no_outliers;     // all zero: the outlier mask of a value
     std::vector<double> energy;                // fix_outliers: per RoPE pair
   };

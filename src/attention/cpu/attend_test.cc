@@ -144,7 +144,9 @@ std::vector<HeadResult> attend(RangeKernel kernel, kvcache::KvStore::Reader& r, 
   const std::vector<HeadPartial> merged = attend_partials(kernel, r, q, group, d, n_ctx, splits, meter);
   out.assign(static_cast<std::size_t>(group) * d, 0.0f);
   std::vector<HeadResult> res(group);
-  for (int h = 0; h < group; ++h) res[h] = finish(merged[h], d, &out[h * d]);
+  // Values with their own dither take the value side's Tier B (its Σ p̃_t² ρ_t² compared too).
+  const double delta_v = r.value_dither() ? cert::delta_loc(1e-2, 1, group * kKvHeads, cert::kDefaultDecodeBudget) : 0.0;
+  for (int h = 0; h < group; ++h) res[h] = finish(merged[h], d, &out[h * d], cert::BoundShape::min, delta_v);
   return res;
 }
 

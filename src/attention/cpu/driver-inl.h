@@ -214,6 +214,9 @@ class Attention {
       work_.values.ws.assign(static_cast<std::size_t>(kValueHeads) * (4 * kNF / kGroup + 1) * kTile, 0.0f);
       work_.values.code_sq.assign(static_cast<std::size_t>(G_) * kTile * kNF, 0.0f);
       work_.values.code_sum.assign(static_cast<std::size_t>(G_) * kTile + kNF, 0.0f);
+      value_stream_ = formats::value_stream(r_.dither_stream());
+      work_.values.xi.assign(dp_ + 4 * kNF, 0.0f);
+      work_.values.words.assign(work_.values.xi.size(), 0);
     }
     work_.keys.mu.assign(kTile, 0.0);
     work_.keys.x_out.assign(kTile, 0.0);
@@ -356,6 +359,7 @@ class Attention {
   // output's accumulation.
   void LoadValues(const kvcache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed);
   void DitherValues();
+  void DitheredValueRows();
   void RhoDouble();
   float RhoFactor() const;
   void ValueNorms();
@@ -388,7 +392,7 @@ class Attention {
 
   // The tile's sums go to per-head vector accumulators (one lane per token slot), reduced into the
   // partial only by Flush: the same additions, fewer horizontal reductions.
-  enum Pending { kL, kRho, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kPendings };
+  enum Pending { kL, kRho, kRho2, kPlus, kMinus, kCMax, kMomW, kMom1, kMom2, kPendings };
   double* pending(int h, Pending what) { return &work_.heads.pending[(h * kPendings + what) * kN]; }
 
   // A float tile: the weights w_t = e^{z̃_t − m} in float from x_t = z̃_t − m rounded to float
@@ -450,6 +454,7 @@ class Attention {
   float ceta0f_ = 0.0f;
   double v2_scale_ = 0.0, kappa_ = 0.0;
   formats::DitherStream stream_;
+  formats::DitherStream value_stream_;  // dithered values' own stream (formats::value_stream)
   float rho_factor_ = 0.0f;
   PackedRowDecoder k_decoder_ = nullptr, v_decoder_ = nullptr;  // packed per-token schemes (PackedKeys, PackedValues)
   std::size_t k_row_bytes_ = 0, v_row_bytes_ = 0;

@@ -69,6 +69,7 @@ void Attention<Keys, Values>::Flush(int h, HeadPartial& p) {
   // says so, and they are still 0.
   if (!float_keys_ || work_.heads.l_mixed[h]) {
     p.rho += take(kRho, false);
+    p.rho2 += take(kRho2, false);
     p.meter.z_plus_c.s += take(kPlus, false);
     p.meter.z_minus_c.s += take(kMinus, false);
     p.meter.c_max = std::max(p.meter.c_max, take(kCMax, true));
@@ -122,8 +123,10 @@ void Attention<Keys, Values>::MoveMax(int h, double mz, bool shared_reference, H
   const double r = work_.logits.rescale[h] = std::exp(p.m - mz);
   p.l *= r;
   p.rho *= r;
+  p.rho2 *= r * r;
   for (Pending what : {kL, kRho, kPlus, kMinus, kMomW, kMom1, kMom2})
     hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, what)), hn::Set(dd, r)), dd, pending(h, what));
+  hn::StoreU(hn::Mul(hn::LoadU(dd, pending(h, kRho2)), hn::Set(dd, r * r)), dd, pending(h, kRho2));
   p.meter.mom_w *= r;  // the moment sums are kept at LSE(z̃)'s reference point
   p.meter.mom_c1 *= r;
   p.meter.mom_c2 *= r;
@@ -171,7 +174,7 @@ void Attention<Keys, Values>::Update(int h, int n, HeadPartial& p) {
   // After the Flushes above (which clear it): the pending sums now take this tile's weights.
   if (float_keys_) work_.heads.l_mixed[h] = 1;
   const VD m = hn::Set(dd, p.m);
-  VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho));
+  VD l = hn::LoadU(dd, pending(h, kL)), rho = hn::LoadU(dd, pending(h, kRho)), rho2 = hn::LoadU(dd, pending(h, kRho2));
   VD s_plus = hn::LoadU(dd, pending(h, kPlus)), s_minus = hn::LoadU(dd, pending(h, kMinus));
   VD mom_w = hn::LoadU(dd, pending(h, kMomW)), mom_1 = hn::LoadU(dd, pending(h, kMom1)),
      mom_2 = hn::LoadU(dd, pending(h, kMom2));
@@ -181,7 +184,9 @@ void Attention<Keys, Values>::Update(int h, int n, HeadPartial& p) {
     hn::StoreU(hn::DemoteTo(DFH(), w), DFH(), &work_.logits.w[h * kTile + j0]);
     l = hn::Add(l, w);
     if (!meter_) continue;  // the V-side terms belong to the meter
-    rho = hn::MulAdd(w, hn::LoadU(dd, &work_.values.rho[j0]), rho);
+    const VD rho_t = hn::LoadU(dd, &work_.values.rho[j0]), w_rho = hn::Mul(w, rho_t);
+    rho = hn::MulAdd(w, rho_t, rho);
+    rho2 = hn::MulAdd(w_rho, w_rho, rho2);
     if (moments) {
       const VD c = hn::LoadU(dd, &work_.logits.c[h * kTile + j0]), wc = hn::Mul(w, c);
       mom_w = hn::Add(mom_w, w);
@@ -195,6 +200,7 @@ void Attention<Keys, Values>::Update(int h, int n, HeadPartial& p) {
   }
   hn::StoreU(l, dd, pending(h, kL));
   hn::StoreU(rho, dd, pending(h, kRho));
+  hn::StoreU(rho2, dd, pending(h, kRho2));
   hn::StoreU(s_plus, dd, pending(h, kPlus));
   hn::StoreU(s_minus, dd, pending(h, kMinus));
   hn::StoreU(mom_w, dd, pending(h, kMomW));
@@ -335,6 +341,7 @@ void Attention<Keys, Values>::ScalarTile(int h, int n, HeadPartial& p) {
       for (int c2 = 0; c2 < d_; ++c2) acc[c2] *= scale;
       p.l *= scale;
       p.rho *= scale;
+      p.rho2 *= scale * scale;
       p.m = z;
     }
     const double w = std::exp(z - p.m);
@@ -342,6 +349,7 @@ void Attention<Keys, Values>::ScalarTile(int h, int n, HeadPartial& p) {
     p.l += w;
     if (!meter_) continue;
     p.rho += w * work_.values.rho[i];
+    p.rho2 += (w * work_.values.rho[i]) * (w * work_.values.rho[i]);
     p.v_max = std::max(p.v_max, work_.values.vnorm[i] + work_.values.rho[i]);
   }
 }

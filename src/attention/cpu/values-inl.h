@@ -89,7 +89,10 @@ void Attention<Keys, Values>::DitherValues() {
   // ‖v̂_t‖ there, whatever a past tile held; their C_{t,g} is 0).
   PadRows(scales, G, n);
   for (int j0 = 0; j0 < n; j0 += static_cast<int>(kNF)) SplitChannels(scales, G, j0, s_tf + j0, kTile);
+  const bool dithered = work_.segments[0].page.v.dithered;
+  if (dithered) DitheredValueRows();  // float rows, and their norms with the meter on
   if (!meter_) {  // the V-side terms belong to the meter
+    if (dithered) return;
     if constexpr (!kValueCodes) DecodeValueRows<false>();
     return;
   }
@@ -111,7 +114,7 @@ void Attention<Keys, Values>::DitherValues() {
     rho_max = hn::Max(rho_max, hn::IfThenZeroElse(hn::IsNaN(rho), rho));
   }
   tile_rho_max_ = hn::GetLane(hn::MaxOfLanes(df, rho_max));
-  norms_pending_ = true;
+  norms_pending_ = !dithered;
   // A tile that holds every packed token of its pages takes max_t (‖v̂_t‖ + ρ_t) from the pages
   // (KvStore keeps it at write time, as value_norm_bound computes it, rounded up); others, and
   // ScalarTile, compute ‖v̂_t‖ (ValueNorms).
@@ -124,7 +127,44 @@ void Attention<Keys, Values>::DitherValues() {
     if (!whole) break;
   }
   stored_v_max_ = stored;
-  if constexpr (!kValueCodes) DecodeValueRows<true>();  // the float codes' squares come with the rows
+  if constexpr (!kValueCodes)
+    if (!dithered) DecodeValueRows<true>();  // the float codes' squares come with the rows
+}
+
+// Values with their own dither (one tile, one page: their keys take no float tiles): v̂_t =
+// s_{t,g}·(code_t − ξ_t), ξ_t from the values' Philox stream at the token's slot counter, formed in
+// double (exact) and rounded once to float, as formats::decode_dither does; ‖v̂_t‖ from the rows.
+template <class Keys, class Values>
+void Attention<Keys, Values>::DitheredValueRows() {
+  value_codes_ = false;
+  rows_ready_ = true;
+  const DD dd;
+  const hn::Rebind<std::int8_t, DD> di8;
+  const hn::Rebind<std::int32_t, DD> di32;
+  const float* HWY_RESTRICT scales = work_.values.v_scalesf.data();
+  float* HWY_RESTRICT xi = work_.values.xi.data();
+  int n = 0;
+  for (const Segment& seg : work_.segments) {
+    const std::int8_t* codes = seg.page.v.codes + seg.row0 * d_;
+    for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d_) {
+      DitherRow(value_stream_, seg.page.slot_counter + static_cast<std::uint32_t>(seg.row0 + (i - seg.i0)), d_, xi,
+                work_.values.words.data());
+      float* row = &work_.values.vrows[i * dp_];
+      for (int g = 0; g < G_; ++g) {
+        const VD s = hn::Set(dd, scales[i * G_ + g]);
+        for (int c = g * kGroup; c < (g + 1) * kGroup; c += static_cast<int>(kN)) {
+          const VD x = hn::Sub(hn::PromoteTo(dd, hn::PromoteTo(di32, hn::LoadU(di8, codes + c))),
+                               hn::PromoteTo(dd, hn::LoadU(DFH(), xi + c)));
+          hn::StoreU(hn::DemoteTo(DFH(), hn::Mul(x, s)), DFH(), row + c);
+        }
+      }
+    }
+    n = seg.i0 + seg.n;
+  }
+  norms_pending_ = false;
+  if (!meter_) return;
+  for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
+    hn::StoreU(hn::Sqrt(SquaredNorms(&work_.values.vrows[j0 * dp_], dp_, dp_)), dd, &work_.values.vnorm[j0]);
 }
 
 // ρ_t of the value tile in double (work_.values.rho), once per tile and only for the paths that read it.

@@ -99,6 +99,8 @@ struct Workspace {
     std::vector<float> v_s_tf;     // [g][t] the same, token lanes
     std::vector<float> v_rho_f;    // [t] ρ_t in float
     std::vector<float> ws;         // [head][group of the pass][t] w_t·s_{t,g} (AccumulateCodeColumns)
+    std::vector<float> xi;         // [c] one token's value dither (dithered values, KvStore::value_dither)
+    std::vector<std::uint32_t> words;  // [c] its Philox words
     std::vector<float> code_sq;    // [g][t][kNF] lane sums of the value codes' squares (float rows)
     std::vector<float> code_sum;   // [g][t] C_{t,g} = Σ_{c∈g} code_c²
     std::vector<double> rho, vnorm;  // [t] ρ^v_t, ‖v̂_t‖

@@ -100,6 +100,7 @@ void mirror(const std::vector<const kvcache::KvStore*>& stores, const std::vecto
   p.pages = std::max<std::int64_t>(1, total);
   p.neox = cfg.rope_layout == cert::RopeLayout::neox;
   p.seed = cfg.seed;
+  p.value_dither = stores[0]->value_dither();
   const Format kf = cuda_format(*stores[0], formats::KvSide::key), vf = cuda_format(*stores[0], formats::KvSide::value);
   size_side(kf, true, p, streams, pool.k_rows, pool.k_meta, pool.k_packed, pool.k_codes, &pool.k_outliers, p.k);
   size_side(vf, false, p, streams, pool.v_rows, pool.v_meta, pool.v_packed, pool.v_codes, nullptr, p.v);

@@ -29,6 +29,7 @@ struct PoolView {
   std::int64_t pages = 0;    // pages per stream
   bool neox = false;         // RoPE pair layout of the band map
   std::uint64_t seed = 0;    // dither-int8's Philox key
+  bool value_dither = false; // dithered values with their own ξ per slot (KvStore::value_dither)
   SideView k, v;
   const std::uint32_t* page_counter = nullptr;  // [page]: Philox counter word of the page's shared ξ
   const std::uint32_t* slot_counter = nullptr;  // [page]: that of its first slot's own ξ
@@ -113,14 +114,18 @@ WITCERT_HD void key_quad(const PoolView& pool, const BatchView& b, int seq, int 
   }
 }
 
-// v̂ channel c of a token as Reader::value decodes it.
-WITCERT_HD float value_at(const PoolView& pool, int stream, const TokenAt& t, int c) {
+// v̂ channel c of a token as Reader::value decodes it (layer: the step's, for the values' own ξ).
+WITCERT_HD float value_at(const PoolView& pool, int layer, int stream, const TokenAt& t, int c) {
   const int d = pool.d;
   const SideView& v = pool.v;
   if (!t.v_packed || v.format == Format::fp16) return half_to_float(v.rows[slot_index(pool, stream, t.slot, d) + c]);
   if (v.format != Format::dither_int8) return packed_decode(v.format, v.packed + slot_index(pool, stream, t.slot, v.row_bytes), c);
   const std::uint16_t* scales = v.meta + slot_index(pool, stream, t.slot, d / kGroup);
-  return dither_decode(v.codes[slot_index(pool, stream, t.slot, d) + c], scales[c / kGroup], 0.0f);
+  float xi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (pool.value_dither)  // formats::value_stream: the layer word's top bit set; the slot's own counter
+    dither_quad(pool.seed, static_cast<std::uint32_t>(layer) | 0x80000000u, static_cast<std::uint32_t>(stream % pool.kv_heads),
+                pool.slot_counter[t.page] + static_cast<std::uint32_t>(t.row), static_cast<std::uint32_t>(c / 4), xi);
+  return dither_decode(v.codes[slot_index(pool, stream, t.slot, d) + c], scales[c / kGroup], xi[c % 4]);
 }
 
 // ρ_t of a token's value (Reader::value).

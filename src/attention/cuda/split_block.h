@@ -171,7 +171,7 @@ struct SplitBlock {
       key_quad(pool, batch, seq, stream, s.tok[t], j, x);
       for (int e = 0; e < 4; ++e) s.k[t * (d + 1) + 4 * j + e] = x[e];
     }
-    for (int i = tid; i < tile_n * d; i += threads) s.v[i] = value_at(pool, stream, s.tok[i / d], i % d);
+    for (int i = tid; i < tile_n * d; i += threads) s.v[i] = value_at(pool, batch.layer, stream, s.tok[i / d], i % d);
   }
 
   // z̃_t (and with the meter c_t) of head tid / kTile, token tid % kTile; ‖v̂_t‖ on the first warp.

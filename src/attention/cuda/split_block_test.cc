@@ -36,7 +36,7 @@ std::vector<attention::HeadPartial> scalar_order(const PoolView& pool, const Bat
   for (std::int64_t pos = 0; pos < b.n_ctx[seq]; ++pos) {
     const TokenAt t = locate(pool, b, seq, stream, pos);
     for (int j = 0; j < d / 4; ++j) key_quad(pool, b, seq, stream, t, j, &k[4 * j]);
-    for (int c = 0; c < d; ++c) v[c] = value_at(pool, stream, t, c);
+    for (int c = 0; c < d; ++c) v[c] = value_at(pool, b.layer, stream, t, c);
     const double rho = value_rho(pool, stream, t);
     double n2 = 0.0;
     for (int c = 0; c < d; ++c) n2 += double(v[c]) * v[c];

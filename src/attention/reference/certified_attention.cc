@@ -18,6 +18,7 @@ void HeadPartial::merge(const HeadPartial& o) {
   for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] * a + o.acc[i] * b;
   l = l * a + o.l * b;
   rho = rho * a + o.rho * b;
+  rho2 = rho2 * (a * a) + o.rho2 * (b * b);
   m = m_new;
   v_max = std::max(v_max, o.v_max);
   float_rho_max = std::max(float_rho_max, o.float_rho_max);
@@ -34,12 +35,14 @@ void HeadPartial::add(double z, const float* v, int head_dim, double rho_t, doub
     for (double& a : acc) a *= scale;
     l *= scale;
     rho *= scale;
+    rho2 *= scale * scale;
     m = z;
   }
   const double w = std::exp(z - m);
   for (int i = 0; i < head_dim; ++i) acc[i] += w * v[i];
   l += w;
   rho += w * rho_t;
+  rho2 += (w * rho_t) * (w * rho_t);
   v_max = std::max(v_max, v_norm + rho_t);
 }
 
@@ -173,7 +176,7 @@ std::vector<double> retention_raw(kvcache::KvStore::Reader& reader, const float*
   return out;
 }
 
-HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape) {
+HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape, double delta_v) {
   HeadResult r;
   for (int i = 0; i < head_dim; ++i) out[i] = static_cast<float>(p.acc[i] / p.l);
   const double log_A = p.meter.log_A(), log_A_minus = p.meter.log_A_minus();
@@ -188,24 +191,28 @@ HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundSha
   // ρ^v_t among their tokens (cert::float_weight_error).
   double weighted_rho = p.rho / p.l;
   if (p.meter.float_c_max >= 0.0) weighted_rho += cert::float_weight_error(p.meter.n) * p.float_rho_max;
+  r.v_meter_sure = cert::value_meter(weighted_rho, p.v_max);
+  if (delta_v > 0.0 && p.meter.float_c_max < 0.0)
+    weighted_rho = std::min(weighted_rho, cert::value_tier_b(weighted_rho, p.rho2 / (p.l * p.l), head_dim, delta_v));
   r.v_meter = cert::value_meter(weighted_rho, p.v_max);
   r.output_bound = cert::value_output_bound(r.meter, p.v_max, weighted_rho);
   if (std::isnan(p.m) || !(p.l > 0.0)) {
     r.eform_raw = INFINITY;
     r.meter = 1.0;
-    r.v_meter = INFINITY;
+    r.v_meter = r.v_meter_sure = INFINITY;
     r.output_bound = INFINITY;
   }
   return r;
 }
 
-double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end) {
+TrueErrors true_errors(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin,
+                       std::int64_t end) {
   if (!reader.has_exact_tier()) throw std::logic_error("the true TV reads the exact backing tier, and this cache keeps none");
   const int d = head_dim;
   const double sm = 1.0 / std::sqrt(static_cast<double>(d));
   const std::int64_t n = end - begin;
   std::vector<double> z(n), z_hat(n);
-  std::vector<float> k(d);
+  std::vector<float> k(d), v(d), v_hat(d);
   kvcache::KeyBound bound;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = begin + i;
@@ -220,9 +227,25 @@ double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, s
   const double mz = *std::max_element(z.begin(), z.end()), mh = *std::max_element(z_hat.begin(), z_hat.end());
   double sz = 0.0, sh = 0.0;
   for (std::int64_t t = 0; t < n; ++t) sz += std::exp(z[t] - mz), sh += std::exp(z_hat[t] - mh);
-  double tv = 0.0;
-  for (std::int64_t t = 0; t < n; ++t) tv += std::fabs(std::exp(z[t] - mz) / sz - std::exp(z_hat[t] - mh) / sh);
-  return 0.5 * tv;
+  TrueErrors e;
+  std::vector<double> err(d, 0.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double p_hat = std::exp(z_hat[i] - mh) / sh;
+    e.tv += std::fabs(std::exp(z[i] - mz) / sz - p_hat);
+    double rho = 0.0;
+    reader.value(begin + i, v_hat.data(), rho);
+    reader.exact_value(begin + i, v.data());
+    for (int c = 0; c < d; ++c) err[c] += p_hat * (double(v_hat[c]) - v[c]);
+  }
+  e.tv *= 0.5;
+  double e2 = 0.0;
+  for (const double x : err) e2 += x * x;
+  e.value_error = std::sqrt(e2);
+  return e;
+}
+
+double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end) {
+  return true_errors(reader, q, head_dim, begin, end).tv;
 }
 
 }  // namespace witcert::attention

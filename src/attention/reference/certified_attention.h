@@ -22,6 +22,7 @@ struct BoundContext {
   double sm = 0.0;               // 1/sqrt(head_dim)
   std::int64_t S = 1;            // tokens the query attends over (the union bound's S)
   double delta_loc = 1e-2;       // Tier B failure budget of this cell
+  double delta_v_loc = 0.0;      // the value side's Tier-B budget of this cell; 0: values take their sure bound
 };
 
 // One query head's partial result over a token range.
@@ -30,6 +31,7 @@ struct HeadPartial {
   double l = 0.0;                // Σ e^{z̃_t − m}
   std::vector<double> acc;       // Σ e^{z̃_t − m} v̂_t
   double rho = 0.0;              // Σ e^{z̃_t − m} ρ^v_t
+  double rho2 = 0.0;             // Σ e^{2(z̃_t − m)} (ρ^v_t)², the value side's Tier-B variance term
   double v_max = 0.0;            // max_t (‖v̂_t‖ + ρ^v_t) ≥ max_t ‖v_t‖
   double float_rho_max = 0.0;    // max_t ρ^v_t over the tokens whose weight was computed in float
   cert::MeterStats meter;        // LSE(z̃), LSE(z̃ ± c), c_max
@@ -50,14 +52,17 @@ void attend_range_reference(kvcache::KvStore::Reader& reader, const float* q, in
 struct HeadResult {
   double eform_raw = 0.0;   // Theorem 1, unclamped: the risk score
   double meter = 0.0;       // the chosen bound shape, clamped to 1
-  double v_meter = 0.0;     // Σ p̃ ρ^v / max‖v‖
+  double v_meter = 0.0;     // Σ p̃ ρ^v / max‖v‖, or its Tier-B form (finish's delta_v) where smaller
+  double v_meter_sure = 0.0;  // Σ p̃ ρ^v / max‖v‖ always
   double output_bound = 0.0;  // ‖y − ŷ‖ ≤ 2·meter·max‖v‖ + Σ p̃ ρ^v
 };
 
 // Writes the output (head_dim floats) and returns the head's meters under `shape`. The one-pass
 // partial holds every shape but the retention form, for which the meter is the e-form here and
-// the caller replaces it with retention_raw's.
-HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape = cert::BoundShape::min);
+// the caller replaces it with retention_raw's. delta_v > 0: the values carry their own dither
+// (KvStore::value_dither) and the value side takes cert::value_tier_b at that budget.
+HeadResult finish(const HeadPartial& p, int head_dim, float* out, cert::BoundShape shape = cert::BoundShape::min,
+                  double delta_v = 0.0);
 
 // Proposition 1's per-token retention form of each query head of the group over [begin, end):
 // A and A⁻ from one reference pass, then a second pass over the tokens (unclamped).
@@ -80,5 +85,13 @@ PageTerms page_contributions(kvcache::KvStore::Reader& reader, const float* q, i
 // True TV(p, p̃) between attention over the exact tier and over the keys the runtime reads,
 // for one query over [begin, end) (the soundness check; reads every key twice).
 double true_tv(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin, std::int64_t end);
+// The same TV and what the values the runtime reads add to the output's error, ‖Σ_t p̃_t (v̂_t − v_t)‖
+// (the value side's soundness check: the V meter times max‖v‖ bounds it; reads keys and values twice).
+struct TrueErrors {
+  double tv = 0.0;
+  double value_error = 0.0;
+};
+TrueErrors true_errors(kvcache::KvStore::Reader& reader, const float* q, int head_dim, std::int64_t begin,
+                       std::int64_t end);
 
 }  // namespace witcert::attention

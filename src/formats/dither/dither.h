@@ -31,6 +31,14 @@ struct DitherStream {
   std::uint32_t kv_head = 0;
 };
 
+// Values draw their dither from a stream of their own: the layer word's top bit is set, so that no
+// value counter is ever a key counter (the two sides' dithers are independent).
+inline constexpr std::uint32_t kValueStreamBit = 0x80000000u;
+constexpr DitherStream value_stream(DitherStream s) {
+  s.layer |= kValueStreamBit;
+  return s;
+}
+
 // ξ from one 32-bit Philox word: the top 24 bits on the grid k·2^-24 − ½, exact in float.
 constexpr float dither_from_bits(std::uint32_t u) {
   return static_cast<float>(u >> 8) * 0x1p-24f - 0.5f;
