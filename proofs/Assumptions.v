@@ -72,5 +72,8 @@ Print Assumptions value_l2_on_event.
 Print Assumptions value_l2_tail.
 Print Assumptions value_l2_det.
 Print Assumptions value_l2_min.
+Print Assumptions value_rho_dominates.
+Print Assumptions value_l2_tail_rho.
+Print Assumptions value_l2_min_rho.
 Print Assumptions cell_budget.
 Print Assumptions request_budget_kv.

@@ -15,8 +15,10 @@
     ([value_channel_tail]); jointly over the d channels with probability ≥ 1 − δ
     ([value_joint]), hence ‖e‖₂ ≤ sqrt(2 ln(2d/δ)/12 · Σ_t p̃_t² ‖s_t‖²) ([value_l2_tail]);
     surely ‖e‖₂ ≤ Σ_t p̃_t ‖s_t‖/2 ([value_l2_det]), so the smaller of the two holds on the same
-    event ([value_l2_min]); and a cell whose key side fails with probability ≤ δ_K and value
-    side with ≤ δ_V fails with probability ≤ δ_K + δ_V ([cell_budget], [request_budget_kv]). *)
+    event ([value_l2_min]); the same with sure bounds ρ_t ≥ ‖s_t‖/2, the form meter.cc computes
+    ([value_rho_dominates], [value_l2_tail_rho], [value_l2_min_rho]); and a cell whose key side
+    fails with probability ≤ δ_K and value side with ≤ δ_V fails with probability ≤ δ_K + δ_V
+    ([cell_budget], [request_budget_kv]). *)
 
 From Coq Require Import Reals Lra Lia.
 From WitCert Require Import Sums Defs TierA ValueSide Dither TierB.
@@ -160,6 +162,67 @@ Theorem value_l2_min delta :
 Proof.
   intros Hp Hs Hd HD. eapply Rle_trans; [|apply (value_l2_tail delta Hs Hd HD)].
   apply (Pr_mono P). intros w Hw. pose proof (value_l2_det w Hp).
+  unfold Rmin in Hw. destruct Rle_dec; lra.
+Qed.
+
+(** 1 ≤ 2d/δ, so ln(2d/δ) ≥ 0. *)
+Lemma ln_ratio_nonneg delta : 0 < delta -> delta <= 2 * INR d -> 0 <= ln (2 * INR d / delta).
+Proof.
+  intros Hd HD. assert (Hq : 1 <= 2 * INR d / delta).
+  { apply Rmult_le_reg_r with delta; [exact Hd|].
+    replace (2 * INR d / delta * delta) with (2 * INR d) by (field; lra). lra. }
+  destruct Hq as [Hq|Hq]; [|rewrite <- Hq, ln_1; lra].
+  rewrite <- ln_1. left. apply ln_increasing; lra.
+Qed.
+
+(** The form meter.cc computes from sure bounds ρ_t ≥ ‖s_t‖₂/2: since ‖s_t‖² ≤ 4ρ_t²,
+    sqrt(2 ln(2d/δ)/12 · Σ_t p̃_t²‖s_t‖²) ≤ sqrt(2 ln(2d/δ) · Σ_t p̃_t² ρ_t² / 3). *)
+Theorem value_rho_dominates (rho : nat -> R) delta :
+  (forall t, (t < n)%nat -> 0 <= rho t /\ enorm d (s t) <= 2 * rho t) ->
+  0 < delta -> delta <= 2 * INR d ->
+  vbound_prob delta
+  <= sqrt (2 * ln (2 * INR d / delta) * sum n (fun t => pt t ^ 2 * rho t ^ 2) / 3).
+Proof.
+  intros Hrho Hd HD. unfold vbound_prob. apply sqrt_le_1_alt.
+  pose proof (ln_ratio_nonneg delta Hd HD) as HL. set (L := ln (2 * INR d / delta)) in *.
+  apply Rle_trans with (2 * L / 12 * sum n (fun t => 4 * (pt t ^ 2 * rho t ^ 2))).
+  - apply Rmult_le_compat_l; [lra|]. apply sum_le. intros t Ht.
+    destruct (Hrho t Ht) as [Hr Hs]. assert (He : 0 <= enorm d (s t)) by apply sqrt_pos.
+    assert (Hsq : sum d (fun c => s t c ^ 2) = enorm d (s t) * enorm d (s t)).
+    { unfold enorm. rewrite sqrt_sqrt by apply sumsq_nonneg. apply sum_ext. intros; ring. }
+    rewrite Hsq. replace (4 * (pt t ^ 2 * rho t ^ 2)) with (pt t ^ 2 * ((2 * rho t) * (2 * rho t)))
+      by ring.
+    apply Rmult_le_compat_l; [apply pow2_ge_0|].
+    apply Rmult_le_compat; [exact He|exact He|exact Hs|exact Hs].
+  - right. rewrite sum_scal_l. field.
+Qed.
+
+(** With probability ≥ 1 − δ, ‖e‖₂ ≤ sqrt(2 ln(2d/δ) · Σ_t p̃_t² ρ_t² / 3). *)
+Theorem value_l2_tail_rho (rho : nat -> R) delta :
+  (forall t, (t < n)%nat -> 0 <= rho t /\ enorm d (s t) <= 2 * rho t) ->
+  (forall c, (c < d)%nat -> 0 < vproxy c) -> 0 < delta -> delta <= 2 * INR d ->
+  Pr P (fun w => sqrt (2 * ln (2 * INR d / delta) * sum n (fun t => pt t ^ 2 * rho t ^ 2) / 3)
+                 < enorm d (fun c => verr c w)) <= delta.
+Proof.
+  intros Hrho Hs Hd HD. eapply Rle_trans; [|apply (value_l2_tail delta Hs Hd HD)].
+  apply (Pr_mono P). intros w Hw. pose proof (value_rho_dominates rho delta Hrho Hd HD). lra.
+Qed.
+
+(** The minimum with the sure bound in ρ form, Σ_t p̃_t ρ_t ≥ Σ_t p̃_t ‖s_t‖/2. *)
+Theorem value_l2_min_rho (rho : nat -> R) delta :
+  (forall t, (t < n)%nat -> 0 <= pt t) ->
+  (forall t, (t < n)%nat -> 0 <= rho t /\ enorm d (s t) <= 2 * rho t) ->
+  (forall c, (c < d)%nat -> 0 < vproxy c) -> 0 < delta -> delta <= 2 * INR d ->
+  Pr P (fun w => Rmin (sqrt (2 * ln (2 * INR d / delta)
+                                * sum n (fun t => pt t ^ 2 * rho t ^ 2) / 3))
+                      (sum n (fun t => pt t * rho t))
+                 < enorm d (fun c => verr c w)) <= delta.
+Proof.
+  intros Hp Hrho Hs Hd HD. eapply Rle_trans; [|apply (value_l2_tail_rho rho delta Hrho Hs Hd HD)].
+  apply (Pr_mono P). intros w Hw. pose proof (value_l2_det w Hp) as Hdet.
+  assert (Hsum : sum n (fun t => pt t * enorm d (s t)) / 2 <= sum n (fun t => pt t * rho t)).
+  { rewrite <- sum_div_r. apply sum_le. intros t Ht. destruct (Hrho t Ht) as [_ Hr].
+    pose proof (Hp t Ht). nra. }
   unfold Rmin in Hw. destruct Rle_dec; lra.
 Qed.
 

@@ -325,13 +325,13 @@ int main(int argc, char** argv) {
                                                "repair granularity of the gate: head, block or request")
                               ->check(choice("--granularity", {"head", "block", "request"}));
   auto* gen_dither = generate->add_option(
-      "--dither", gen.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
+      "--dither", gen.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path); per-slot also gives dithered values their own dither and Tier B (docs/tier-b.md)")
                          ->check(dither_mode("--dither"));
   auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.cache.shared_page_dither,
                                              "the same as --dither shared-page")
                               ->excludes(gen_dither);
   auto* gen_dither_seed = generate->add_option("--dither-seed", gen.cache.dither_seed,
-                                               "dithered keys: seed of the key dither's Philox stream")
+                                               "dithered keys and values: seed of the dither's Philox streams")
                               ->transform(seed("--dither-seed"));
   auto* gen_check = generate->add_flag("--check-soundness", gen.cache.check_soundness,
                                        "compare every meter with the true TV from the exact tier");
@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
       ->transform(whole_in("--telemetry-stride", 1, kMaxTokens));
   const TierOptions run_tier = add_tier_options(runc, ra.cache);
   auto* run_dither = runc->add_option(
-      "--dither", ra.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path)")
+      "--dither", ra.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path); per-slot also gives dithered values their own dither and Tier B (docs/tier-b.md)")
                          ->check(dither_mode("--dither"));
   runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 

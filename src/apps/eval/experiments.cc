@@ -28,7 +28,11 @@ namespace eval {
 std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostream& out, std::ostream& err) {
   const std::string dir = experiment_dir(o, "soundness");
   ResultStore store((fs::path(dir) / "results.jsonl").string());
-  const std::vector<std::string> schemes = metered_schemes();
+  // Every metered format, and the dithered ones also per slot: there the values take their own
+  // dither and Tier B, and every cell's values are checked against the V meter as its keys are
+  // against the K meter.
+  std::vector<std::string> schemes = metered_schemes();
+  for (const int bits : formats::kDitherBits) schemes.push_back(std::string(formats::KvFormat::dither(bits).name()) + " per-slot");
   // Every scheme on prose and on code at least once, even in the quick run.
   const int requests = o.quick ? 2 * static_cast<int>(schemes.size()) : 1000, n = o.quick ? 6 : 16;
   const std::vector<std::string> prose = domain_prompts(m, o, "prose", requests, o.quick ? 48 : 96, 11);
@@ -48,17 +52,17 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
     run_checked(m, pool, prompt, n, checked_cache(scheme), {&sink});
     store.put(key, {{"scheme", scheme}, {"domain", is_code ? "code" : "prose"}, {"prompt_tokens", prompt.size()},
                     {"cells", sink.checked}, {"violations", sink.violations}, {"worst_ratio", sink.worst_ratio},
-                    {"max_tv", sink.max_tv}});
+                    {"worst_v_ratio", sink.worst_v_ratio}, {"max_tv", sink.max_tv}});
     bar.advance();
   }
   bar.finish();
   // One row per scheme and one for all.
   std::vector<json> rows, per_request;
   std::int64_t total_cells = 0, total_bad = 0, total_requests = 0;
-  double total_worst = 0, total_max_tv = 0;
+  double total_worst = 0, total_worst_v = 0, total_max_tv = 0;
   for (const std::string& s : schemes) {
     std::int64_t reqs = 0, cells = 0, bad = 0;
-    double worst = 0, max_tv = 0;
+    double worst = 0, worst_v = 0, max_tv = 0;
     for (int i = 0; i < requests; ++i) {
       const json& r = store.get(fmt::format("req-{}", i));
       if (r.at("scheme") != s) continue;
@@ -66,23 +70,27 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
       cells += r.at("cells").get<std::int64_t>();
       bad += r.at("violations").get<std::int64_t>();
       worst = std::max(worst, r.at("worst_ratio").get<double>());
+      worst_v = std::max(worst_v, r.value("worst_v_ratio", 0.0));
       max_tv = std::max(max_tv, r.at("max_tv").get<double>());
       per_request.push_back({{"scheme", s}, {"worst_ratio", r.at("worst_ratio")}});
     }
     if (reqs == 0) continue;
     rows.push_back({{"scheme", s}, {"requests", reqs}, {"cells checked", cells}, {"violations", bad},
-                    {"worst TV/meter", worst}, {"largest TV", max_tv}});
+                    {"worst TV/meter", worst}, {"worst V error/V meter", worst_v}, {"largest TV", max_tv}});
     total_cells += cells, total_bad += bad, total_requests += reqs;
     total_worst = std::max(total_worst, worst), total_max_tv = std::max(total_max_tv, max_tv);
+    total_worst_v = std::max(total_worst_v, worst_v);
   }
   rows.push_back({{"scheme", "all"}, {"requests", total_requests}, {"cells checked", total_cells},
-                  {"violations", total_bad}, {"worst TV/meter", total_worst}, {"largest TV", total_max_tv},
+                  {"violations", total_bad}, {"worst TV/meter", total_worst}, {"worst V error/V meter", total_worst_v},
+                  {"largest TV", total_max_tv},
                   {"95% bound, violating requests", rule_of_three(total_requests)},
                   {"95% bound, violating cells", rule_of_three(total_cells)}});
   write_table(dir, "soundness",
-                    {"scheme", "requests", "cells checked", "violations", "worst TV/meter", "largest TV",
-                     "95% bound, violating requests", "95% bound, violating cells"},
-                    rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell checked against its meter; {}",
+                    {"scheme", "requests", "cells checked", "violations", "worst TV/meter", "worst V error/V meter",
+                     "largest TV", "95% bound, violating requests", "95% bound, violating cells"},
+                    rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell's true TV checked "
+                                      "against its K meter and its values' true error against its V meter; {}",
                                       requests, n, bound_caption(checked_cache(schemes.front()).bound)));
   write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
   finish(o, "soundness", dir, out, total_bad);

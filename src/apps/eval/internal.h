@@ -31,6 +31,7 @@ class SoundnessSink final : public gate::MeterSink {
   void record(std::span<const gate::MeterCell> cells) override;
   std::int64_t checked = 0, violations = 0, decode_checked = 0, dangerous = 0;
   double worst_ratio = 0.0, max_tv = 0.0;
+  double worst_v_ratio = 0.0;  // the values' true error over the V meter, at most 1 when sound
 
  private:
   std::mutex mu_;
@@ -75,6 +76,8 @@ class CoverageSink final : public gate::MeterSink {
 };
 
 // The certified cache of one KV format (both sides) with the soundness check on.
+// The cache of a label: a format name, or "<dithered format> per-slot" (its keys and values each
+// with a dither of their own, and so Tier B on both sides), with the soundness check on.
 engine::CacheOptions checked_cache(const std::string& kv);
 
 // What a table's caption says of the bound shape its meters and coverage use: "bound shape of the

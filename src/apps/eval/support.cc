@@ -20,12 +20,13 @@ namespace fs = std::filesystem;
 
 void SoundnessSink::record(std::span<const gate::MeterCell> cells) {
   std::int64_t n = 0, bad = 0, decode = 0, danger = 0;
-  double worst = 0.0, tv_max = 0.0;
+  double worst = 0.0, tv_max = 0.0, worst_v = 0.0;
   for (const gate::MeterCell& c : cells) {
     if (std::isnan(c.tv)) continue;
     ++n;
     bad += gate::violates(c);
     worst = std::max(worst, c.meter > 0 ? c.tv / c.meter : (c.tv > 0 ? HUGE_VAL : 0.0));
+    if (!std::isnan(c.v_true)) worst_v = std::max(worst_v, c.v_meter > 0 ? c.v_true / c.v_meter : (c.v_true > 0 ? HUGE_VAL : 0.0));
     tv_max = std::max(tv_max, c.tv);
     if (c.pos >= first_) ++decode, danger += c.tv > 0.2;
   }
@@ -35,6 +36,7 @@ void SoundnessSink::record(std::span<const gate::MeterCell> cells) {
   decode_checked += decode;
   dangerous += danger;
   worst_ratio = std::max(worst_ratio, worst);
+  worst_v_ratio = std::max(worst_v_ratio, worst_v);
   max_tv = std::max(max_tv, tv_max);
 }
 
@@ -58,8 +60,11 @@ void CoverageSink::record(std::span<const gate::MeterCell> cells) {
   cells_ += n, served_ += served, before_ += before, eform_ += eform;
 }
 
-engine::CacheOptions checked_cache(const std::string& kv) {
-  engine::CacheOptions o = engine::CacheOptions::from_json({{"kv", kv}});
+engine::CacheOptions checked_cache(const std::string& label) {
+  const std::size_t space = label.find(' ');
+  nlohmann::json j = {{"kv", label.substr(0, space)}};
+  if (space != std::string::npos) j["dither"] = label.substr(space + 1);
+  engine::CacheOptions o = engine::CacheOptions::from_json(j);
   o.check_soundness = true;
   return o;
 }

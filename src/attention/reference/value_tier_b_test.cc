@@ -196,6 +196,9 @@ TEST(ValueTierB, EveryCellIsSoundAndTighterWhereAttentionSpreads) {
               ASSERT_LE(c.error, c.tier_b * (1 + 1e-12)) << "sure " << c.sure;
               worst = std::max(worst, c.error / c.tier_b);
               tighter += c.tier_b < c.sure;
+              if (query == Query::peaked) {
+                ASSERT_EQ(c.tier_b, c.sure) << "one token's error does not concentrate";
+              }
               best_gain = std::min(best_gain, c.tier_b / c.sure);
               if (query == Query::spread && n == 300) {
                 ++spread_long;
