@@ -110,7 +110,7 @@ if experiment == "soundness":
     fig, ax = plt.subplots(figsize=(8, 4.8))
     groups = by_family({x["scheme"] for x in r})
     data = [[num(x["worst_ratio"]) for x in r if family(x["scheme"]) == name] for name, _ in groups]
-    labels = [f"{name} ({len(members)}: {', '.join(members)})" if len(members) <= 3 else f"{name} ({len(members)} formats)"
+    labels = [f"{name} ({len(members)}: {', '.join(members)})" if len(members) <= 3 else f"{name} ({len(members)} caches)"
               for name, members in groups]
     # Edges on multiples of 0.05, so that no bin straddles 1 (a ratio of 0.9999 is not a violation).
     ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=labels, color=COLOURS[:len(groups)])
