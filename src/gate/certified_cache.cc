@@ -35,9 +35,7 @@ CertifiedKvCache::CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const 
   g_ = {cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.capacity};
   // δ_req goes to the Tier-B sides, halved between keys and values when both are Tier B, and each
   // side's share to its cells by a union bound (δ_loc = share/(L·H·T)).
-  const bool tier_b_keys = store_.kind(formats::KvSide::key) == kvcache::FormatKind::dither &&
-                           cfg.dither != kvcache::DitherMode::none;
-  const double share = tier_b_keys && store_.value_dither() ? 0.5 : 1.0;
+  const double share = store_.key_dither() && store_.value_dither() ? 0.5 : 1.0;
   delta_loc_ = cert::delta_loc(opts.delta_req * share, cfg.layers, opts.q_heads, opts.decode_budget);
   delta_v_loc_ = store_.value_dither() ? delta_loc_ : 0.0;
   if (opts.splits < 1) throw std::invalid_argument("split-KV partitions must be at least 1");
@@ -47,7 +45,7 @@ CertifiedKvCache::CertifiedKvCache(std::shared_ptr<kvcache::KvPool> pool, const 
 }
 
 attention::BoundContext CertifiedKvCache::context(std::int64_t S) const {
-  return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_, delta_v_loc_};
+  return {1.0 / std::sqrt(static_cast<double>(g_.head_dim)), S, delta_loc_};
 }
 
 void CertifiedKvCache::set_check_soundness(bool on) {
@@ -198,9 +196,8 @@ bool CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv
     const HeadResult& b = repaired ? before[h] : r;
     attention::TrueErrors truth{NAN, NAN};
     if (opts_.check_soundness) truth = attention::true_errors(reader, q + h * d, d, begin, end);
-    const double v_max = g.partials[h].v_max;
-    const double v_true = std::isnan(truth.value_error) || truth.value_error == 0.0 ? truth.value_error
-                                                                                    : truth.value_error / v_max;
+    // In the V meter's unit; an error of 0 stays 0 where max‖v‖ is 0, and NaN (unchecked) NaN.
+    const double v_true = truth.value_error > 0.0 ? truth.value_error / g.partials[h].v_max : truth.value_error;
     cells.push_back({layer, kv_head * group + h, end - 1, r.eform_raw, r.meter, r.v_meter, truth.tv, b.eform_raw, b.meter,
                      b.v_meter, repaired, r.output_bound, v_true, r.v_meter_sure});
   }

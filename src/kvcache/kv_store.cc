@@ -370,7 +370,7 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
     const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
                                        static_cast<std::uint32_t>(st % cfg().kv_heads)};
-    if (key && cfg().dither != DitherMode::none) formats::dither_values(stream, dither_counter_slot(pos), xi);
+    if (key && key_dither()) formats::dither_values(stream, dither_counter_slot(pos), xi);
     if (!key && value_dither()) formats::dither_values(formats::value_stream(stream), slot_counter(pos), xi);
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
     const std::span<std::int8_t> codes(scratch_.codes.data(), d);

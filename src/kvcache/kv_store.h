@@ -231,10 +231,14 @@ class KvStore {
     return 0;
   }
   bool shared_dither(std::int64_t pos) const { return pos < shared_dither_end(); }
-  // Dithered values (dither-int4/5/6/8 on the value side) take a dither of their own only per
+  // Dithered keys take their dither in every mode but `none` (rounded to nearest there, the δ = 0
+  // reference). Dithered values (dither-int4/5/6/8 on the value side) take a dither of their own only per
   // slot: the value side's Tier-B bound sums the errors of many tokens and needs each token's
   // dither independent of every other's, which a shared ξ is not. Otherwise they are rounded to
   // nearest and bounded deterministically.
+  bool key_dither() const {
+    return config().dither != DitherMode::none && config().k_format.kind() == FormatKind::dither;
+  }
   bool value_dither() const {
     return config().dither == DitherMode::per_slot && config().v_format.kind() == FormatKind::dither;
   }

@@ -10,8 +10,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <unistd.h>
-
 #include "apps/eval/eval.h"
 #include "engine/options.h"
 
@@ -93,8 +91,6 @@ EtaBar::EtaBar(std::ostream& err, std::string label, std::int64_t total, bool te
   draw();
 }
 
-bool EtaBar::stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
-
 void EtaBar::skip() {
   ++done_;
   draw();
@@ -115,7 +111,7 @@ void EtaBar::draw() {
   const bool tenth = done_ == 0 || done_ == total_ || done_ * 10 / n != (done_ - 1) * 10 / n;
   if (!terminal_ && !tenth) return;
   const double elapsed = now_seconds() - start_;
-  const int width = 24, filled = static_cast<int>(width * done_ / std::max<std::int64_t>(1, total_));
+  const int width = 24, filled = static_cast<int>(width * done_ / n);
   const std::string eta = computed_ > 0 ? format_duration(elapsed / computed_ * static_cast<double>(total_ - done_)) : "?";
   err_ << fmt::format("{}  {:<22} [{}{}] {}/{}  {} elapsed, ETA {}{}", terminal_ ? "\r" : "", label_,
                       std::string(filled, '#'), std::string(width - filled, '.'), done_, total_,

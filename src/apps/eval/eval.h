@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/terminal.h"
 #include "engine/model.h"
 
 namespace witcert::apps {
@@ -63,7 +64,6 @@ class ResultStore {
 class EtaBar {
  public:
   EtaBar(std::ostream& err, std::string label, std::int64_t total, bool terminal = stderr_is_terminal());
-  static bool stderr_is_terminal();
   void skip();     // a cell found in the store
   void advance();  // a cell computed now
   void finish();

@@ -31,10 +31,20 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
   // Every metered format, and the dithered ones also per slot: there the values take their own
   // dither and Tier B, and every cell's values are checked against the V meter as its keys are
   // against the K meter.
-  std::vector<std::string> schemes = metered_schemes();
-  for (const int bits : formats::kDitherBits) schemes.push_back(std::string(formats::KvFormat::dither(bits).name()) + " per-slot");
-  // Every scheme on prose and on code at least once, even in the quick run.
-  const int requests = o.quick ? 2 * static_cast<int>(schemes.size()) : 1000, n = o.quick ? 6 : 16;
+  struct Arm {
+    std::string label;
+    engine::CacheOptions cache;
+  };
+  std::vector<Arm> arms;
+  for (const std::string& s : metered_schemes()) arms.push_back({s, checked_cache(s)});
+  for (const int bits : formats::kDitherBits) {
+    const std::string name(formats::KvFormat::dither(bits).name());
+    Arm a{name + " per-slot", checked_cache(name)};
+    a.cache.dither = kvcache::DitherMode::per_slot;
+    arms.push_back(a);
+  }
+  // Every arm on prose and on code at least once, even in the quick run.
+  const int requests = o.quick ? 2 * static_cast<int>(arms.size()) : 1000, n = o.quick ? 6 : 16;
   const std::vector<std::string> prose = domain_prompts(m, o, "prose", requests, o.quick ? 48 : 96, 11);
   const std::vector<std::string> code = domain_prompts(m, o, "code", requests, o.quick ? 48 : 96, 12);
   ThreadPool pool(o.threads);
@@ -45,12 +55,12 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
       bar.skip();
       continue;
     }
-    const std::string& scheme = schemes[static_cast<std::size_t>(i) % schemes.size()];
-    const bool is_code = (i / static_cast<int>(schemes.size())) % 2 == 1;
+    const Arm& arm = arms[static_cast<std::size_t>(i) % arms.size()];
+    const bool is_code = (i / static_cast<int>(arms.size())) % 2 == 1;
     const std::vector<std::int32_t> prompt = m.prompt_tokens((is_code ? code : prose)[i], false);
     SoundnessSink sink;
-    run_checked(m, pool, prompt, n, checked_cache(scheme), {&sink});
-    store.put(key, {{"scheme", scheme}, {"domain", is_code ? "code" : "prose"}, {"prompt_tokens", prompt.size()},
+    run_checked(m, pool, prompt, n, arm.cache, {&sink});
+    store.put(key, {{"scheme", arm.label}, {"domain", is_code ? "code" : "prose"}, {"prompt_tokens", prompt.size()},
                     {"cells", sink.checked}, {"violations", sink.violations}, {"worst_ratio", sink.worst_ratio},
                     {"worst_v_ratio", sink.worst_v_ratio}, {"max_tv", sink.max_tv}});
     bar.advance();
@@ -60,7 +70,8 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
   std::vector<json> rows, per_request;
   std::int64_t total_cells = 0, total_bad = 0, total_requests = 0;
   double total_worst = 0, total_worst_v = 0, total_max_tv = 0;
-  for (const std::string& s : schemes) {
+  for (const Arm& arm : arms) {
+    const std::string& s = arm.label;
     std::int64_t reqs = 0, cells = 0, bad = 0;
     double worst = 0, worst_v = 0, max_tv = 0;
     for (int i = 0; i < requests; ++i) {
@@ -91,7 +102,7 @@ std::int64_t soundness(const engine::Model& m, const EvalOptions& o, std::ostrea
                      "largest TV", "95% bound, violating requests", "95% bound, violating cells"},
                     rows, fmt::format("Soundness: {} free-running requests of {} tokens, every cell's true TV checked "
                                       "against its K meter and its values' true error against its V meter; {}",
-                                      requests, n, bound_caption(checked_cache(schemes.front()).bound)));
+                                      requests, n, bound_caption(arms.front().cache.bound)));
   write_table(dir, "ratios", {"scheme", "worst_ratio"}, per_request, "Worst TV/meter per request");
   finish(o, "soundness", dir, out, total_bad);
   return total_bad;

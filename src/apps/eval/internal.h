@@ -76,8 +76,6 @@ class CoverageSink final : public gate::MeterSink {
 };
 
 // The certified cache of one KV format (both sides) with the soundness check on.
-// The cache of a label: a format name, or "<dithered format> per-slot" (its keys and values each
-// with a dither of their own, and so Tier B on both sides), with the soundness check on.
 engine::CacheOptions checked_cache(const std::string& kv);
 
 // What a table's caption says of the bound shape its meters and coverage use: "bound shape of the

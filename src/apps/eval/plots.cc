@@ -60,6 +60,9 @@ FAMILIES = (
 def family(s):
     return next(name for name, member in FAMILIES if member(s))
 
+def family_colour(name):  # one colour per family in every plot
+    return COLOURS[[n for n, _ in FAMILIES].index(name)]
+
 def by_family(schemes):
     groups = {}
     for s in sorted(schemes):
@@ -113,7 +116,7 @@ if experiment == "soundness":
     labels = [f"{name} ({len(members)}: {', '.join(members)})" if len(members) <= 3 else f"{name} ({len(members)} caches)"
               for name, members in groups]
     # Edges on multiples of 0.05, so that no bin straddles 1 (a ratio of 0.9999 is not a violation).
-    ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=labels, color=COLOURS[:len(groups)])
+    ax.hist(data, bins=[i * 0.05 for i in range(22)], stacked=True, label=labels, color=[family_colour(name) for name, _ in groups])
     ax.axvline(1.0, color="red", linestyle="--", label="violation (TV > meter)")
     ax.set_xlim(0, 1.1)
     ax.set_title(f"Soundness: worst true TV / meter of each of {len(r)} requests")
@@ -362,17 +365,17 @@ if experiment == "quality":
     for ax, dom in zip(axes, ("prose", "code")):
         pts = [x for x in r if x["domain"] == dom and x["cache"] != "fp16"]
         for x in pts:
+            ablation = x["cache"].startswith("ablation")
             ax.scatter(float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7),
-                       color=COLOURS[[name for name, _ in FAMILIES].index(family(x["cache"].split(" ")[-1]))] if not x["cache"].startswith("ablation") else "black",
-                       marker="x" if x["cache"].startswith("ablation") else "o")
+                       color="black" if ablation else family_colour(family(x["cache"])), marker="x" if ablation else "o")
         ax.set_yscale("log")
         xs = [float(x["B/token/head (K+V)/2"]) for x in pts]
         ax.set_xlim(min(xs) - 8, max(xs) + 12)
         ax.set_title(f"Teacher-forced KL against fp16 ({dom})")
         ax.set_xlabel("bytes per token and head (mean of K and V)")
         place_labels(ax, [(float(x["B/token/head (K+V)/2"]), max(float(x["KL/token vs fp16"]), 1e-7), x["cache"]) for x in pts])
-    for i, (name, _) in enumerate(FAMILIES):
-        axes[0].scatter([], [], color=COLOURS[i], marker="o", label=name)
+    for name, _ in FAMILIES:
+        axes[0].scatter([], [], color=family_colour(name), marker="o", label=name)
     axes[0].scatter([], [], color="black", marker="x", label="ablations of dither-int8")
     axes[0].set_ylabel("KL(fp16 || run) per token, nats (log)")
     shared_legend(fig, axes[:1], 6)

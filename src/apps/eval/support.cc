@@ -21,12 +21,13 @@ namespace fs = std::filesystem;
 void SoundnessSink::record(std::span<const gate::MeterCell> cells) {
   std::int64_t n = 0, bad = 0, decode = 0, danger = 0;
   double worst = 0.0, tv_max = 0.0, worst_v = 0.0;
+  const auto ratio = [](double truth, double bound) { return bound > 0 ? truth / bound : (truth > 0 ? HUGE_VAL : 0.0); };
   for (const gate::MeterCell& c : cells) {
     if (std::isnan(c.tv)) continue;
     ++n;
     bad += gate::violates(c);
-    worst = std::max(worst, c.meter > 0 ? c.tv / c.meter : (c.tv > 0 ? HUGE_VAL : 0.0));
-    if (!std::isnan(c.v_true)) worst_v = std::max(worst_v, c.v_meter > 0 ? c.v_true / c.v_meter : (c.v_true > 0 ? HUGE_VAL : 0.0));
+    worst = std::max(worst, ratio(c.tv, c.meter));
+    if (!std::isnan(c.v_true)) worst_v = std::max(worst_v, ratio(c.v_true, c.v_meter));
     tv_max = std::max(tv_max, c.tv);
     if (c.pos >= first_) ++decode, danger += c.tv > 0.2;
   }
@@ -60,11 +61,8 @@ void CoverageSink::record(std::span<const gate::MeterCell> cells) {
   cells_ += n, served_ += served, before_ += before, eform_ += eform;
 }
 
-engine::CacheOptions checked_cache(const std::string& label) {
-  const std::size_t space = label.find(' ');
-  nlohmann::json j = {{"kv", label.substr(0, space)}};
-  if (space != std::string::npos) j["dither"] = label.substr(space + 1);
-  engine::CacheOptions o = engine::CacheOptions::from_json(j);
+engine::CacheOptions checked_cache(const std::string& kv) {
+  engine::CacheOptions o = engine::CacheOptions::from_json({{"kv", kv}});
   o.check_soundness = true;
   return o;
 }

@@ -11,7 +11,6 @@
 #include <memory>
 #include <ostream>
 
-#include <unistd.h>
 
 #include "apps/report/heatmap.h"
 #include "attention/cpu/exact_cache.h"
@@ -85,7 +84,6 @@ Progress progress_bar(std::ostream& err, const std::string& label, bool terminal
   };
 }
 
-bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, int threads,
                        const Progress& progress) {

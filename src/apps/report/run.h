@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attention/cpu/exact_cache.h"
+#include "apps/terminal.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/session.h"
@@ -64,8 +65,6 @@ Fp16Reference run_fp16(const engine::Model& engine, const std::vector<std::int32
 RunOutcome run_request(const engine::Model& engine, const std::vector<std::int32_t>& prompt, int n, const RunConfig& cfg,
                        int threads, const Fp16Reference& ref, const Progress& progress = {});
 
-// Whether stderr is a terminal (not a file or a pipe).
-bool stderr_is_terminal();
 // A progress bar for one run's prefill: redrawn in place on a terminal, one line when done otherwise.
 Progress progress_bar(std::ostream& err, const std::string& label, bool terminal = stderr_is_terminal());
 

@@ -360,6 +360,7 @@ class Attention {
   void LoadValues(const kvcache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed);
   void DitherValues();
   void DitheredValueRows();
+  void RowNorms(int n);
   void RhoDouble();
   float RhoFactor() const;
   void ValueNorms();

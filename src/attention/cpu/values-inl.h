@@ -32,7 +32,6 @@ struct DitherInt8Values {
 
 template <class Keys, class Values>
 void Attention<Keys, Values>::LoadValues(const kvcache::KvStore::Reader::RawPage& page, std::int64_t t0, int n, bool packed) {
-  const DD dd;
   const std::size_t row0 = static_cast<std::size_t>(t0 - page.begin);
   value_codes_ = false;
   rows_ready_ = true;
@@ -62,9 +61,14 @@ void Attention<Keys, Values>::LoadValues(const kvcache::KvStore::Reader::RawPage
     DitherValues();
     return;
   }
-  if (!meter_) return;
+  if (meter_) RowNorms(n);
+}
+
+// ‖v̂_t‖ of the tile's n float rows into work_.values.vnorm.
+template <class Keys, class Values>
+void Attention<Keys, Values>::RowNorms(int n) {
   for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-    hn::StoreU(hn::Sqrt(SquaredNorms(&work_.values.vrows[j0 * dp_], dp_, dp_)), dd, &work_.values.vnorm[j0]);
+    hn::StoreU(hn::Sqrt(SquaredNorms(&work_.values.vrows[j0 * dp_], dp_, dp_)), DD(), &work_.values.vnorm[j0]);
 }
 
 // dither-int8 values: v̂ = s_g·code, exact in float (11 × 8 bits). The rows are not decoded here on
@@ -143,7 +147,6 @@ void Attention<Keys, Values>::DitheredValueRows() {
   const hn::Rebind<std::int32_t, DD> di32;
   const float* HWY_RESTRICT scales = work_.values.v_scalesf.data();
   float* HWY_RESTRICT xi = work_.values.xi.data();
-  int n = 0;
   for (const Segment& seg : work_.segments) {
     const std::int8_t* codes = seg.page.v.codes + seg.row0 * d_;
     for (int i = seg.i0; i < seg.i0 + seg.n; ++i, codes += d_) {
@@ -159,12 +162,9 @@ void Attention<Keys, Values>::DitheredValueRows() {
         }
       }
     }
-    n = seg.i0 + seg.n;
   }
   norms_pending_ = false;
-  if (!meter_) return;
-  for (int j0 = 0; j0 < n; j0 += static_cast<int>(kN))
-    hn::StoreU(hn::Sqrt(SquaredNorms(&work_.values.vrows[j0 * dp_], dp_, dp_)), dd, &work_.values.vnorm[j0]);
+  if (meter_) RowNorms(work_.segments.back().i0 + work_.segments.back().n);
 }
 
 // ρ_t of the value tile in double (work_.values.rho), once per tile and only for the paths that read it.

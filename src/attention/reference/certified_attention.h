@@ -22,7 +22,6 @@ struct BoundContext {
   double sm = 0.0;               // 1/sqrt(head_dim)
   std::int64_t S = 1;            // tokens the query attends over (the union bound's S)
   double delta_loc = 1e-2;       // Tier B failure budget of this cell
-  double delta_v_loc = 0.0;      // the value side's Tier-B budget of this cell; 0: values take their sure bound
 };
 
 // One query head's partial result over a token range.

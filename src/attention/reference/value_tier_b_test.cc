@@ -102,34 +102,6 @@ TEST(ValueTierB, ValuesTakeTheirOwnDitherOnlyPerSlot) {
     }
 }
 
-// What one cell's values contribute, from the exact tier: ‖Σ_t p̃_t (v̂_t − v_t)‖ with p̃ the
-// softmax of the logits over the keys the runtime reads.
-double value_error(kvcache::KvStore::Reader& r, const float* q, std::int64_t n) {
-  const double sm = 1.0 / std::sqrt(double(kD));
-  std::vector<double> z(n), err(kD, 0.0);
-  std::vector<float> k(kD), v_hat(kD), v(kD);
-  double z_max = -INFINITY;
-  for (std::int64_t t = 0; t < n; ++t) {
-    kvcache::KeyBound bound;
-    r.key(t, k.data(), bound);
-    double dot = 0.0;
-    for (int c = 0; c < kD; ++c) dot += double(q[c]) * k[c];
-    z[t] = sm * dot;
-    z_max = std::max(z_max, z[t]);
-  }
-  double l = 0.0;
-  for (double& x : z) l += x = std::exp(x - z_max);
-  for (std::int64_t t = 0; t < n; ++t) {
-    double rho = 0.0;
-    r.value(t, v_hat.data(), rho);
-    r.exact_value(t, v.data());
-    for (int c = 0; c < kD; ++c) err[c] += z[t] / l * (double(v_hat[c]) - v[c]);
-  }
-  double e2 = 0.0;
-  for (double e : err) e2 += e * e;
-  return std::sqrt(e2);
-}
-
 // A store of n values of one shape, with keys that give the query its attention shape.
 enum class Values { gaussian, outlier_channels, on_half_steps, tiny };
 enum class Query { spread, peaked, sink };
@@ -162,14 +134,14 @@ Cell run_cell(const std::string& v_format, const std::string& k_format, Values s
   q[0] = query == Query::spread ? 0.0f : 1.0f;
   if (query == Query::sink) q[0] = 0.6f;
   kvcache::KvStore::Reader r(store, 0, 0);
-  const BoundContext ctx{1.0 / std::sqrt(double(kD)), n, 1e-6, delta_v};
+  const BoundContext ctx{1.0 / std::sqrt(double(kD)), n, 1e-6};
   std::vector<HeadPartial> partials(1);
   partials[0].acc.assign(kD, 0.0);
   attend_range_reference(r, q.data(), 1, kD, 0, n, ctx, partials);
   std::vector<float> out(kD);
   const HeadResult sure = finish(partials[0], kD, out.data(), cert::BoundShape::min, 0.0);
   const HeadResult served = finish(partials[0], kD, out.data(), cert::BoundShape::min, delta_v);
-  return {value_error(r, q.data(), n), sure.v_meter * partials[0].v_max, served.v_meter * partials[0].v_max};
+  return {true_errors(r, q.data(), kD, 0, n).value_error, sure.v_meter * partials[0].v_max, served.v_meter * partials[0].v_max};
 }
 
 // Every cell: the served value term (the smaller of the sure bound and Tier B) is at least the
@@ -232,10 +204,10 @@ TEST(ValueTierB, TheFailureRateOverSeedsStaysBelowDelta) {
     kvcache::KvStore::Reader r(store, 0, 0);
     std::vector<HeadPartial> partials(1);
     partials[0].acc.assign(kD, 0.0);
-    attend_range_reference(r, q.data(), 1, kD, 0, 64, BoundContext{0.125, 64, 1e-6, delta}, partials);
+    attend_range_reference(r, q.data(), 1, kD, 0, 64, BoundContext{0.125, 64, 1e-6}, partials);
     const HeadPartial& p = partials[0];
     const double bound = cert::value_tier_b(p.rho / p.l, p.rho2 / (p.l * p.l), kD, delta);
-    const double error = value_error(r, q.data(), 64);
+    const double error = true_errors(r, q.data(), kD, 0, 64).value_error;
     ++cells;
     above += error > bound;
     worst = std::max(worst, error / bound);
