@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's API; witcert_api_version() gives the library's. A program built
  * against version N runs with a library of the same version. */
-#define WITCERT_API_VERSION 1
+#define WITCERT_API_VERSION 2
 
 typedef enum witcert_status {
   WITCERT_OK = 0,
@@ -116,6 +116,29 @@ WITCERT_EXPORT witcert_status witcert_bounds_meter(const witcert_bounds* b, witc
  * witcert_meter_probs takes it; ε finite. */
 WITCERT_EXPORT witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t n, double* tv);
 
+/* Many attention steps at once (a batch × heads × steps tensor flattened into rows), with arrays of
+ * any float type, read in place and widened exactly to double. */
+typedef enum witcert_dtype {
+  WITCERT_DTYPE_F64 = 0,
+  WITCERT_DTYPE_F32 = 1,
+  WITCERT_DTYPE_F16 = 2,  /* IEEE binary16 */
+  WITCERT_DTYPE_BF16 = 3, /* bfloat16: the top half of a binary32 */
+  WITCERT_DTYPE_MIN_ = -2147483647 - 1, /* not values: as wide as int */
+  WITCERT_DTYPE_MAX_ = 2147483647
+} witcert_dtype;
+
+/* witcert_meter_logits for `rows` rows of n tokens: row r's logits are z[r·n, r·n + n) and its bounds
+ * c[r·n, r·n + n); out receives `rows` bounds. Every row is checked as one call checks it, and the
+ * first bad row fails the call, its index in the message. threads ≤ 0: one per core; 1: the calling
+ * thread only. */
+WITCERT_EXPORT witcert_status witcert_meter_logits_batch(const void* z, witcert_dtype z_type, const void* c,
+                                                         witcert_dtype c_type, size_t rows, size_t n, int threads,
+                                                         witcert_bounds* out);
+/* The same from probabilities p̃ (each row as witcert_meter_probs takes it). */
+WITCERT_EXPORT witcert_status witcert_meter_probs_batch(const void* p_tilde, witcert_dtype p_type, const void* c,
+                                                        witcert_dtype c_type, size_t rows, size_t n, int threads,
+                                                        witcert_bounds* out);
+
 /* ---------------------------------------------------------------------------------------------
  * Level 2: the certificates.
  * ------------------------------------------------------------------------------------------- */
@@ -139,6 +162,20 @@ WITCERT_EXPORT witcert_status witcert_witness(int d, int bands, witcert_rope_lay
 WITCERT_EXPORT witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layout, const float* q,
                                                     const uint16_t* witnesses, size_t n_tokens, double sm,
                                                     double* c);
+
+/* Witnesses of n keys at once: k_hat and k hold n × d values each (of their own dtypes: float32,
+ * float16 or bfloat16; float64 is refused, as it would be rounded), witness receives n × bands fp16. */
+WITCERT_EXPORT witcert_status witcert_witness_batch(int d, int bands, witcert_rope_layout layout, const void* k_hat,
+                                                    witcert_dtype k_hat_type, const void* k, witcert_dtype k_type,
+                                                    size_t n, uint16_t* witness);
+/* The bounds c of a batch of queries over their KV heads' keys: q holds batch × q_heads × d values
+ * (float32, float16 or bfloat16; query head h reads KV head h / (q_heads / kv_heads)), witnesses
+ * batch × kv_heads × n_tokens × bands fp16, and c receives batch × q_heads × n_tokens bounds, each as
+ * witcert_tier_a_bounds gives it. threads as for witcert_meter_logits_batch. */
+WITCERT_EXPORT witcert_status witcert_tier_a_bounds_batch(int d, int bands, witcert_rope_layout layout, const void* q,
+                                                          witcert_dtype q_type, const uint16_t* witnesses,
+                                                          size_t batch, int q_heads, int kv_heads, size_t n_tokens,
+                                                          double sm, int threads, double* c);
 
 /* Tier B (dithered INT8). The dither ξ of channels 0 .. d−1 of a physical slot, from the Philox
  * counter (slot, channel/4, kv_head, layer) under `seed`: every value on the grid k·2^-24 − ½. */
@@ -211,6 +248,12 @@ WITCERT_EXPORT witcert_status witcert_cache_create(witcert_pool* pool, const cha
 WITCERT_EXPORT witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head, int64_t pos,
                                                   const float* k, const float* v);
 
+/* Positions [pos0, pos0 + tokens) of every KV head of `layer` in one call: k and v hold kv_heads ×
+ * tokens × head_dim floats. Every value is checked before any is stored, so a refused call writes
+ * nothing. */
+WITCERT_EXPORT witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t pos0, int64_t tokens,
+                                                       const float* k, const float* v);
+
 /* The meter of one query head at one step. */
 typedef struct witcert_cell {
   int layer;
@@ -230,12 +273,27 @@ typedef struct witcert_cell {
  * WITCERT_ERROR_NON_FINITE, and its cell reads no guarantee (meter 1, raw and bounds +inf). */
 WITCERT_EXPORT witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head, const float* q,
                                                    int group, int64_t n_ctx, float* out, witcert_cell* cells);
+/* witcert_cache_attend over positions [begin, end) only: a left-padded row of a batch (begin: its
+ * padding) or a sliding window. 0 ≤ begin < end ≤ the positions written. */
+WITCERT_EXPORT witcert_status witcert_cache_attend_range(witcert_cache* cache, int layer, int kv_head, const float* q,
+                                                         int group, int64_t begin, int64_t end, float* out,
+                                                         witcert_cell* cells);
 typedef struct witcert_cache_stats {
   int64_t page_ins;      /* pages the gate promoted to the exact tier */
   int64_t page_in_bytes; /* exact K and V bytes read for them */
   uint64_t bytes;        /* measured bytes of this sequence's own state */
 } witcert_cache_stats;
 WITCERT_EXPORT witcert_status witcert_cache_stats_get(const witcert_cache* cache, witcert_cache_stats* stats);
+/* The request's report, the `witcert` object a `witcert serve` response carries (docs/serve.md):
+ * formats, gate, cells, coverage, raw-score quantiles, worst cells, page-ins, verdict and reason.
+ * witcert_cache_report_start begins it: the cells of every later attend at positions ≥ first_pos
+ * (the prompt's length: the decode steps) are summarised; calling it again starts over. Its τ are
+ * the gate's, else 0.2 and 0.05. witcert_cache_report writes it as JSON into json (cap bytes, NUL
+ * included) and *needed the bytes it takes; WITCERT_ERROR_BUFFER_TOO_SMALL when they do not fit.
+ * A new cache's report starts at position 0; the plain cache's reads `unmetered`. */
+WITCERT_EXPORT witcert_status witcert_cache_report_start(witcert_cache* cache, int64_t first_pos);
+WITCERT_EXPORT witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size_t cap,
+                                                   size_t* needed);
 /* Releases the sequence: its pages return to the pool. */
 WITCERT_EXPORT void witcert_cache_free(witcert_cache* cache);
 

@@ -109,7 +109,7 @@ def test_tier_a_bounds_every_token():
         c = witcert.tier_a_bounds(q, w, layout=layout)
         eps = (k_hat.astype(np.float64) - k) @ q.astype(np.float64) / 8.0
         assert np.all(c >= np.abs(eps))
-    with pytest.raises(TypeError, match="k_hat must have dtype float32"):
+    with pytest.raises(TypeError, match="k_hat is float64"):
         witcert.witness(k_hat.astype(np.float64), k)
     with pytest.raises(ValueError, match="same shape"):
         witcert.witness(k_hat[:, :32].copy(), k)

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _witcert
+from . import _arrays, _witcert
 
 __all__ = [
     "API_VERSION",
     "__version__",
     "meter",
+    "meters",
+    "Meters",
     "meter_tanh",
     "meter_log_domain",
     "true_tv",
@@ -36,6 +39,7 @@ __all__ = [
     "value_bound",
     "DitherInt8",
     "Cache",
+    "Cells",
     "Engine",
 ]
 
@@ -64,6 +68,46 @@ def meter(z: Optional[np.ndarray] = None, c: Optional[np.ndarray] = None, *,
     return _witcert.meter_probs(p_tilde, c)
 
 
+@dataclass(frozen=True)
+class Meters:
+    """Every bound shape for a batch of attention steps: each field is a float64 array of the
+    batch's shape (the input's shape without its last, token, dimension), as :func:`meter` gives
+    them for one step."""
+
+    eform: np.ndarray
+    two_sided: np.ndarray
+    retention: np.ndarray
+    tanh: np.ndarray
+    tanh_half: np.ndarray
+    raw: np.ndarray
+    meter: np.ndarray
+
+
+def meters(z: Any = None, c: Any = None, *, p_tilde: Any = None, threads: int = 0) -> Meters:
+    """The meter of many attention steps in one call: :func:`meter` on every row.
+
+    ``z`` (logits) or ``p_tilde`` (probabilities) and ``c`` are numpy arrays or CPU torch tensors of
+    the same shape ``(..., tokens)`` (e.g. ``[batch, heads, tokens]``), each float64, float32, float16
+    or bfloat16, read in place (C-contiguous) and widened exactly to double. The GIL is released
+    while it runs, on ``threads`` threads (0: one per core). Bad values raise ``ValueError`` naming
+    the row and the entry.
+    """
+    if (z is None) == (p_tilde is None):
+        raise ValueError("give either z (logits) or p_tilde (probabilities)")
+    if c is None:
+        raise ValueError("c (the per-token bounds) is required")
+    name = "z" if z is not None else "p_tilde"
+    x, x_code = _arrays.view(z if z is not None else p_tilde, name)
+    cv, c_code = _arrays.view(c, "c")
+    if x.shape != cv.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, c has {tuple(cv.shape)}: they must be equal")
+    if x.ndim < 1:
+        raise ValueError(f"{name} must have a token dimension")
+    out = _witcert.meter_batch(x, x_code, cv, c_code, z is not None, int(threads))
+    shape = x.shape[:-1]
+    return Meters(*(np.ascontiguousarray(out[:, i]).reshape(shape) for i in range(7)))
+
+
 def meter_tanh(c_max: float) -> Tuple[float, float]:
     """From ``c`` alone: ``(tanh(c_max), tanh(c_max / 2))``, both sound bounds on the TV."""
     return _witcert.meter_tanh(float(c_max))
@@ -79,22 +123,51 @@ def true_tv(p_tilde: np.ndarray, eps: np.ndarray) -> float:
     return _witcert.true_tv(p_tilde, eps)
 
 
-def witness(k_hat: np.ndarray, k: np.ndarray, bands: int = 16, layout: str = "interleaved") -> np.ndarray:
+def witness(k_hat: Any, k: Any, bands: int = 16, layout: str = "interleaved") -> np.ndarray:
     """Tier-A witnesses of compressed keys ``k_hat`` against exact keys ``k``.
 
-    ``k_hat`` and ``k`` are float32 of shape ``(d,)`` or ``(n, d)``; ``layout`` is the model's
-    RoPE pairing, ``"interleaved"`` (llama) or ``"neox"``. Returns float16 of shape ``(bands,)`` or
-    ``(n, bands)``, each at least its band's error norm.
+    ``k_hat`` and ``k`` have the same shape ``(..., d)`` (one key, or any batch of them), numpy or
+    CPU torch, float64, float32, float16 or bfloat16; ``layout`` is the model's RoPE pairing,
+    ``"interleaved"`` (GGUF llama) or ``"neox"`` (Hugging Face). Returns float16 of shape
+    ``(..., bands)``, each at least its band's error norm.
     """
-    return _witcert.witness(k_hat, k, int(bands), layout)
+    kh, kh_code = _arrays.narrow(k_hat, "k_hat")
+    kk, k_code = _arrays.narrow(k, "k")
+    if kh.shape != kk.shape or kh.ndim < 1:
+        raise ValueError(f"k_hat and k must have the same shape (..., d), got {tuple(kh.shape)} and {tuple(kk.shape)}")
+    d = kh.shape[-1]
+    w = _witcert.witness_batch(kh.reshape(-1, d), kh_code, kk.reshape(-1, d), k_code, int(bands), layout)
+    return w.reshape(kh.shape[:-1] + (int(bands),))
 
 
-def tier_a_bounds(q: np.ndarray, witnesses: np.ndarray, sm: Optional[float] = None,
-                  layout: str = "interleaved") -> np.ndarray:
-    """The per-token bounds ``c`` (float64, ``(n,)``) for query ``q`` (float32, ``(d,)``) from
-    witnesses (float16, ``(n, bands)``) at softmax scale ``sm`` (default ``1/sqrt(d)``)."""
+def tier_a_bounds(q: Any, witnesses: np.ndarray, sm: Optional[float] = None,
+                  layout: str = "interleaved", threads: int = 0) -> np.ndarray:
+    """The per-token bounds ``c`` (float64) for queries from the keys' witnesses (float16), at softmax
+    scale ``sm`` (default ``1/sqrt(d)``).
+
+    One query ``q`` ``(d,)`` over witnesses ``(n, bands)`` gives ``(n,)``; a batch ``q`` ``(..., q_heads,
+    d)`` over witnesses ``(..., kv_heads, n, bands)`` gives ``(..., q_heads, n)``, query head ``h``
+    reading KV head ``h // (q_heads // kv_heads)``. ``q`` is numpy or CPU torch of any float dtype.
+    """
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm is None else float(sm)
-    return _witcert.tier_a_bounds(q, witnesses, scale, layout)
+    qv, q_code = _arrays.narrow(q, "q")
+    if isinstance(witnesses, np.ndarray) and not witnesses.flags.c_contiguous:
+        raise TypeError("witnesses must be C-contiguous")
+    if qv.ndim == 1:
+        if not isinstance(witnesses, np.ndarray) or witnesses.ndim != 2:
+            raise ValueError("a single q (d,) takes witnesses (n, bands)")
+        c = _witcert.tier_a_batch(qv.reshape(1, 1, -1), q_code, witnesses.reshape((1, 1) + witnesses.shape), scale,
+                                  layout, int(threads))
+        return c.reshape(-1)
+    if qv.ndim < 2 or not isinstance(witnesses, np.ndarray) or witnesses.ndim != qv.ndim + 1 \
+            or witnesses.shape[:-3] != qv.shape[:-2]:
+        raise ValueError("q (..., q_heads, d) takes witnesses (..., kv_heads, n, bands) with the same leading shape")
+    lead = qv.shape[:-2]
+    b = int(np.prod(lead)) if lead else 1
+    c = _witcert.tier_a_batch(qv.reshape((b,) + qv.shape[-2:]), q_code,
+                              witnesses.reshape((b,) + witnesses.shape[-3:]), scale, layout,
+                              int(threads))
+    return c.reshape(lead + c.shape[1:])
 
 
 def delta_loc(delta_req: float, layers: int, q_heads: int, steps: int) -> float:
@@ -146,6 +219,16 @@ class DitherInt8:
         return self._q.radius(q, scales, int(n_tokens), float(delta_loc), scale)
 
 
+class _Closed:
+    """Stands in for a closed handle: any use raises ``ValueError``."""
+
+    def __init__(self, what: str):
+        self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise ValueError(f"this {self._what} is closed")
+
+
 class Cache:
     """One sequence of the certified paged cache, over its own pool.
 
@@ -180,9 +263,57 @@ class Cache:
         ``output_bound``, ``repaired``, ...)."""
         return self._c.attend(int(layer), int(kv_head), q, int(n_ctx))
 
+    def write_rows(self, layer: int, pos0: int, k: Any, v: Any) -> None:
+        """Stores positions ``[pos0, pos0 + T)`` of every KV head of ``layer`` at once: ``k`` and ``v``
+        are ``(kv_heads, T, head_dim)`` (numpy or torch; float32 is read in place, another float
+        dtype is rounded to float32 first). Positions of each (layer, KV head) are written in order."""
+        self._c.write_rows(int(layer), int(pos0), _arrays.float32(k, "k"), _arrays.float32(v, "v"))
+
+    def attend_rows(self, layer: int, q: Any, pos0: int, begin: int = 0) -> Tuple[np.ndarray, "Cells"]:
+        """Causal attention of the queries ``q`` ``(q_heads, T, head_dim)`` at positions ``[pos0,
+        pos0 + T)``, each over ``[begin, its position]`` (``begin``: a left-padded row's padding),
+        with the gate's repairs: the outputs ``(q_heads, T, head_dim)`` float32 and the cells
+        (:class:`Cells`, arrays ``(q_heads, T)``). The GIL is released while it runs."""
+        out, cells = self._c.attend_rows(int(layer), _arrays.float32(q, "q"), int(pos0), int(begin))
+        return out, Cells(**cells)
+
+    def report_start(self, first_pos: int) -> None:
+        """Starts the report over: it summarises the cells at positions ``>= first_pos`` (the prompt's
+        length, so that the report counts decode steps as a server response does)."""
+        self._c.report_start(int(first_pos))
+
+    def report(self) -> Dict[str, Any]:
+        """The request's ``witcert`` object, the one a ``witcert serve`` response carries: formats,
+        gate, cells, coverage, raw-score quantiles, worst cells, page-ins, verdict and reason."""
+        return json.loads(self._c.report())
+
     def stats(self) -> Dict[str, int]:
         """Page-ins and their bytes, and the pool's pages and measured bytes."""
         return self._c.stats()
+
+    def close(self) -> None:
+        """Frees the cache and its pool now (also when the object is collected)."""
+        self._c = _Closed("Cache")  # type: ignore[assignment]
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Cells:
+    """The meter cells of :meth:`Cache.attend_rows`: arrays ``(q_heads, T)``. ``raw`` is the e-form
+    before repair (``inf``: no guarantee), ``meter`` the K meter and ``v_meter`` the V meter as
+    served, ``output_bound`` the bound on the head's output error, ``repaired`` whether the gate
+    repaired pages for the cell before serving it."""
+
+    raw: np.ndarray
+    meter: np.ndarray
+    v_meter: np.ndarray
+    output_bound: np.ndarray
+    repaired: np.ndarray
 
 
 TokenCallback = Callable[[int, bytes, Optional[Dict[str, float]]], Optional[bool]]

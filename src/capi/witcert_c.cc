@@ -20,10 +20,12 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "capi/internal.h"
 #include "cert/meter.h"
 #include "cert/subgaussian.h"
 #include "cert/witness.h"
 #include "engine/cache_factory.h"
+#include "engine/meter_object.h"
 #include "engine/model.h"
 #include "engine/options.h"
 #include "engine/batch.h"
@@ -35,247 +37,26 @@
 #include "model/llama.h"
 
 using namespace witcert;
+using namespace witcert::capi;
 
 namespace {
 
-thread_local std::string t_error;
-
-// A failed check: the status and the message naming the argument.
-struct Refusal {
-  witcert_status status;
-  std::string message;
-};
-
-[[noreturn]] void refuse(std::string message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
-  throw Refusal{status, std::move(message)};
+// A new report of the cells at positions ≥ first_pos (none for the plain cache, which has no meter),
+// its τ the gate's where it certifies, else the defaults of the coverage figures.
+void start_report(witcert_cache& c, std::int64_t first_pos) {
+  c.cells.report = nullptr;
+  c.report.reset();
+  if (!c.options.certified) return;
+  const model::LlamaConfig& g = c.pool->geometry;
+  const gate::Policy& gate = c.options.gate;
+  const double tau_v = gate.on() ? gate.tau_v : 0.05;
+  c.report = std::make_unique<gate::Telemetry>(
+      g.layers, g.heads,
+      gate::Telemetry::Options{engine::coverage_tau(gate, std::nullopt), tau_v, c.options.bound, first_pos});
+  c.cells.report = c.report.get();
 }
-
-// A check whose message is a literal, so that a passing check builds nothing (the per-token entry
-// points run their checks on every call); a formatted message is built under `if (!ok) refuse(…)`.
-void require(bool ok, const char* message, witcert_status status = WITCERT_ERROR_INVALID_ARGUMENT) {
-  if (!ok) refuse(message, status);
-}
-
-// Runs f, turning every exception into a status; the error message is cleared on success.
-template <class F>
-witcert_status guarded(const char* fn, F&& f) {
-  const auto fail = [&](witcert_status s, const std::string& what) {
-    t_error = std::string(fn) + ": " + what;
-    return s;
-  };
-  try {
-    f();
-    t_error.clear();
-    return WITCERT_OK;
-  } catch (const Refusal& r) {
-    return fail(r.status, r.message);
-  } catch (const kvcache::PoolExhausted& e) {
-    return fail(WITCERT_ERROR_OUT_OF_RANGE, e.what());
-  } catch (const model::NonFiniteError& e) {
-    return fail(WITCERT_ERROR_NON_FINITE, e.what());
-  } catch (const model::GgufError& e) {
-    return fail(WITCERT_ERROR_IO, e.what());
-  } catch (const std::invalid_argument& e) {
-    return fail(WITCERT_ERROR_INVALID_ARGUMENT, e.what());
-  } catch (const std::out_of_range& e) {
-    return fail(WITCERT_ERROR_OUT_OF_RANGE, e.what());
-  } catch (const nlohmann::json::exception& e) {
-    return fail(WITCERT_ERROR_INVALID_ARGUMENT, std::string("malformed JSON: ") + e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(WITCERT_ERROR_INTERNAL, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(WITCERT_ERROR_INTERNAL, e.what());
-  } catch (...) {
-    return fail(WITCERT_ERROR_INTERNAL, "unknown exception");
-  }
-}
-
-void not_null(const void* p, const char* name) {
-  if (!p) refuse(std::string(name) + " is NULL");
-}
-
-// x as a message shows it: "NaN", "+inf", "-inf", "100000".
-std::string show(double x) {
-  if (std::isnan(x)) return "NaN";
-  if (std::isinf(x)) return x > 0 ? "+inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
-}
-
-// Refuses entry i of array `name`: "name[i] is <what>". Callers build `what` only on failure.
-[[noreturn]] void refuse_entry(const char* name, std::size_t i, const std::string& what) {
-  throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + "[" + std::to_string(i) + "] is " + what};
-}
-
-// n values, none NaN; finite unless allowed otherwise.
-void check_values(const double* v, std::size_t n, const char* name, bool allow_pos_inf, bool allow_neg_inf) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const double x = v[i];
-    if (std::isnan(x) || (x == HUGE_VAL && !allow_pos_inf) || (x == -HUGE_VAL && !allow_neg_inf))
-      refuse_entry(name, i, show(x));
-  }
-}
-
-// Keys, values, queries and the dither's inputs: the library keeps them as fp16 (the cache, the exact
-// tier, outlier channels) or bounds errors in their fp16 units, so each must be finite and within
-// fp16's range; anything else would come back as NaN outputs or an infinite witness.
-void check_activations(const float* v, std::size_t n, const char* name) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (!(std::fabs(v[i]) <= 65504.0f))
-      refuse_entry(name, i, show(v[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
-}
-
-// n fp16 values (IEEE binary16 bits): never NaN; non-negative when they are norms or scales; +inf
-// only where it means "no guarantee" (a witness of an overflowed key).
-void check_f16(const std::uint16_t* v, std::size_t n, const char* name, bool nonnegative, bool allow_pos_inf) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const double x = fp16_to_double(v[i]);
-    if (std::isnan(x)) refuse_entry(name, i, "NaN");
-    if (nonnegative && x < 0.0) refuse_entry(name, i, "negative (" + show(x) + ")");
-    if (!std::isfinite(x) && !(allow_pos_inf && x > 0.0)) refuse_entry(name, i, show(x) + ", not finite");
-  }
-}
-
-void check_bounds_c(const double* c, std::size_t n) {
-  check_values(c, n, "c", true, false);
-  for (std::size_t i = 0; i < n; ++i)
-    if (c[i] < 0.0) refuse_entry("c", i, "negative (" + show(c[i]) + ")");
-}
-
-// A distribution p̃: each entry in [0, 1], the sum 1 within 1e-9.
-void check_probabilities(const double* p, std::size_t n) {
-  double total = 0.0;
-  for (std::size_t t = 0; t < n; ++t) {
-    if (!(p[t] >= 0.0 && p[t] <= 1.0)) refuse_entry("p_tilde", t, show(p[t]) + ", outside [0, 1]");
-    total += p[t];
-  }
-  if (!(std::fabs(total - 1.0) <= 1e-9))
-    refuse("p_tilde sums to " + std::to_string(total) + ", not 1 within 1e-9");
-}
-
-witcert_bounds to_c(const cert::Bounds& b) {
-  return {b.eform, b.two_sided, b.retention, b.tanh, b.tanh_half, b.eform, b.meter()};
-}
-
-cert::RopeLayout rope(witcert_rope_layout layout) {
-  require(layout == WITCERT_ROPE_INTERLEAVED || layout == WITCERT_ROPE_NEOX,
-          "layout is neither WITCERT_ROPE_INTERLEAVED nor WITCERT_ROPE_NEOX");
-  return layout == WITCERT_ROPE_NEOX ? cert::RopeLayout::neox : cert::RopeLayout::interleaved;
-}
-
-// The outlier mask as the quantizer takes it (all zero for NULL) and the number of ones.
-std::vector<std::uint8_t> outlier_mask(const std::uint8_t* outlier, std::size_t d, std::size_t* ones) {
-  std::vector<std::uint8_t> m(d, 0);
-  *ones = 0;
-  if (outlier)
-    for (std::size_t i = 0; i < d; ++i) {
-      if (outlier[i] > 1)
-        refuse("outlier[" + std::to_string(i) + "] is neither 0 nor 1");
-      m[i] = outlier[i];
-      *ones += outlier[i];
-    }
-  return m;
-}
-
-void check_group(std::size_t d, int group) {
-  if (!(d >= 1 && d <= 1 << 16))
-    refuse("d must be in [1, 65536], got " + std::to_string(d));
-  if (!(group >= 1 && d % static_cast<std::size_t>(group) == 0))
-    refuse("group must be positive and divide d (" + std::to_string(d) + "), got " + std::to_string(group));
-}
-
-// The outlier mask of a dither-int8 token after checking the shape: group divides d, the mask
-// holds 0s and 1s, n_outliers counts its 1s and outlier_values is there when any.
-std::vector<std::uint8_t> dither_layout(std::size_t d, int group, const std::uint8_t* outlier,
-                                        const void* outlier_values, std::size_t n_outliers) {
-  check_group(d, group);
-  std::size_t ones = 0;
-  std::vector<std::uint8_t> mask = outlier_mask(outlier, d, &ones);
-  if (n_outliers != ones)
-    refuse("n_outliers is " + std::to_string(n_outliers) + ", the mask has " + std::to_string(ones)
-           + " outlier channels");
-  require(ones == 0 || outlier_values, "outlier_values is NULL");
-  return mask;
-}
-
-// A dither: every value on [−½, ½).
-void check_dither(const float* xi, std::size_t d) {
-  for (std::size_t i = 0; i < d; ++i)
-    if (!(xi[i] >= -0.5f && xi[i] < 0.5f))
-      refuse("xi[" + std::to_string(i) + "] is outside [-1/2, 1/2)");
-}
-
-// Every live handle, so that a freed or foreign pointer is refused without being read (its
-// address may be reused by a later handle, which then reads as live).
-std::mutex g_handles_mu;
-std::unordered_set<const void*> g_handles;
-
-void register_handle(const void* h) {
-  std::lock_guard lock(g_handles_mu);
-  g_handles.insert(h);
-}
-
-void unregister_handle(const void* h) {
-  std::lock_guard lock(g_handles_mu);
-  g_handles.erase(h);
-}
-
-template <class H>
-H* live(H* h, const char* name) {
-  if (!h)
-    refuse(std::string(name) + " is NULL");
-  std::lock_guard lock(g_handles_mu);
-  if (g_handles.count(h) != 1)
-    refuse(std::string(name) + " is not a live handle (freed, or not one of ours)", WITCERT_ERROR_INVALID_HANDLE);
-  return h;
-}
-
-// A JSON object from the caller, parsed under engine::parse_json's limits (nesting depth, size), so
-// that no text can exhaust the stack.
-nlohmann::json parse_object(const char* text, const char* name) {
-  if (!text) return nlohmann::json::object();
-  nlohmann::json j;
-  try {
-    j = engine::parse_json(text);
-  } catch (const std::invalid_argument& e) {
-    throw Refusal{WITCERT_ERROR_INVALID_ARGUMENT, std::string(name) + ": " + e.what()};
-  }
-  if (!j.is_object())
-    refuse(std::string(name) + " must be a JSON object");
-  return j;
-}
-
-// Collects the cells one attend call serves (one handle is used by one thread at a time; the
-// cache calls record from the calling thread for a single attend).
-class LastCells final : public gate::MeterSink {
- public:
-  void record(std::span<const gate::MeterCell> cells) override { cells_.insert(cells_.end(), cells.begin(), cells.end()); }
-  std::vector<gate::MeterCell> cells_;
-};
 
 }  // namespace
-
-struct witcert_pool {
-  model::LlamaConfig geometry;  // the cache's shape only: layers, heads, kv_heads, head_dim, rope
-  std::int64_t capacity = 0;
-  nlohmann::json options;  // as given, for the sequences' own policies
-  engine::CacheOptions cache;
-  engine::Pool pool;
-  std::atomic<int> caches{0};
-};
-
-struct witcert_cache {
-  witcert_pool* pool = nullptr;
-  LastCells cells;
-  engine::Cache cache;
-  std::vector<std::int64_t> written;  // positions written per (layer, KV head): [0, written) hold data
-};
-
-struct witcert_engine {
-  engine::Model model;
-  std::unique_ptr<ThreadPool> threads;
-};
 
 extern "C" {
 
@@ -579,6 +360,8 @@ witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json,
     std::vector<gate::MeterSink*> sinks;
     if (opts.certified) sinks.push_back(&c->cells);
     c->cache = engine::make_sequence_cache(p->pool, p->geometry, decode_budget, opts, sinks);
+    c->options = opts;
+    start_report(*c, 0);
     c->written.assign(static_cast<std::size_t>(p->geometry.layers) * p->geometry.kv_heads, 0);
     p->caches += 1;
     register_handle(c.get());
@@ -612,8 +395,48 @@ witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head,
   });
 }
 
+witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t pos0, int64_t tokens, const float* k,
+                                        const float* v) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    const model::LlamaConfig& g = c->pool->geometry;
+    if (!(layer >= 0 && layer < g.layers))
+      refuse("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+    require(tokens >= 0, "tokens is negative");
+    if (!(pos0 >= 0 && tokens <= c->pool->capacity - pos0))
+      refuse("positions [" + std::to_string(pos0) + ", " + std::to_string(pos0 + tokens) +
+             ") are outside the capacity [0, " + std::to_string(c->pool->capacity) + ")", WITCERT_ERROR_OUT_OF_RANGE);
+    not_null(k, "k");
+    not_null(v, "v");
+    const std::size_t d = static_cast<std::size_t>(g.head_dim), T = static_cast<std::size_t>(tokens);
+    for (const auto& [x, name] : {std::pair{k, "k"}, std::pair{v, "v"}})
+      for (std::size_t i = 0; i < static_cast<std::size_t>(g.kv_heads) * T * d; ++i)
+        if (!(std::fabs(x[i]) <= 65504.0f))
+          refuse(std::string(name) + "[" + std::to_string(i / (T * d)) + "][" + std::to_string(i / d % T) + "][" +
+                 std::to_string(i % d) + "] is " + show(x[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+    for (int h = 0; h < g.kv_heads; ++h) {
+      const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + h];
+      if (pos0 != written)
+        refuse("positions of a (layer, kv_head) are written in order: expected pos0 " + std::to_string(written) +
+               " for kv_head " + std::to_string(h) + ", got " + std::to_string(pos0));
+    }
+    for (int h = 0; h < g.kv_heads; ++h) {
+      for (std::size_t t = 0; t < T; ++t) {
+        const std::size_t off = (static_cast<std::size_t>(h) * T + t) * d;
+        c->cache.kv->write(layer, h, pos0 + static_cast<std::int64_t>(t), k + off, v + off);
+      }
+      c->written[static_cast<std::size_t>(layer) * g.kv_heads + h] += tokens;
+    }
+  });
+}
+
 witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
                                     int64_t n_ctx, float* out, witcert_cell* cells) {
+  return witcert_cache_attend_range(cache, layer, kv_head, q, group, 0, n_ctx, out, cells);
+}
+
+witcert_status witcert_cache_attend_range(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
+                                          int64_t begin, int64_t end, float* out, witcert_cell* cells) {
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");
     const model::LlamaConfig& g = c->pool->geometry;
@@ -624,19 +447,22 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
     if (group != g.heads / g.kv_heads)
       refuse("group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got "
              + std::to_string(group));
-    if (!(n_ctx >= 1 && n_ctx <= c->pool->capacity))
-      refuse("n_ctx " + std::to_string(n_ctx) + " is outside [1, " + std::to_string(c->pool->capacity)
+    if (!(end >= 1 && end <= c->pool->capacity))
+      refuse("n_ctx (end) " + std::to_string(end) + " is outside [1, " + std::to_string(c->pool->capacity)
              + "]", WITCERT_ERROR_OUT_OF_RANGE);
+    if (!(begin >= 0 && begin < end))
+      refuse("begin " + std::to_string(begin) + " is outside [0, end = " + std::to_string(end) + ")",
+             WITCERT_ERROR_OUT_OF_RANGE);
     not_null(q, "q");
     not_null(out, "out");
     const std::size_t n = static_cast<std::size_t>(group) * static_cast<std::size_t>(g.head_dim);
     check_activations(q, n, "q");
     const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
-    if (n_ctx > written)
-      refuse("n_ctx is " + std::to_string(n_ctx) + " but only " + std::to_string(written)
+    if (end > written)
+      refuse("n_ctx (end) is " + std::to_string(end) + " but only " + std::to_string(written)
              + " positions of this (layer, kv_head) are written", WITCERT_ERROR_OUT_OF_RANGE);
     c->cells.cells_.clear();
-    c->cache.kv->attend(layer, kv_head, q, group, n_ctx, out);
+    c->cache.kv->attend(layer, kv_head, q, group, begin, end, out);
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
     // A head whose output is not finite certifies nothing: its cell reads no guarantee whatever the
     // meter said, and the call fails, so that neither the status nor a cell vouches for it.
@@ -644,7 +470,7 @@ witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head
     for (int h = 0; h < group; ++h)
       finite[h] = std::all_of(out + h * d, out + (h + 1) * d, [](float y) { return std::isfinite(y); });
     if (cells) {
-      for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, n_ctx - 1, 0.0, 0.0, 0.0, 0.0, 0};
+      for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, end - 1, 0.0, 0.0, 0.0, 0.0, 0};
       for (const gate::MeterCell& m : c->cells.cells_) {
         const int h = m.q_head - kv_head * group;
         if (h >= 0 && h < group)
@@ -674,6 +500,36 @@ witcert_status witcert_cache_stats_get(const witcert_cache* cache, witcert_cache
       const kvcache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
       *stats = {pi.page_ins, pi.page_in_bytes, c->cache.certified->store().sequence().bytes()};
     }
+  });
+}
+
+witcert_status witcert_cache_report_start(witcert_cache* cache, int64_t first_pos) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    if (!(first_pos >= 0 && first_pos <= c->pool->capacity))
+      refuse("first_pos " + std::to_string(first_pos) + " is outside [0, " + std::to_string(c->pool->capacity) + "]");
+    start_report(*c, first_pos);
+  });
+}
+
+witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size_t cap, size_t* needed) {
+  return guarded(__func__, [&] {
+    const witcert_cache* c = live(cache, "cache");
+    not_null(needed, "needed");
+    engine::BatchResult r;
+    if (c->report) {
+      const kvcache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
+      r.has_meter = true;
+      r.meter = c->report->summary();
+      r.page_ins = pi.page_ins;
+      r.page_in_bytes = pi.page_in_bytes;
+      r.meter.page_ins = pi.page_ins;
+    }
+    const std::string text = engine::meter_object(c->options, r).dump();
+    *needed = text.size() + 1;
+    if (!json || cap < text.size() + 1) refuse("the buffer holds " + std::to_string(cap) + " bytes, the report needs "
+                                               + std::to_string(text.size() + 1), WITCERT_ERROR_BUFFER_TOO_SMALL);
+    std::memcpy(json, text.c_str(), text.size() + 1);
   });
 }
 

@@ -129,6 +129,98 @@ py::array tier_a_bounds(const py::object& q_obj, const py::object& w_obj, double
   return c;
 }
 
+// ---- The tensor API: whole batches, any float dtype, without the GIL -------------------------
+
+// An array of any float dtype read in place: `code` is the witcert_dtype the Python layer
+// determined (bfloat16 arrives as its 16-bit storage). Its item size must match the code.
+struct AnyArray {
+  py::array a;
+  witcert_dtype type;
+  const void* data() const { return a.data(); }
+};
+
+AnyArray take_any(const py::handle& obj, int code, const char* name) {
+  if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be an array");
+  const py::array a = py::reinterpret_borrow<py::array>(obj);
+  static const int kItem[] = {8, 4, 2, 2};
+  if (code < 0 || code > 3 || a.itemsize() != kItem[code])
+    throw py::type_error(std::string(name) + ": dtype code " + std::to_string(code) + " does not match an item of " +
+                         std::to_string(a.itemsize()) + " bytes");
+  if (!(a.flags() & py::array::c_style))
+    throw py::type_error(std::string(name) + " must be C-contiguous (np.ascontiguousarray, tensor.contiguous())");
+  return {a, static_cast<witcert_dtype>(code)};
+}
+
+// Every bound of every row: a float64 array (rows, 7) in the order of witcert_bounds's fields.
+py::array_t<double> meter_batch(const py::object& x_obj, int x_code, const py::object& c_obj, int c_code, bool logits,
+                                int threads) {
+  const char* x_name = logits ? "z" : "p_tilde";
+  const AnyArray x = take_any(x_obj, x_code, x_name), c = take_any(c_obj, c_code, "c");
+  if (x.a.ndim() < 1 || x.a.ndim() != c.a.ndim() || !std::equal(x.a.shape(), x.a.shape() + x.a.ndim(), c.a.shape()))
+    throw py::value_error(std::string(x_name) + " and c must have the same shape (..., tokens)");
+  const size_t n = static_cast<size_t>(x.a.shape(x.a.ndim() - 1));
+  const size_t rows = n == 0 ? 0 : static_cast<size_t>(x.a.size()) / n;
+  if (n == 0) throw py::value_error(std::string(x_name) + " has no tokens (its last dimension is 0)");
+  static_assert(sizeof(witcert_bounds) == 7 * sizeof(double));
+  py::array_t<double> out({static_cast<py::ssize_t>(rows), py::ssize_t{7}});
+  auto* b = reinterpret_cast<witcert_bounds*>(out.mutable_data());
+  witcert_status s;
+  {
+    py::gil_scoped_release nogil;
+    s = logits ? witcert_meter_logits_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b)
+               : witcert_meter_probs_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b);
+  }
+  check(s);
+  return out;
+}
+
+// Witnesses (n, bands) of n keys (n, d) in any dtype.
+py::array witness_batch(const py::object& kh_obj, int kh_code, const py::object& k_obj, int k_code, int bands,
+                        const std::string& layout) {
+  const AnyArray kh = take_any(kh_obj, kh_code, "k_hat"), k = take_any(k_obj, k_code, "k");
+  if (kh.a.ndim() != 2 || k.a.ndim() != 2 || kh.a.shape(0) != k.a.shape(0) || kh.a.shape(1) != k.a.shape(1))
+    throw py::value_error("k_hat and k must have the same shape (n, d)");
+  if (bands < 1) throw py::value_error("bands must be at least 1");
+  const py::ssize_t n = kh.a.shape(0);
+  const int d = static_cast<int>(kh.a.shape(1));
+  const witcert_rope_layout rl = layout_of(layout);
+  py::array_t<std::uint16_t> w({n, static_cast<py::ssize_t>(bands)});
+  std::uint16_t* wp = w.mutable_data();
+  witcert_status s;
+  {
+    py::gil_scoped_release nogil;
+    s = witcert_witness_batch(d, bands, rl, kh.data(), kh.type, k.data(), k.type, static_cast<size_t>(n), wp);
+  }
+  check(s);
+  return as_f16(w);
+}
+
+// c (batch, q_heads, n) from queries (batch, q_heads, d) and witnesses (batch, kv_heads, n, bands).
+py::array_t<double> tier_a_batch(const py::object& q_obj, int q_code, const py::object& w_obj, double sm,
+                                 const std::string& layout, int threads) {
+  const AnyArray q = take_any(q_obj, q_code, "q");
+  const auto w = take_f16(w_obj, "witnesses", 4);
+  if (q.a.ndim() != 3) throw py::value_error("q must be (batch, q_heads, head_dim)");
+  const py::ssize_t batch = q.a.shape(0), hq = q.a.shape(1), d = q.a.shape(2);
+  const py::ssize_t hk = w.shape(1), n = w.shape(2), bands = w.shape(3);
+  if (w.shape(0) != batch) throw py::value_error("q and witnesses must have the same batch size");
+  if (hk < 1 || hq % hk != 0)
+    throw py::value_error("q's heads (" + std::to_string(hq) + ") must be a multiple of the witnesses' kv_heads (" +
+                          std::to_string(hk) + ")");
+  const witcert_rope_layout rl = layout_of(layout);
+  py::array_t<double> c({batch, hq, n});
+  double* cp = c.mutable_data();
+  witcert_status s;
+  {
+    py::gil_scoped_release nogil;
+    s = witcert_tier_a_bounds_batch(static_cast<int>(d), static_cast<int>(bands), rl, q.data(), q.type, w.data(),
+                                    static_cast<size_t>(batch), static_cast<int>(hq), static_cast<int>(hk),
+                                    static_cast<size_t>(n), sm, threads, cp);
+  }
+  check(s);
+  return c;
+}
+
 // Tier B for one head dimension, group and outlier mask.
 class DitherInt8 {
  public:
@@ -247,6 +339,85 @@ class Cache {
     }
     return py::make_tuple(out, cl);
   }
+  // Positions [pos0, pos0 + T) of every KV head of a layer: k and v are (kv_heads, T, head_dim).
+  void write_rows(int layer, long pos0, const py::object& k_obj, const py::object& v_obj) {
+    const auto k = take<float>(k_obj, "k", 3), v = take<float>(v_obj, "v", 3);
+    if (k.shape(0) != g_.kv_heads || k.shape(2) != g_.head_dim || v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) ||
+        v.shape(2) != k.shape(2))
+      throw py::value_error("k and v must both be (kv_heads, tokens, head_dim) = (" + std::to_string(g_.kv_heads) +
+                            ", T, " + std::to_string(g_.head_dim) + ")");
+    witcert_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data());
+    }
+    check(s);
+  }
+
+  // Causal attention of the queries q (q_heads, T, head_dim) at positions [pos0, pos0 + T), each over
+  // [begin, its position] (a left-padded row's padding: before begin): the outputs (q_heads, T, head_dim) and the cells' fields as arrays
+  // (q_heads, T): raw, meter, v_meter, output_bound, repaired.
+  py::tuple attend_rows(int layer, const py::object& q_obj, long pos0, long begin) {
+    const auto q = take<float>(q_obj, "q", 3);
+    if (q.shape(0) != g_.q_heads || q.shape(2) != g_.head_dim)
+      throw py::value_error("q must be (q_heads, tokens, head_dim) = (" + std::to_string(g_.q_heads) + ", T, " +
+                            std::to_string(g_.head_dim) + ")");
+    const py::ssize_t T = q.shape(1), d = g_.head_dim, hq = g_.q_heads;
+    const int group = g_.q_heads / g_.kv_heads;
+    py::array_t<float> out({hq, T, d});
+    std::vector<py::array_t<double>> fields;
+    for (int f = 0; f < 4; ++f) fields.emplace_back(std::vector<py::ssize_t>{hq, T});
+    py::array_t<bool> repaired({hq, T});
+    float* op = out.mutable_data();
+    double *raw = fields[0].mutable_data(), *meter = fields[1].mutable_data(), *vm = fields[2].mutable_data(),
+           *ob = fields[3].mutable_data();
+    bool* rp = repaired.mutable_data();
+    witcert_status s = WITCERT_OK;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<float> qg(static_cast<std::size_t>(group * d)), og(qg.size());
+      std::vector<witcert_cell> cells(static_cast<std::size_t>(group));
+      for (int kv = 0; kv < g_.kv_heads && s == WITCERT_OK; ++kv)
+        for (py::ssize_t t = 0; t < T && s == WITCERT_OK; ++t) {
+          for (int j = 0; j < group; ++j)
+            std::memcpy(qg.data() + j * d, q.data() + ((kv * group + j) * T + t) * d, sizeof(float) * d);
+          // A query inside the padding (before `begin`) attends to itself only: its output is unused.
+          s = witcert_cache_attend_range(cache_, layer, kv, qg.data(), group, std::min<long>(begin, pos0 + t),
+                                         pos0 + t + 1, og.data(), cells.data());
+          if (s != WITCERT_OK) break;
+          for (int j = 0; j < group; ++j) {
+            const py::ssize_t i = (kv * group + j) * T + t;
+            std::memcpy(op + i * d, og.data() + j * d, sizeof(float) * d);
+            raw[i] = cells[j].raw;
+            meter[i] = cells[j].meter;
+            vm[i] = cells[j].v_meter;
+            ob[i] = cells[j].output_bound;
+            rp[i] = cells[j].repaired != 0;
+          }
+        }
+    }
+    check(s);
+    py::dict cells;
+    cells["raw"] = fields[0];
+    cells["meter"] = fields[1];
+    cells["v_meter"] = fields[2];
+    cells["output_bound"] = fields[3];
+    cells["repaired"] = repaired;
+    return py::make_tuple(out, cells);
+  }
+
+  void report_start(long first_pos) { check(witcert_cache_report_start(cache_, first_pos)); }
+  // The report as JSON text (the package parses it).
+  std::string report() const {
+    size_t needed = 0;
+    const witcert_status s = witcert_cache_report(cache_, nullptr, 0, &needed);
+    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
+    std::string text(needed, '\0');
+    check(witcert_cache_report(cache_, text.data(), text.size(), &needed));
+    text.resize(needed - 1);
+    return text;
+  }
+
   py::dict stats() const {
     witcert_cache_stats s{};
     witcert_pool_stats p{};
@@ -382,6 +553,9 @@ PYBIND11_MODULE(_witcert, m) {
   });
   m.def("witness", &witness, py::arg("k_hat"), py::arg("k"), py::arg("bands"), py::arg("layout"));
   m.def("tier_a_bounds", &tier_a_bounds, py::arg("q"), py::arg("witnesses"), py::arg("sm"), py::arg("layout"));
+  m.def("meter_batch", &meter_batch);
+  m.def("witness_batch", &witness_batch);
+  m.def("tier_a_batch", &tier_a_batch);
   m.def("delta_loc", [](double delta_req, long layers, long q_heads, long steps) {
     double d = 0;
     check(witcert_delta_loc(delta_req, layers, q_heads, steps, &d));
@@ -405,6 +579,10 @@ PYBIND11_MODULE(_witcert, m) {
       .def(py::init<int, int, int, int, long, const std::string&, long, long, const std::string&>())
       .def("write", &Cache::write)
       .def("attend", &Cache::attend)
+      .def("write_rows", &Cache::write_rows)
+      .def("attend_rows", &Cache::attend_rows)
+      .def("report_start", &Cache::report_start)
+      .def("report", &Cache::report)
       .def("stats", &Cache::stats);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, int>())
