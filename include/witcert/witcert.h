@@ -250,9 +250,13 @@ WITCERT_EXPORT witcert_status witcert_cache_write(witcert_cache* cache, int laye
 
 /* Positions [pos0, pos0 + tokens) of every KV head of `layer` in one call: k and v hold kv_heads ×
  * tokens × head_dim floats. Every value is checked before any is stored, so a refused call writes
- * nothing. */
+ * nothing. k_hat and v_hat (same shape; NULL otherwise) are the reconstructions of a side whose
+ * format is "external": the caller's own scheme, whose Tier-A witness the store computes against k
+ * as for any scheme (a reconstruction may be infinite, giving no guarantee, never NaN). A pool's
+ * "kv" or "kv_v" may name "external"; witcert_cache_write refuses such a cache. */
 WITCERT_EXPORT witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t pos0, int64_t tokens,
-                                                       const float* k, const float* v);
+                                                       const float* k, const float* v, const float* k_hat,
+                                                       const float* v_hat);
 
 /* The meter of one query head at one step. */
 typedef struct witcert_cell {

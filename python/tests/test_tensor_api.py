@@ -263,3 +263,60 @@ def test_rows_calls_refuse_bad_shapes_and_values():
         cache.attend_rows(0, np.zeros((1, 1, 64), np.float32), 0)
     with pytest.raises(IndexError, match="written"):
         cache.attend_rows(0, np.zeros((2, 1, 64), np.float32), 3)
+
+
+def rtn3(x):
+    """A 3-bit round-to-nearest per token, in numpy: the reconstruction of (tokens, head_dim) keys."""
+    scale = np.abs(x).max(axis=-1, keepdims=True) / 3 + 1e-12
+    return (np.clip(np.round(x / scale), -4, 3) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("options", [{}, {"tau_k": 0.05, "tau_v": 0.02}, {"kv_v": "q4_0"}])
+def test_a_registered_scheme_is_metered_and_gated(options):
+    witcert.register_scheme("rtn3-numpy", rtn3)
+    assert "rtn3-numpy" in witcert.schemes()
+    rng = np.random.default_rng(12)
+    d, n = 64, 30
+    k = rng.normal(size=(1, n, d)).astype(np.float32)
+    k[..., 3] *= 8
+    v = rng.normal(size=(1, n, d)).astype(np.float32)
+    q = rng.normal(size=(2, 1, d)).astype(np.float32)
+    seen = []
+    witcert.register_scheme("rtn3-numpy", lambda x: seen.append(type(x)) or rtn3(x))
+    with witcert.Cache(1, 2, 1, d, 32, kv="rtn3-numpy", layout="neox", check_soundness=True, **options) as cache:
+        cache.write_rows(0, 0, k[:, :n - 1], v[:, :n - 1])
+        cache.write_rows(0, n - 1, k[:, n - 1:], v[:, n - 1:])
+        out, cells = cache.attend_rows(0, q, n - 1)
+        report = cache.report()
+    assert seen and all(t is np.ndarray for t in seen)
+    assert report["kv"] == "rtn3-numpy" and report["kv_v"] == options.get("kv_v", "rtn3-numpy")
+    assert report["soundness_violations"] == 0 and report["soundness_checked"] == 2
+    k16, v16 = k[0].astype(np.float16).astype(np.float64), v[0].astype(np.float16).astype(np.float64)
+    for h in range(2):
+        s = k16 @ q[h, 0].astype(np.float64) / 8.0
+        w = np.exp(s - s.max())
+        w /= w.sum()
+        err = np.linalg.norm(w @ v16 - out[h, 0])
+        assert err <= cells.output_bound[h, 0] * (1 + 1e-5) + 1e-5
+        if "tau_k" in options:
+            assert cells.meter[h, 0] <= 0.05
+        else:
+            assert 0 < cells.meter[h, 0] < 1  # a real, finite meter of a lossy scheme
+
+
+def test_a_registered_scheme_is_checked():
+    with pytest.raises(ValueError, match="new name"):
+        witcert.register_scheme("q4_0", rtn3)
+    with pytest.raises(TypeError, match="callable"):
+        witcert.register_scheme("nothing", 3)
+    witcert.register_scheme("wrong-shape", lambda x: x[:, :32])
+    witcert.register_scheme("nan", lambda x: np.full_like(x, np.nan))
+    k = np.ones((1, 2, 64), np.float32)
+    with witcert.Cache(1, 2, 1, 64, 8, kv="wrong-shape") as cache:
+        with pytest.raises(ValueError, match="returned shape"):
+            cache.write_rows(0, 0, k, k)
+        with pytest.raises(ValueError, match="write_rows"):
+            cache.write(0, 0, 0, k[0, 0], k[0, 0])
+    with witcert.Cache(1, 2, 1, 64, 8, kv="nan") as cache:
+        with pytest.raises(ValueError, match=r"k_hat\[0\]\[0\]\[0\] is NaN"):
+            cache.write_rows(0, 0, k, k)

@@ -41,6 +41,8 @@ __all__ = [
     "Cache",
     "Cells",
     "Engine",
+    "register_scheme",
+    "schemes",
 ]
 
 API_VERSION: int = _witcert.API_VERSION
@@ -229,24 +231,60 @@ class _Closed:
         raise ValueError(f"this {self._what} is closed")
 
 
+Quantize = Callable[[Any], Any]
+_SCHEMES: Dict[str, Quantize] = {}
+# The formats the library has (`witcert schemes`): a registered scheme may not take their names.
+_BUILT_IN = {"fp16", "fp8-e4m3", "fp8-e4m3-scaled", "rtn-int8", "rtn-int4", "rtn-2bit", "sign-1bit", "rot-4bit",
+             "kivi-2bit", "kvquant-4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "dither-int4", "dither-int5",
+             "dither-int6", "dither-int8", "external"}
+
+
+def register_scheme(name: str, quantize: Quantize) -> None:
+    """Registers a KV-cache scheme written as one function: ``quantize`` maps the keys (or values) of
+    one KV head, a ``(tokens, head_dim)`` float32 torch tensor or numpy array (whichever the cache was
+    given), to their reconstruction of the same shape. A :class:`Cache` (or
+    ``witcert.transformers.CertifiedCache``) made with ``kv=name`` (and ``kv_v=name``) stores what it
+    returns; the Tier-A witness is computed from it and the exact keys at write time, so the scheme is
+    metered and gated like the built-in ones. Registering a name again replaces its function."""
+    if not isinstance(name, str) or not name or name in _BUILT_IN:
+        raise ValueError(f"a registered scheme needs a new name, not {name!r} (built in: {sorted(_BUILT_IN)})")
+    if not callable(quantize):
+        raise TypeError("quantize must be callable: (tokens, head_dim) -> its reconstruction")
+    _SCHEMES[name] = quantize
+
+
+def schemes() -> List[str]:
+    """The names :func:`register_scheme` registered."""
+    return sorted(_SCHEMES)
+
+
 class Cache:
     """One sequence of the certified paged cache, over its own pool.
 
-    ``kv`` and ``kv_v`` name the key and value schemes (``"q4_0"``, ``"dither-int8"``, ...; ``None``:
-    the plain fp16 cache, which is exact); ``tau_k`` is the gate's τ_K (a gated cache keeps an
-    exact tier and repairs pages until each served cell is within it); further keyword options
-    (``tau_v``, ``granularity``, ``delta``, ``bound``, ``page_size``, ...) are those of
-    ``witcert generate``. ``pool_bytes`` bounds the pool (0: room for ``capacity`` positions).
+    ``kv`` and ``kv_v`` name the key and value schemes (``"q4_0"``, ``"dither-int8"``, ..., or one
+    :func:`register_scheme` registered; ``None``: the plain fp16 cache, which is exact); ``tau_k`` is
+    the gate's τ_K (a gated cache keeps an exact tier and repairs pages until each served cell is
+    within it); further keyword options (``tau_v``, ``granularity``, ``delta``, ``bound``,
+    ``page_size``, ...) are those of ``witcert generate``. ``pool_bytes`` bounds the pool (0: room
+    for ``capacity`` positions).
     """
 
     def __init__(self, layers: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int, *,
                  kv: Optional[str] = None, kv_v: Optional[str] = None, tau_k: Optional[float] = None,
                  pool_bytes: int = 0, decode_budget: int = 256, layout: str = "interleaved", **options: Any):
         opts: Dict[str, Any] = dict(options)
-        if kv is not None:
-            opts["kv"] = kv
-        if kv_v is not None:
-            opts["kv_v"] = kv_v
+        # A registered scheme is the library's "external" format, fed with the function's output.
+        self._quantize: Dict[str, Quantize] = {}
+        self._names: Dict[str, str] = {}
+        for side, name in (("kv", kv), ("kv_v", kv_v if kv_v is not None else (kv if kv in _SCHEMES else None))):
+            if name is None:
+                continue
+            if name in _SCHEMES:
+                self._quantize[side] = _SCHEMES[name]
+                self._names[side] = name
+                opts[side] = "external"
+            else:
+                opts[side] = name
         if tau_k is not None:
             opts["tau_k"] = tau_k
         self.group = q_heads // kv_heads if kv_heads > 0 else 0
@@ -255,6 +293,9 @@ class Cache:
 
     def write(self, layer: int, kv_head: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Stores the post-RoPE key and value (float32 ``(head_dim,)``) of the next position."""
+        if self._quantize:
+            raise ValueError(f"a cache of the registered scheme {next(iter(self._names.values()))!r} is written with "
+                             "write_rows (every KV head of a position at once)")
         self._c.write(int(layer), int(kv_head), int(pos), k, v)
 
     def attend(self, layer: int, kv_head: int, q: np.ndarray, n_ctx: int) -> Tuple[np.ndarray, List[Dict[str, Any]]]:
@@ -266,8 +307,24 @@ class Cache:
     def write_rows(self, layer: int, pos0: int, k: Any, v: Any) -> None:
         """Stores positions ``[pos0, pos0 + T)`` of every KV head of ``layer`` at once: ``k`` and ``v``
         are ``(kv_heads, T, head_dim)`` (numpy or torch; float32 is read in place, another float
-        dtype is rounded to float32 first). Positions of each (layer, KV head) are written in order."""
-        self._c.write_rows(int(layer), int(pos0), _arrays.float32(k, "k"), _arrays.float32(v, "v"))
+        dtype is rounded to float32 first). Positions of each (layer, KV head) are written in order.
+        A registered scheme's function runs here, once per KV head."""
+        k32, v32 = _arrays.float32(k, "k"), _arrays.float32(v, "v")
+        hats = {side: self._reconstruct(self._names[side], fn, k if side == "kv" else v, k32 if side == "kv" else v32)
+                for side, fn in self._quantize.items()}
+        self._c.write_rows(int(layer), int(pos0), k32, v32, hats.get("kv"), hats.get("kv_v"))
+
+    @staticmethod
+    def _reconstruct(name: str, fn: Quantize, given: Any, x: np.ndarray) -> np.ndarray:
+        # The function sees what the caller gave, as float32: a torch tensor for torch, numpy otherwise.
+        rows = []
+        for h in range(x.shape[0]):
+            head = _arrays.as_given(given, x[h])
+            r = _arrays.float32(fn(head), f"scheme {name!r}'s reconstruction")
+            if r.shape != x[h].shape:
+                raise ValueError(f"scheme {name!r} returned shape {tuple(r.shape)} for keys {tuple(x[h].shape)}")
+            rows.append(r)
+        return np.ascontiguousarray(np.stack(rows))
 
     def attend_rows(self, layer: int, q: Any, pos0: int, begin: int = 0) -> Tuple[np.ndarray, "Cells"]:
         """Causal attention of the queries ``q`` ``(q_heads, T, head_dim)`` at positions ``[pos0,
@@ -285,7 +342,11 @@ class Cache:
     def report(self) -> Dict[str, Any]:
         """The request's ``witcert`` object, the one a ``witcert serve`` response carries: formats,
         gate, cells, coverage, raw-score quantiles, worst cells, page-ins, verdict and reason."""
-        return json.loads(self._c.report())
+        report = json.loads(self._c.report())
+        for side, key in (("kv", "kv"), ("kv_v", "kv_v")):
+            if side in self._names and report.get(key) == "external":
+                report[key] = self._names[side]
+        return report
 
     def stats(self) -> Dict[str, int]:
         """Page-ins and their bytes, and the pool's pages and measured bytes."""

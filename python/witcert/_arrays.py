@@ -72,3 +72,13 @@ def float32(x: Any, name: str) -> np.ndarray:
             raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
         return np.from_dlpack(t.to(device="cpu", dtype=torch.float32).contiguous())
     raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+
+
+def as_given(given: Any, x: np.ndarray) -> Any:
+    """``x`` (float32 numpy) as the kind of array the caller gave: a torch tensor sharing its memory
+    when ``given`` is one, else ``x`` itself."""
+    if is_torch(given):
+        import torch
+
+        return torch.from_numpy(x)
+    return x

@@ -369,7 +369,7 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
     std::vector<float> k(2 * T * 64), v(k.size());
     for (std::size_t i = 0; i < k.size(); ++i) k[i] = nd(rng), v[i] = nd(rng);
     for (int l = 0; l < g.layers; ++l) {
-      ASSERT_EQ(witcert_cache_write_rows(rows.cache, l, 0, T, k.data(), v.data()), WITCERT_OK) << witcert_last_error();
+      ASSERT_EQ(witcert_cache_write_rows(rows.cache, l, 0, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK) << witcert_last_error();
       for (int h = 0; h < 2; ++h)
         for (std::int64_t t = 0; t < T; ++t)
           ASSERT_EQ(witcert_cache_write(single.cache, l, h, t, k.data() + (h * T + t) * 64, v.data() + (h * T + t) * 64),
@@ -387,13 +387,116 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
     // A value beyond fp16 in the last token of KV head 1: refused, named, and nothing written.
     std::vector<float> bad(k.begin(), k.end());
     bad[(1 * T + T - 1) * 64 + 7] = 1e6f;
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, bad.data(), v.data()), WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, bad.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(witcert_last_error()).find("k[1][12][7] is 1e+06"), std::string::npos) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, k.data(), v.data()), WITCERT_OK) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, 0, 1, k.data(), v.data()), WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK) << witcert_last_error();
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, 0, 1, k.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(witcert_last_error()).find("expected pos0 13"), std::string::npos) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, T, 40, k.data(), v.data()), WITCERT_ERROR_OUT_OF_RANGE);
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, T, 40, k.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_OUT_OF_RANGE);
   }
+}
+
+// Softmax attention of one query over rows [0, n) of keys and values, in double.
+std::vector<double> attention(const float* q, const std::vector<std::vector<double>>& k,
+                              const std::vector<std::vector<double>>& v) {
+  std::vector<double> w(k.size()), y(v[0].size(), 0.0);
+  double mx = -HUGE_VAL, z = 0;
+  for (std::size_t t = 0; t < k.size(); ++t) {
+    double s = 0;
+    for (std::size_t i = 0; i < k[t].size(); ++i) s += q[i] * k[t][i];
+    mx = std::max(mx, w[t] = s / std::sqrt(static_cast<double>(k[t].size())));
+  }
+  for (double& x : w) z += x = std::exp(x - mx);
+  for (std::size_t t = 0; t < k.size(); ++t)
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += w[t] / z * v[t][i];
+  return y;
+}
+
+TEST(CApiBatch, AnExternalSchemeServesTheCallersReconstructionsWithinItsMeter) {
+  const witcert_geometry g{1, 2, 1, 64, 64, WITCERT_ROPE_NEOX};
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const char* options : {R"({"kv": "external"})", R"({"kv": "external", "kv_v": "q4_0"})",
+                              R"({"kv": "q8_0", "kv_v": "external", "page_size": 4})",
+                              R"({"kv": "external", "tau_k": 0.05, "tau_v": 0.02, "check_soundness": true})"}) {
+    SCOPED_TRACE(options);
+    const nlohmann::json o = nlohmann::json::parse(options);
+    const bool ext_k = o.at("kv") == "external", ext_v = o.value("kv_v", o.at("kv").get<std::string>()) == "external";
+    Sequence s(g, options);
+    ASSERT_NE(s.cache, nullptr);
+    const std::int64_t n = 40;
+    std::vector<float> k(n * 64), v(n * 64), kh(n * 64), vh(n * 64);
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      k[i] = nd(rng) * (i % 64 == 5 ? 5.0f : 1.0f), v[i] = nd(rng);
+      kh[i] = k[i] + 0.1f * nd(rng), vh[i] = v[i] + 0.1f * nd(rng);
+    }
+    EXPECT_EQ(witcert_cache_write(s.cache, 0, 0, 0, k.data(), v.data()), WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(witcert_last_error()).find("external"), std::string::npos);
+    EXPECT_EQ(witcert_cache_write_rows(s.cache, 0, 0, n, k.data(), v.data(), ext_k ? nullptr : kh.data(),
+                                       ext_v ? vh.data() : nullptr),
+              WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(witcert_last_error()).find("k_hat"), std::string::npos) << witcert_last_error();
+    std::vector<float> bad = kh;
+    bad[2 * 64 + 5] = std::numeric_limits<float>::quiet_NaN();
+    if (ext_k) {
+      EXPECT_EQ(witcert_cache_write_rows(s.cache, 0, 0, n, k.data(), v.data(), bad.data(), ext_v ? vh.data() : nullptr),
+                WITCERT_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(witcert_last_error()).find("k_hat[0][2][5] is NaN"), std::string::npos)
+          << witcert_last_error();
+    }
+    ASSERT_EQ(witcert_cache_write_rows(s.cache, 0, 0, n, k.data(), v.data(), ext_k ? kh.data() : nullptr,
+                                       ext_v ? vh.data() : nullptr),
+              WITCERT_OK)
+        << witcert_last_error();
+    std::vector<std::vector<double>> ke, ve, khat, vhat;
+    for (std::int64_t t = 0; t < n; ++t) {
+      std::vector<double> a(64), b(64), c(64), d(64);
+      for (int i = 0; i < 64; ++i) {
+        a[i] = fp16_to_double(fp16_from_double(k[t * 64 + i]));
+        b[i] = fp16_to_double(fp16_from_double(v[t * 64 + i]));
+        c[i] = kh[t * 64 + i], d[i] = vh[t * 64 + i];
+      }
+      ke.push_back(a), ve.push_back(b), khat.push_back(c), vhat.push_back(d);
+    }
+    std::vector<float> q(128), out(128);
+    for (float& x : q) x = nd(rng);
+    std::vector<witcert_cell> cells(2);
+    ASSERT_EQ(witcert_cache_attend(s.cache, 0, 0, q.data(), 2, n, out.data(), cells.data()), WITCERT_OK)
+        << witcert_last_error();
+    for (int h = 0; h < 2; ++h) {
+      const std::vector<double> exact = attention(q.data() + h * 64, ke, ve);
+      double err2 = 0;
+      for (int i = 0; i < 64; ++i) err2 += (exact[i] - out[h * 64 + i]) * (exact[i] - out[h * 64 + i]);
+      EXPECT_LE(std::sqrt(err2), cells[h].output_bound * (1 + 1e-5) + 1e-5) << "head " << h;
+      if (!o.contains("tau_k") && ext_k && ext_v) {
+        // Unrepaired, the output is the attention over the caller's reconstructions.
+        const std::vector<double> served = attention(q.data() + h * 64, khat, vhat);
+        for (int i = 0; i < 64; ++i) EXPECT_NEAR(served[i], out[h * 64 + i], 2e-5) << "channel " << i;
+        EXPECT_GT(cells[h].meter, 0.0);
+      }
+      if (o.contains("tau_k")) {
+        EXPECT_LE(cells[h].meter, 0.05);
+      }
+    }
+  }
+  // An infinite reconstruction is no guarantee, never a certificate.
+  Sequence s(g, R"({"kv": "external"})");
+  std::vector<float> k(64, 0.5f), kh(64, 0.5f);
+  kh[7] = HUGE_VALF;
+  ASSERT_EQ(witcert_cache_write_rows(s.cache, 0, 0, 1, k.data(), k.data(), kh.data(), k.data()), WITCERT_OK)
+      << witcert_last_error();
+  std::vector<float> q(128, 0.25f), out(128);
+  std::vector<witcert_cell> cells(2);
+  witcert_cache_attend(s.cache, 0, 0, q.data(), 2, 1, out.data(), cells.data());
+  EXPECT_EQ(cells[0].meter, 1.0);
+  EXPECT_EQ(cells[0].raw, HUGE_VAL);
+  // The CLI's and the server's options do not take the name.
+  witcert_pool* pool = nullptr;
+  const witcert_geometry g2{1, 2, 1, 64, 8, WITCERT_ROPE_NEOX};
+  ASSERT_EQ(witcert_pool_create(&g2, R"({"kv": "external"})", 0, &pool), WITCERT_OK);
+  witcert_cache* cache = nullptr;
+  EXPECT_EQ(witcert_cache_create(pool, R"({"kv": "q4_0"})", 8, &cache), WITCERT_ERROR_INVALID_ARGUMENT);
+  witcert_pool_free(pool);
 }
 
 TEST(CApiBatch, TheReportIsTheServersWitcertObject) {

@@ -30,6 +30,8 @@
 #include "engine/options.h"
 #include "engine/batch.h"
 #include "formats/dither/dither.h"
+#include "formats/external/external.h"
+#include "formats/kv_format.h"
 #include "gate/meter_cell.h"
 #include "gate/telemetry.h"
 #include "kvcache/page_pool.h"
@@ -40,6 +42,29 @@ using namespace witcert;
 using namespace witcert::capi;
 
 namespace {
+
+// The options of a pool: CacheOptions::from_json, where "kv" or "kv_v" may also name "external" (the
+// caller's own reconstructions, written with witcert_cache_write_rows); the CLI and the server do
+// not take that name.
+engine::CacheOptions pool_options(nlohmann::json j) {
+  const auto external = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() && it->get<std::string>() == "external";
+  };
+  const bool key = external("kv"), value_named = external("kv_v");
+  const bool value = value_named || (key && !j.contains("kv_v"));
+  if (key) j["kv"] = formats::kFp16;
+  if (value_named) j["kv_v"] = formats::kFp16;
+  engine::CacheOptions o = engine::CacheOptions::from_json(j);
+  if (key) o.k_format = formats::KvFormat::external();
+  if (value && o.certified) o.v_format = formats::KvFormat::external();
+  return o;
+}
+
+bool external(const engine::CacheOptions& o, formats::KvSide side) {
+  const formats::KvFormat& f = side == formats::KvSide::key ? o.k_format : o.v_format;
+  return o.certified && f == formats::KvFormat::external();
+}
 
 // A new report of the cells at positions ≥ first_pos (none for the plain cache, which has no meter),
 // its τ the gate's where it certifies, else the defaults of the coverage figures.
@@ -305,7 +330,7 @@ witcert_status witcert_pool_create(const witcert_geometry* g, const char* option
     p->geometry.rope_layout = rope(g->rope_layout);
     p->capacity = g->capacity;
     p->options = parse_object(options_json, "options_json");
-    p->cache = engine::CacheOptions::from_json(p->options);
+    p->cache = pool_options(p->options);
     std::int64_t pages = (g->capacity + p->cache.page_size - 1) / p->cache.page_size;
     if (pool_bytes > 0) pages = engine::size_pool(p->geometry, g->capacity, p->cache, pool_bytes, 1).pages;
     p->pool = engine::make_pool(p->geometry, g->capacity, pages, p->cache, false);
@@ -354,7 +379,7 @@ witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json,
       }
       merged[key] = item.value();
     }
-    const engine::CacheOptions opts = engine::CacheOptions::from_json(merged);
+    const engine::CacheOptions opts = pool_options(merged);
     auto c = std::make_unique<witcert_cache>();
     c->pool = p;
     std::vector<gate::MeterSink*> sinks;
@@ -383,6 +408,8 @@ witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head,
              + ")", WITCERT_ERROR_OUT_OF_RANGE);
     not_null(k, "k");
     not_null(v, "v");
+    if (external(c->options, formats::KvSide::key) || external(c->options, formats::KvSide::value))
+      refuse("an external format is written with its reconstructions: witcert_cache_write_rows with k_hat, v_hat");
     const std::size_t d = static_cast<std::size_t>(g.head_dim);
     check_activations(k, d, "k");
     check_activations(v, d, "v");
@@ -396,7 +423,7 @@ witcert_status witcert_cache_write(witcert_cache* cache, int layer, int kv_head,
 }
 
 witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t pos0, int64_t tokens, const float* k,
-                                        const float* v) {
+                                        const float* v, const float* k_hat, const float* v_hat) {
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");
     const model::LlamaConfig& g = c->pool->geometry;
@@ -408,12 +435,27 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
              ") are outside the capacity [0, " + std::to_string(c->pool->capacity) + ")", WITCERT_ERROR_OUT_OF_RANGE);
     not_null(k, "k");
     not_null(v, "v");
+    const bool ext_k = external(c->options, formats::KvSide::key), ext_v = external(c->options, formats::KvSide::value);
+    if (ext_k != (k_hat != nullptr))
+      refuse(ext_k ? "k_hat is NULL: the key format is external" : "k_hat is given but the key format is not external");
+    if (ext_v != (v_hat != nullptr))
+      refuse(ext_v ? "v_hat is NULL: the value format is external"
+                   : "v_hat is given but the value format is not external");
     const std::size_t d = static_cast<std::size_t>(g.head_dim), T = static_cast<std::size_t>(tokens);
+    const std::size_t n = static_cast<std::size_t>(g.kv_heads) * T * d;
+    const auto entry = [&](const char* name, std::size_t i, const std::string& what) {
+      refuse(std::string(name) + "[" + std::to_string(i / (T * d)) + "][" + std::to_string(i / d % T) + "][" +
+             std::to_string(i % d) + "] is " + what);
+    };
     for (const auto& [x, name] : {std::pair{k, "k"}, std::pair{v, "v"}})
-      for (std::size_t i = 0; i < static_cast<std::size_t>(g.kv_heads) * T * d; ++i)
+      for (std::size_t i = 0; i < n; ++i)
         if (!(std::fabs(x[i]) <= 65504.0f))
-          refuse(std::string(name) + "[" + std::to_string(i / (T * d)) + "][" + std::to_string(i / d % T) + "][" +
-                 std::to_string(i % d) + "] is " + show(x[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+          entry(name, i, show(x[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+    // A reconstruction may overflow (its witness is then +inf: no guarantee), never be NaN.
+    for (const auto& [x, name] : {std::pair{k_hat, "k_hat"}, std::pair{v_hat, "v_hat"}})
+      if (x)
+        for (std::size_t i = 0; i < n; ++i)
+          if (std::isnan(x[i])) entry(name, i, "NaN");
     for (int h = 0; h < g.kv_heads; ++h) {
       const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + h];
       if (pos0 != written)
@@ -423,6 +465,8 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
     for (int h = 0; h < g.kv_heads; ++h) {
       for (std::size_t t = 0; t < T; ++t) {
         const std::size_t off = (static_cast<std::size_t>(h) * T + t) * d;
+        const formats::ExternalReconstruction hats(k_hat ? std::span<const float>(k_hat + off, d) : std::span<const float>{},
+                                                   v_hat ? std::span<const float>(v_hat + off, d) : std::span<const float>{});
         c->cache.kv->write(layer, h, pos0 + static_cast<std::int64_t>(t), k + off, v + off);
       }
       c->written[static_cast<std::size_t>(layer) * g.kv_heads + h] += tokens;

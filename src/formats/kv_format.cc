@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "formats/external/external.h"
+
 namespace witcert::formats {
 
 namespace {
@@ -27,6 +29,10 @@ KvFormat KvFormat::parse(std::string_view name) {
   std::string known;
   for (const std::string& s : kv_format_names()) known += (known.empty() ? "" : ", ") + s;
   throw std::invalid_argument("unknown KV-cache format '" + std::string(name) + "'; known: " + known);
+}
+
+KvFormat KvFormat::external() {
+  return KvFormat(FormatKind::scheme, &external_scheme(KvSide::key), &external_scheme(KvSide::value));
 }
 
 std::string_view KvFormat::name() const {

@@ -24,6 +24,8 @@ class KvFormat {
   static KvFormat dither(int bits = 8);
   // Throws std::invalid_argument listing every format for an unknown name.
   static KvFormat parse(std::string_view name);
+  // The caller's own reconstructions (formats/external): not a name parse() takes.
+  static KvFormat external();
 
   FormatKind kind() const { return kind_; }
   // The scheme that stores this side (KIVI and KVQuant quantize keys per channel and values per

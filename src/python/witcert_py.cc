@@ -339,17 +339,29 @@ class Cache {
     }
     return py::make_tuple(out, cl);
   }
-  // Positions [pos0, pos0 + T) of every KV head of a layer: k and v are (kv_heads, T, head_dim).
-  void write_rows(int layer, long pos0, const py::object& k_obj, const py::object& v_obj) {
+  // Positions [pos0, pos0 + T) of every KV head of a layer: k and v are (kv_heads, T, head_dim), and
+  // k_hat, v_hat (None unless that side's format is external) the caller's reconstructions.
+  void write_rows(int layer, long pos0, const py::object& k_obj, const py::object& v_obj, const py::object& kh_obj,
+                  const py::object& vh_obj) {
     const auto k = take<float>(k_obj, "k", 3), v = take<float>(v_obj, "v", 3);
     if (k.shape(0) != g_.kv_heads || k.shape(2) != g_.head_dim || v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) ||
         v.shape(2) != k.shape(2))
       throw py::value_error("k and v must both be (kv_heads, tokens, head_dim) = (" + std::to_string(g_.kv_heads) +
                             ", T, " + std::to_string(g_.head_dim) + ")");
+    py::array_t<float> kh, vh;
+    const auto hat = [&](const py::object& obj, const char* name, py::array_t<float>& out) -> const float* {
+      if (obj.is_none()) return nullptr;
+      out = take<float>(obj, name, 3);
+      if (!std::equal(out.shape(), out.shape() + 3, k.shape()))
+        throw py::value_error(std::string(name) + " must have k's shape (kv_heads, tokens, head_dim)");
+      return out.data();
+    };
+    const float* khp = hat(kh_obj, "k_hat", kh);
+    const float* vhp = hat(vh_obj, "v_hat", vh);
     witcert_status s;
     {
       py::gil_scoped_release nogil;
-      s = witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data());
+      s = witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data(), khp, vhp);
     }
     check(s);
   }
