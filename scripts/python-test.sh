@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 [ -n "${WITCERT_SETUP_DONE:-}" ] || scripts/install-deps.sh
+scripts/install-transformers.sh  # idempotent: the transformers tests run here, never skipped
 # The package's library is compiled with BUILD_DIR's compiler, launcher and warnings: through ccache
 # (scripts/build.sh) that gives it BUILD_DIR's objects instead of compiling them again.
 defines=()
@@ -13,5 +14,5 @@ for var in CMAKE_CXX_COMPILER CMAKE_CXX_COMPILER_LAUNCHER WITCERT_WERROR; do
   if [ -n "$value" ]; then defines+=(-C "cmake.define.$var=$value"); fi
 done
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install -q "${defines[@]}" .
-WITCERT_BIN=$build_dir/witcert WITCERT_LIB=$build_dir/libwitcert.so \
+WITCERT_BIN=$build_dir/witcert WITCERT_LIB=$build_dir/libwitcert.so WITCERT_REQUIRE_TRANSFORMERS=1 \
   WITCERT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf .venv/bin/python -m pytest -q python/tests

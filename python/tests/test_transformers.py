@@ -248,7 +248,8 @@ def rtn3_torch(x):
 
 def test_a_scheme_written_in_torch_is_metered_and_gated(model):
     m, tok = model
-    witcert.register_scheme("rtn3-torch", rtn3_torch)
+    given = set()
+    witcert.register_scheme("rtn3-torch", lambda x: given.add(type(x)) or rtn3_torch(x))
     batch = tok(PROMPTS, return_tensors="pt", padding=True)
     new = 6
     cells = (new - 1) * 30 * 9
@@ -257,6 +258,7 @@ def test_a_scheme_written_in_torch_is_metered_and_gated(model):
         with wt.CertifiedCache(m, kv="rtn3-torch", tau_k=tau, check_soundness=True) as cache:
             generate(m, batch, cache, new=new)
             reports[tau] = cache.report()
+    assert given == {torch.Tensor}  # the function is given torch tensors, as the model's keys are
     for tau, report in reports.items():
         for row in report.rows:
             assert row["kv"] == row["kv_v"] == "rtn3-torch"
@@ -266,3 +268,16 @@ def test_a_scheme_written_in_torch_is_metered_and_gated(model):
     assert all(r["raw_max"] != 0 and r["coverage"]["k"] < 1 for r in reports[None].rows)
     for row in reports[0.2].rows:
         assert row["coverage"]["k"] == 1.0 and row["page_ins"] > 0
+
+
+def test_the_transformers_example_runs():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "examples/python/transformers_generate.py", MODEL, "--tokens", "4"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    assert "verdict: " in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "KL" not in line]
+    assert len(rows) == 9  # three prompts under three caches
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert 0.0 <= float(cells[2]) <= 1.0 and int(cells[3]) >= 0 and float(cells[4]) >= 0.0

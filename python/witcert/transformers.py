@@ -179,8 +179,12 @@ class CertifiedCache(Cache):
             self._decoding_from = keys.shape[-2]
             for row in self._rows:
                 row.report_start(self._decoding_from)
+        # One conversion for the batch; each row then reads its slice in place (as torch tensors, which
+        # a registered scheme's function is given).
+        k = keys.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        v = values.detach().to(device="cpu", dtype=torch.float32).contiguous()
         for b, row in enumerate(self._rows):
-            row.write_rows(layer, pos0, keys[b], values[b])
+            row.write_rows(layer, pos0, k[b], v[b])
 
     def _attend(self, layer: int, pos0: int, query: torch.Tensor, begins: Optional[torch.Tensor],
                 scaling: Optional[float]) -> torch.Tensor:
@@ -193,25 +197,29 @@ class CertifiedCache(Cache):
         factor = 1.0 if scaling is None else float(scaling) * math.sqrt(d)
         if abs(factor - 1.0) > 1e-12:
             q = q * factor
-        out = torch.empty((batch, steps, heads, d), dtype=torch.float32)
+        qn = q.contiguous().numpy()
+        out = np.empty((batch, steps, heads, d), dtype=np.float32)
+        decode = slice(max(0, self._decoding_from - pos0), steps)
+        served = []
         for b, row in enumerate(self._rows):
-            begin = int(begins[b]) if begins is not None else 0
-            o, cells = row.attend_rows(layer, q[b].contiguous(), pos0, begin)
-            out[b] = torch.from_numpy(o).transpose(0, 1)
-            decode = slice(max(0, self._decoding_from - pos0), steps)
-            self._count(layer, cells, decode)
-        return out.to(device=query.device, dtype=query.dtype)
+            o, cells = row.attend_rows(layer, qn[b], pos0, int(begins[b]) if begins is not None else 0)
+            out[b] = o.transpose(1, 0, 2)
+            served.append(cells)
+        self._count(layer, served, decode)
+        return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
 
-    def _count(self, layer: int, cells: witcert.Cells, decode: slice) -> None:
-        meter = cells.meter[:, decode]
-        if meter.shape[1] == 0:
+    def _count(self, layer: int, served: List[witcert.Cells], decode: slice) -> None:
+        """Adds the decode steps' cells of every row to the per-(layer, head) summary."""
+        if decode.start >= decode.stop:
             return
+        field = {f: np.stack([getattr(c, f)[:, decode] for c in served]) for f in ("meter", "v_meter", "raw",
+                                                                                    "repaired")}
         s = self._stats
-        s[0, layer] += meter.shape[1]
-        s[1, layer] += meter.sum(axis=1)
-        s[2, layer] += cells.v_meter[:, decode].sum(axis=1)
-        s[3, layer] = np.maximum(s[3, layer], cells.raw[:, decode].max(axis=1))
-        s[4, layer] += cells.repaired[:, decode].sum(axis=1)
+        s[0, layer] += field["meter"].shape[0] * field["meter"].shape[2]
+        s[1, layer] += field["meter"].sum(axis=(0, 2))
+        s[2, layer] += field["v_meter"].sum(axis=(0, 2))
+        s[3, layer] = np.maximum(s[3, layer], field["raw"].max(axis=(0, 2)))
+        s[4, layer] += field["repaired"].sum(axis=(0, 2))
 
     def report(self) -> Report:
         """Each row's ``witcert`` object and the per-(layer, head) summary of the decode steps."""
