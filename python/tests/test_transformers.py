@@ -210,21 +210,62 @@ def test_what_it_does_not_run_is_refused(model):
     assert m.config._attn_implementation == "sdpa"
 
 
-def test_a_sliding_window_model_is_refused():
-    from transformers import MistralConfig, MistralForCausalLM
-    config = MistralConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
-                           max_position_embeddings=64)
-    m = MistralForCausalLM(config).eval()
-    ids = torch.randint(0, 64, (1, 12))
-    try:
-        cache = wt.CertifiedCache(m, kv="q4_0")
-    except NotImplementedError as e:
-        assert "whole context" in str(e) or "sliding" in str(e)
-        return
-    with cache, pytest.raises(NotImplementedError, match="causal masks only"):
-        with torch.no_grad():
-            m(ids, cache=cache, use_cache=True)
+def tiny(kind, window):
+    """A small random model of a family with sliding-window layers, windows of `window` positions."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+    torch.manual_seed(0)
+    common = dict(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, sliding_window=window)
+    if kind == "mistral":
+        return MistralForCausalLM(MistralConfig(**common)).eval()
+    config = Gemma3TextConfig(**common, head_dim=64, query_pre_attn_scalar=48,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                           "sliding_attention"])
+    return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma3"])
+def test_sliding_window_layers_attend_within_their_window(kind):
+    m = tiny(kind, window=5)
+    ids = torch.randint(0, 96, (2, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second row is left-padded
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    ref = generate(m, inputs, new=12)
+    with wt.CertifiedCache(m, capacity=64) as cache:
+        mine = generate(m, inputs, cache, new=12)
+    assert torch.equal(ref.sequences, mine.sequences)
+    worst = max((a - b).abs().max().item() for a, b in zip(ref.logits, mine.logits))
+    assert worst < 1e-3, worst  # fp16 keys and values against float32 ones, on a small random model
+    with wt.CertifiedCache(m, kv="q4_0", tau_k=0.2, check_soundness=True, capacity=64) as cache:
+        generate(m, inputs, cache, new=6)
+        rows = cache.report().rows
+    assert all(r["soundness_violations"] == 0 and r["cells"] == 5 * 4 * 4 for r in rows)
+    if kind == "gemma3":  # a window the mask and the layer disagree on is refused
+        for layer in m.model.layers:
+            if getattr(layer.self_attn, "sliding_window", None):
+                layer.self_attn.sliding_window = 7
+        with wt.CertifiedCache(m, capacity=64) as cache, pytest.raises(ValueError, match="window"):
+            generate(m, inputs, cache, new=2)
+
+
+def test_gemma3_generates_what_transformers_generates():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = os.environ.get("WITCERT_GEMMA", os.path.join(os.path.dirname(os.path.abspath(MODEL)),
+                                                        "gemma-3-270m-q4_k_m.gguf"))
+    directory, name = os.path.split(path)
+    m = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    one = tok(["The capital of France is"], return_tensors="pt")
+    ref = generate(m, one, new=8)
+    with wt.CertifiedCache(m) as cache:
+        mine = generate(m, one, cache, new=8)
+    assert torch.equal(ref.sequences, mine.sequences)
+    with wt.CertifiedCache(m, kv="q4_0", kv_v="q8_0", check_soundness=True) as cache:
+        generate(m, one, cache, new=5)
+        row = cache.report().rows[0]
+    assert row["cells"] == 4 * m.config.num_hidden_layers * m.config.num_attention_heads
+    assert row["soundness_violations"] == 0 and row["soundness_checked"] == row["cells"]
 
 
 def test_a_bfloat16_model_is_metered_soundly(model):

@@ -326,12 +326,18 @@ class Cache:
             rows.append(r)
         return np.ascontiguousarray(np.stack(rows))
 
-    def attend_rows(self, layer: int, q: Any, pos0: int, begin: int = 0) -> Tuple[np.ndarray, "Cells"]:
+    def attend_rows(self, layer: int, q: Any, pos0: int, begin: int = 0,
+                    window: int = 0) -> Tuple[np.ndarray, "Cells"]:
         """Causal attention of the queries ``q`` ``(q_heads, T, head_dim)`` at positions ``[pos0,
-        pos0 + T)``, each over ``[begin, its position]`` (``begin``: a left-padded row's padding),
-        with the gate's repairs: the outputs ``(q_heads, T, head_dim)`` float32 and the cells
-        (:class:`Cells`, arrays ``(q_heads, T)``). The GIL is released while it runs."""
-        out, cells = self._c.attend_rows(int(layer), _arrays.float32(q, "q"), int(pos0), int(begin))
+        pos0 + T)``, each over ``[begin, its position]`` (``begin``: a left-padded row's padding; a
+        query inside the padding attends to itself only, its output unused) and, with ``window > 0``,
+        over the last ``window`` positions only (a sliding-window layer: key ``t`` is seen while
+        ``position - t < window``), with the gate's repairs: the outputs ``(q_heads, T, head_dim)``
+        float32 and the cells (:class:`Cells`, arrays ``(q_heads, T)``). The GIL is released while
+        it runs."""
+        if window < 0:
+            raise ValueError(f"window must be >= 0 (0: none), got {window}")
+        out, cells = self._c.attend_rows(int(layer), _arrays.float32(q, "q"), int(pos0), int(begin), int(window))
         return out, Cells(**cells)
 
     def report_start(self, first_pos: int) -> None:

@@ -12,12 +12,13 @@ attention runs through ``attn_implementation="witcert"`` (registered with transf
 ``AttentionInterface``): each head's output comes from the store's fused certified attention, with
 its meter and, above τ, the gate's repair, so the meters are the engine's own. Its mask function,
 registered with ``AttentionMaskInterface``, turns the padding mask into each row's first real
-position; a mask that is not causal with left padding (sliding windows, packed sequences, custom
-mask functions, right padding) is refused, never silently dropped.
+position and recognises the model's sliding window; a mask that is anything else (right padding,
+packed sequences, bidirectional or custom mask functions) is refused, never silently dropped.
 
-Scope: decoder-only models whose layers attend causally over the whole context (Llama, SmolLM,
-Mistral without a sliding window, Qwen 2/3), greedy or sampled generation; beam search and cache
-cropping raise ``NotImplementedError``. Tensors on a GPU are attended on the CPU.
+Scope: decoder-only models whose layers attend causally, over the whole context or within the
+model's sliding window (Llama, SmolLM, Mistral, Qwen 2/3, Gemma 3), greedy or sampled generation;
+beam search and cache cropping raise ``NotImplementedError``. A sliding-window layer keeps every
+position in the store and attends over its window. Tensors on a GPU are attended on the CPU.
 """
 from __future__ import annotations
 
@@ -51,14 +52,15 @@ def _text_config(model: Any) -> Any:
 class _CertifiedLayer(CacheLayerMixin):
     """One layer of a :class:`CertifiedCache`: its keys and values live in the C++ store."""
 
-    is_sliding = False
     is_croppable = False
 
-    def __init__(self, parent: "CertifiedCache", index: int):
+    def __init__(self, parent: "CertifiedCache", index: int, sliding: bool):
         super().__init__()
         self.parent = parent
         self.index = index
         self.length = 0
+        # A sliding-window layer keeps every position too; its window is applied at attention.
+        self.is_sliding = sliding
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
@@ -135,10 +137,11 @@ class CertifiedCache(Cache):
         self.q_heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.q_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.q_heads)
-        types = getattr(config, "layer_types", None) or []
-        if any(t != "full_attention" for t in types):
-            raise NotImplementedError(f"{type(model).__name__} has layers of types {sorted(set(types))}: a "
-                                      "CertifiedCache attends over the whole context in every layer")
+        types = list(getattr(config, "layer_types", None) or ["full_attention"] * self.layers_count)
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown or len(types) != self.layers_count:
+            raise NotImplementedError(f"{type(model).__name__} has layers of types {unknown or types}: a "
+                                      "CertifiedCache runs full and sliding-window attention layers")
         context = int(getattr(config, "max_position_embeddings", 4096) or 4096)
         self.capacity = int(capacity) if capacity is not None else min(context, 4096)
         if self.capacity < 1:
@@ -154,7 +157,7 @@ class CertifiedCache(Cache):
         self._previous_attn = getattr(model.config, "_attn_implementation", None)
         register()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
-        super().__init__(layers=[_CertifiedLayer(self, i) for i in range(self.layers_count)])
+        super().__init__(layers=[_CertifiedLayer(self, i, t == "sliding_attention") for i, t in enumerate(types)])
 
     def _make_row(self) -> witcert.Cache:
         opts = {k: v for k, v in self._options.items() if v is not None}
@@ -186,7 +189,7 @@ class CertifiedCache(Cache):
         for b, row in enumerate(self._rows):
             row.write_rows(layer, pos0, k[b], v[b])
 
-    def _attend(self, layer: int, pos0: int, query: torch.Tensor, begins: Optional[torch.Tensor],
+    def _attend(self, layer: int, pos0: int, query: torch.Tensor, begins: Optional[torch.Tensor], window: int,
                 scaling: Optional[float]) -> torch.Tensor:
         batch, heads, steps, d = query.shape
         if heads != self.q_heads or d != self.head_dim:
@@ -202,7 +205,7 @@ class CertifiedCache(Cache):
         decode = slice(max(0, self._decoding_from - pos0), steps)
         served = []
         for b, row in enumerate(self._rows):
-            o, cells = row.attend_rows(layer, qn[b], pos0, int(begins[b]) if begins is not None else 0)
+            o, cells = row.attend_rows(layer, qn[b], pos0, int(begins[b]) if begins is not None else 0, window)
             out[b] = o.transpose(1, 0, 2)
             served.append(cells)
         self._count(layer, served, decode)
@@ -259,23 +262,54 @@ def _left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
     return (m == 0).sum(dim=1).to(torch.int64)
 
 
+@dataclass(frozen=True)
+class _Mask:
+    """The mask as witcert attention takes it: each row's first real position (``None``: no padding)
+    and the sliding window (0: none)."""
+
+    begins: Optional[torch.Tensor]
+    window: int
+
+
+def _window_of(mask_function: Any, config: Any) -> int:
+    """0 for the causal mask, W for the causal mask within a sliding window of W (the model's
+    ``sliding_window``, checked on both sides of the window's edge); anything else is refused."""
+    if mask_function is causal_mask_function:
+        return 0
+    window = int(getattr(config, "sliding_window", None) or 0) if config is not None else 0
+    if window > 0:
+        pairs = [(q, kv) for q in (0, 1, window - 1, window, window + 1, 3 * window + 2)
+                 for kv in (q - window - 1, q - window, q - window + 1, q - 1, q, q + 1, q + 2) if kv >= 0]
+        q = torch.tensor([p[0] for p in pairs])
+        kv = torch.tensor([p[1] for p in pairs])
+        want = (kv <= q) & (q - kv < window)
+        try:
+            got = torch.as_tensor(mask_function(torch.tensor(0), torch.tensor(0), q, kv)).to(torch.bool)
+        except Exception:  # a mask function that cannot take index tensors is none we run
+            got = None
+        if got is not None and got.shape == want.shape and bool((got == want).all()):
+            return window
+    raise NotImplementedError("witcert attention runs causal masks, with or without the model's sliding window: "
+                              f"this model or call asks for another ({getattr(mask_function, '__name__', mask_function)}"
+                              ": packed sequences, a bidirectional or custom mask function)")
+
+
 def witcert_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                  mask_function: Any = causal_mask_function, attention_mask: Optional[torch.Tensor] = None,
-                 **kwargs: Any) -> Optional[torch.Tensor]:
-    """The mask as witcert attention takes it: ``None`` (causal, no padding) or each row's first real
-    position, an int64 tensor ``(batch,)``."""
-    if mask_function is not causal_mask_function:
-        raise NotImplementedError("witcert attention runs causal masks only: this model or call asks for another "
-                                  f"mask ({getattr(mask_function, '__name__', mask_function)}: a sliding window, "
-                                  "packed sequences or a custom mask function)")
-    if attention_mask is None:
-        return None
-    begins = _left_padding(attention_mask[:, -kv_length:])
-    return begins if bool(begins.any()) else None
+                 **kwargs: Any) -> Optional[_Mask]:
+    """The mask function of ``attn_implementation="witcert"``: the padding and the window, as
+    :func:`witcert_attention` takes them; ``None`` for a causal mask without padding."""
+    window = _window_of(mask_function, kwargs.get("config"))
+    begins = None
+    if attention_mask is not None:
+        begins = _left_padding(attention_mask[:, -kv_length:])
+        if not bool(begins.any()):
+            begins = None
+    return None if begins is None and window == 0 else _Mask(begins, window)
 
 
 def witcert_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      attention_mask: Optional[_Mask], dropout: float = 0.0, scaling: Optional[float] = None,
                       **kwargs: Any):
     """The attention function of ``attn_implementation="witcert"``: the cache's certified attention
     for the layer whose keys were just stored. Returns ``(output (batch, steps, heads, head_dim), None)``."""
@@ -288,13 +322,18 @@ def witcert_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     _active.step = None
     if dropout:
         raise NotImplementedError("witcert attention has no dropout (call model.eval())")
-    for unsupported in ("softcap", "sliding_window", "s_aux", "sinks"):
+    for unsupported in ("softcap", "s_aux", "sinks"):
         if kwargs.get(unsupported) is not None:
             raise NotImplementedError(f"witcert attention does not run '{unsupported}'")
-    if attention_mask is not None and not (attention_mask.ndim == 1 and attention_mask.dtype == torch.int64):
-        raise ValueError("witcert attention takes the mask its own mask function makes (left padding); got a "
-                         f"{attention_mask.ndim}-D {attention_mask.dtype} mask")
-    return cache._attend(index, pos0, query, attention_mask, scaling), None
+    if attention_mask is not None and not isinstance(attention_mask, _Mask):
+        raise ValueError("witcert attention takes the mask its own mask function makes (padding and window); got "
+                         f"{type(attention_mask).__name__}")
+    mask = attention_mask or _Mask(None, 0)
+    layer_window = int(kwargs.get("sliding_window") or getattr(module, "sliding_window", None) or 0)
+    if layer_window != mask.window:
+        raise ValueError(f"layer {layer} attends within a window of {layer_window or 'none'}, its mask within "
+                         f"{mask.window or 'none'}")
+    return cache._attend(index, pos0, query, mask.begins, mask.window, scaling), None
 
 
 def register() -> None:

@@ -104,31 +104,6 @@ py::dict meter_probs(const py::object& p_obj, const py::object& c_obj) {
   return bounds_dict(b);
 }
 
-py::array witness(const py::object& k_hat_obj, const py::object& k_obj, int bands, const std::string& layout) {
-  const auto kh = take<float>(k_hat_obj, "k_hat", -1), k = take<float>(k_obj, "k", -1);
-  if (kh.ndim() < 1 || kh.ndim() > 2) throw py::value_error("k_hat must be (d,) or (n, d)");
-  if (kh.ndim() != k.ndim() || !std::equal(kh.shape(), kh.shape() + kh.ndim(), k.shape()))
-    throw py::value_error("k_hat and k must have the same shape");
-  const py::ssize_t d = kh.shape(kh.ndim() - 1), n = kh.ndim() == 2 ? kh.shape(0) : 1;
-  std::vector<py::ssize_t> shape = {n, bands};
-  if (bands < 1) throw py::value_error("bands must be at least 1");
-  py::array_t<std::uint16_t> w(shape);
-  for (py::ssize_t t = 0; t < n; ++t)
-    check(witcert_witness(static_cast<int>(d), bands, layout_of(layout), kh.data() + t * d, k.data() + t * d,
-                          w.mutable_data() + t * bands));
-  if (kh.ndim() == 1) w = w.reshape({static_cast<py::ssize_t>(bands)});
-  return as_f16(w);
-}
-
-py::array tier_a_bounds(const py::object& q_obj, const py::object& w_obj, double sm, const std::string& layout) {
-  const auto q = take<float>(q_obj, "q");
-  const auto w = take_f16(w_obj, "witnesses", 2);
-  py::array_t<double> c(w.shape(0));
-  check(witcert_tier_a_bounds(static_cast<int>(q.size()), static_cast<int>(w.shape(1)), layout_of(layout), q.data(),
-                              w.data(), static_cast<size_t>(w.shape(0)), sm, c.mutable_data()));
-  return c;
-}
-
 // ---- The tensor API: whole batches, any float dtype, without the GIL -------------------------
 
 // An array of any float dtype read in place: `code` is the witcert_dtype the Python layer
@@ -367,9 +342,10 @@ class Cache {
   }
 
   // Causal attention of the queries q (q_heads, T, head_dim) at positions [pos0, pos0 + T), each over
-  // [begin, its position] (a left-padded row's padding: before begin): the outputs (q_heads, T, head_dim) and the cells' fields as arrays
+  // [begin, its position] (a left-padded row's padding: before begin), within `window` positions
+  // of it when window > 0: the outputs (q_heads, T, head_dim) and the cells' fields as arrays
   // (q_heads, T): raw, meter, v_meter, output_bound, repaired.
-  py::tuple attend_rows(int layer, const py::object& q_obj, long pos0, long begin) {
+  py::tuple attend_rows(int layer, const py::object& q_obj, long pos0, long begin, long window) {
     const auto q = take<float>(q_obj, "q", 3);
     if (q.shape(0) != g_.q_heads || q.shape(2) != g_.head_dim)
       throw py::value_error("q must be (q_heads, tokens, head_dim) = (" + std::to_string(g_.q_heads) + ", T, " +
@@ -393,9 +369,13 @@ class Cache {
         for (py::ssize_t t = 0; t < T && s == WITCERT_OK; ++t) {
           for (int j = 0; j < group; ++j)
             std::memcpy(qg.data() + j * d, q.data() + ((kv * group + j) * T + t) * d, sizeof(float) * d);
-          // A query inside the padding (before `begin`) attends to itself only: its output is unused.
-          s = witcert_cache_attend_range(cache_, layer, kv, qg.data(), group, std::min<long>(begin, pos0 + t),
-                                         pos0 + t + 1, og.data(), cells.data());
+          // A sliding window of `window` positions starts at pos − window + 1 (key t seen while
+          // pos − t < window); a query inside the padding (before `begin`) attends to itself only,
+          // its output unused.
+          const long pos = pos0 + t;
+          const long first = window > 0 ? std::max(begin, pos - window + 1) : begin;
+          s = witcert_cache_attend_range(cache_, layer, kv, qg.data(), group, std::min(first, pos), pos + 1,
+                                         og.data(), cells.data());
           if (s != WITCERT_OK) break;
           for (int j = 0; j < group; ++j) {
             const py::ssize_t i = (kv * group + j) * T + t;
@@ -563,8 +543,6 @@ PYBIND11_MODULE(_witcert, m) {
     check(witcert_true_tv(p.data(), e.data(), static_cast<size_t>(p.size()), &tv));
     return tv;
   });
-  m.def("witness", &witness, py::arg("k_hat"), py::arg("k"), py::arg("bands"), py::arg("layout"));
-  m.def("tier_a_bounds", &tier_a_bounds, py::arg("q"), py::arg("witnesses"), py::arg("sm"), py::arg("layout"));
   m.def("meter_batch", &meter_batch);
   m.def("witness_batch", &witness_batch);
   m.def("tier_a_batch", &tier_a_batch);
