@@ -47,7 +47,7 @@ def tensor_api(repeats, threads):
           f"({one / many:.1f}x)")
 
 
-def generate(model_path, repeats, new_tokens, batch):
+def generate(model_path, repeats, new_tokens, batch, prompt_repeat=1):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
     import witcert.transformers as wt
@@ -56,7 +56,7 @@ def generate(model_path, repeats, new_tokens, batch):
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     tok.padding_side = "left"
     prompt = "The history of the lighthouse begins with fires lit on hills to guide ships home. Over the centuries,"
-    inputs = tok([prompt] * batch, return_tensors="pt", padding=True)
+    inputs = tok([" ".join([prompt] * prompt_repeat)] * batch, return_tensors="pt", padding=True)
     caches = {"DynamicCache (sdpa)": lambda: DynamicCache(config=model.config)}
     try:
         import optimum.quanto  # noqa: F401
@@ -93,12 +93,13 @@ def main():
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--prompt-repeat", type=int, default=1, help="the prompt repeated this many times")
     parser.add_argument("--skip-tensor-api", action="store_true")
     args = parser.parse_args()
     if not args.skip_tensor_api:
         tensor_api(args.repeats, args.threads)
     for batch in [int(b) for b in args.batches.split(",")]:
-        generate(args.model, max(3, args.repeats // 2), args.new_tokens, batch)
+        generate(args.model, max(3, args.repeats // 2), args.new_tokens, batch, args.prompt_repeat)
 
 
 if __name__ == "__main__":

@@ -282,6 +282,15 @@ WITCERT_EXPORT witcert_status witcert_cache_attend(witcert_cache* cache, int lay
 WITCERT_EXPORT witcert_status witcert_cache_attend_range(witcert_cache* cache, int layer, int kv_head, const float* q,
                                                          int group, int64_t begin, int64_t end, float* out,
                                                          witcert_cell* cells);
+/* Causal attention of `tokens` consecutive query positions [pos0, pos0 + tokens) in one call, each
+ * over its own positions (the last `window` of them when window > 0; 0: all): q and out hold tokens ×
+ * group × head_dim floats, cells (may be NULL) tokens × group, position-major. The run reads the
+ * positions every one of its queries sees once for all of them (a prefill), and each query's meter
+ * takes the run's widest span in its union bound, so it may read slightly above the one-position
+ * call's. */
+WITCERT_EXPORT witcert_status witcert_cache_attend_causal(witcert_cache* cache, int layer, int kv_head,
+                                                          const float* q, int group, int64_t pos0, int64_t tokens,
+                                                          int64_t window, float* out, witcert_cell* cells);
 typedef struct witcert_cache_stats {
   int64_t page_ins;      /* pages the gate promoted to the exact tier */
   int64_t page_in_bytes; /* exact K and V bytes read for them */

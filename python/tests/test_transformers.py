@@ -19,7 +19,7 @@ else:
 
 import witcert
 import witcert.transformers as wt
-from witcert import _arrays
+from witcert import _witcert
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 MODEL = os.environ.get("WITCERT_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -113,39 +113,40 @@ def test_every_format_is_sound_in_every_decode_cell(model, kv):
 
 
 def test_the_cells_are_the_cpp_caches_own(model, monkeypatch):
+    """The batch's cells, replayed row by row into plain witcert.Cache objects: the same bits."""
     m, tok = model
     calls = []
-    write, attend = witcert.Cache.write_rows, witcert.Cache.attend_rows
+    write, attend = _witcert.write_batch, _witcert.attend_batch
 
-    def record_write(self, layer, pos0, k, v):
-        calls.append((id(self), "write", layer, pos0, _arrays.float32(k, "k").copy(), _arrays.float32(v, "v").copy()))
-        return write(self, layer, pos0, k, v)
+    def record_write(caches, layer, pos0, k, v):
+        calls.append(("write", layer, pos0, k.copy(), v.copy()))
+        return write(caches, layer, pos0, k, v)
 
-    def record_attend(self, layer, q, pos0, begin=0):
-        out, cells = attend(self, layer, q, pos0, begin)
-        calls.append((id(self), "attend", layer, pos0, _arrays.float32(q, "q").copy(), begin, out, cells))
+    def record_attend(caches, layer, q, pos0, begins, window):
+        out, cells = attend(caches, layer, q, pos0, begins, window)
+        calls.append(("attend", layer, pos0, q.copy(), list(begins), window, out, cells))
         return out, cells
 
-    monkeypatch.setattr(witcert.Cache, "write_rows", record_write)
-    monkeypatch.setattr(witcert.Cache, "attend_rows", record_attend)
-    batch = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    monkeypatch.setattr(_witcert, "write_batch", record_write)
+    monkeypatch.setattr(_witcert, "attend_batch", record_attend)
+    batch = tok(PROMPTS[:2], return_tensors="pt", padding=True)  # the first row is left-padded
     options = dict(kv="dither-int8", kv_v="q4_0", tau_k=0.1)
     with wt.CertifiedCache(m, **options) as cache:
         generate(m, batch, cache, new=4)
-        row_ids = [id(r) for r in cache._rows]
+        capacity = cache.capacity
     monkeypatch.undo()
-    for row_id in row_ids:
-        replay = witcert.Cache(30, 9, 3, 64, cache.capacity, layout="neox", **options)
-        mine = [c for c in calls if c[0] == row_id]
-        assert len(mine) == 2 * 30 * 4
-        for c in mine:
-            if c[1] == "write":
-                replay.write_rows(c[2], c[3], c[4], c[5])
+    assert len(calls) == 2 * 30 * 4
+    for b in range(2):
+        replay = witcert.Cache(30, 9, 3, 64, capacity, layout="neox", **options)
+        for c in calls:
+            if c[0] == "write":
+                replay.write_rows(c[1], c[2], c[3][b], c[4][b])
                 continue
-            out, cells = replay.attend_rows(c[2], c[4], c[3], c[5])
-            assert np.array_equal(out, c[6])
+            out, cells = replay.attend_rows(c[1], c[3][b], c[2], c[4][b], c[5])
+            assert np.array_equal(out.transpose(1, 0, 2), c[6][b])
             for f in ("raw", "meter", "v_meter", "output_bound", "repaired"):
-                assert np.array_equal(getattr(cells, f), getattr(c[7], f)), f
+                assert np.array_equal(getattr(cells, f), c[7][f][b]), f
+    assert any(c[4][0] > 0 for c in calls if c[0] == "attend")  # the padding was passed as begin
 
 
 def teacher_forced_logits(m, ids, prompt_len, cache):

@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
 
 import witcert
+from witcert import _witcert
 
 __all__ = ["CertifiedCache", "Report", "ATTN_IMPLEMENTATION"]
 
@@ -182,12 +183,15 @@ class CertifiedCache(Cache):
             self._decoding_from = keys.shape[-2]
             for row in self._rows:
                 row.report_start(self._decoding_from)
-        # One conversion for the batch; each row then reads its slice in place (as torch tensors, which
-        # a registered scheme's function is given).
+        # One conversion and one call for the batch; a registered scheme's function is given each row's
+        # keys as torch tensors, through the rows' own write_rows.
         k = keys.detach().to(device="cpu", dtype=torch.float32).contiguous()
         v = values.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        for b, row in enumerate(self._rows):
-            row.write_rows(layer, pos0, k[b], v[b])
+        if any(row._quantize for row in self._rows):
+            for b, row in enumerate(self._rows):
+                row.write_rows(layer, pos0, k[b], v[b])
+        else:
+            _witcert.write_batch([row._c for row in self._rows], layer, pos0, k.numpy(), v.numpy())
 
     def _attend(self, layer: int, pos0: int, query: torch.Tensor, begins: Optional[torch.Tensor], window: int,
                 scaling: Optional[float]) -> torch.Tensor:
@@ -200,23 +204,18 @@ class CertifiedCache(Cache):
         factor = 1.0 if scaling is None else float(scaling) * math.sqrt(d)
         if abs(factor - 1.0) > 1e-12:
             q = q * factor
-        qn = q.contiguous().numpy()
-        out = np.empty((batch, steps, heads, d), dtype=np.float32)
-        decode = slice(max(0, self._decoding_from - pos0), steps)
-        served = []
-        for b, row in enumerate(self._rows):
-            o, cells = row.attend_rows(layer, qn[b], pos0, int(begins[b]) if begins is not None else 0, window)
-            out[b] = o.transpose(1, 0, 2)
-            served.append(cells)
-        self._count(layer, served, decode)
+        starts = [0] * batch if begins is None else [int(x) for x in begins]
+        # One call for the batch: outputs (batch, steps, heads, head_dim), cells (batch, heads, steps).
+        out, cells = _witcert.attend_batch([row._c for row in self._rows], layer, q.contiguous().numpy(), pos0,
+                                           starts, window)
+        self._count(layer, cells, slice(max(0, self._decoding_from - pos0), steps))
         return torch.from_numpy(out).to(device=query.device, dtype=query.dtype)
 
-    def _count(self, layer: int, served: List[witcert.Cells], decode: slice) -> None:
+    def _count(self, layer: int, cells: Dict[str, np.ndarray], decode: slice) -> None:
         """Adds the decode steps' cells of every row to the per-(layer, head) summary."""
         if decode.start >= decode.stop:
             return
-        field = {f: np.stack([getattr(c, f)[:, decode] for c in served]) for f in ("meter", "v_meter", "raw",
-                                                                                    "repaired")}
+        field = {f: cells[f][:, :, decode] for f in ("meter", "v_meter", "raw", "repaired")}
         s = self._stats
         s[0, layer] += field["meter"].shape[0] * field["meter"].shape[2]
         s[1, layer] += field["meter"].sum(axis=(0, 2))

@@ -396,6 +396,66 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
   }
 }
 
+TEST(CApiBatch, ACausalRunIsItsPositionsCallsWithTheRunsSpan) {
+  const witcert_geometry g{1, 4, 2, 64, 200, WITCERT_ROPE_NEOX};
+  const int group = 2;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const char* options : {"{}", R"({"kv": "q4_0"})", R"({"kv": "dither-int8", "kv_v": "dither-int5"})",
+                              R"({"kv": "q4_0", "tau_k": 0.2, "page_size": 4})", R"({"kv": "kivi-2bit"})"})
+    for (std::int64_t window : {0, 7}) {
+      SCOPED_TRACE(std::string(options) + " window " + std::to_string(window));
+      const bool dithered = std::string(options).find("dither") != std::string::npos;
+      const bool gated = std::string(options).find("tau_k") != std::string::npos;
+      Sequence run(g, options), single(g, options);
+      const std::int64_t n = 70, pos0 = 20, tokens = n - pos0;
+      std::vector<float> k(2 * n * 64), v(k.size());
+      for (std::size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) * (i % 64 == 3 ? 6.0f : 1.0f), v[i] = nd(rng);
+      ASSERT_EQ(witcert_cache_write_rows(run.cache, 0, 0, n, k.data(), v.data(), nullptr, nullptr), WITCERT_OK);
+      ASSERT_EQ(witcert_cache_write_rows(single.cache, 0, 0, n, k.data(), v.data(), nullptr, nullptr), WITCERT_OK);
+      std::vector<float> q((tokens + 1) * group * 64), out(q.size()), one(group * 64);  // a row to spare
+      for (float& x : q) x = nd(rng);
+      std::vector<witcert_cell> cells(tokens * group), c1(group);
+      ASSERT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, tokens, window, out.data(),
+                                            cells.data()),
+                WITCERT_OK)
+          << witcert_last_error();
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        const std::int64_t pos = pos0 + t, begin = window > 0 ? std::max<std::int64_t>(0, pos - window + 1) : 0;
+        ASSERT_EQ(witcert_cache_attend_range(single.cache, 0, 1, q.data() + t * group * 64, group, begin, pos + 1,
+                                             one.data(), c1.data()),
+                  WITCERT_OK);
+        for (int h = 0; h < group; ++h) {
+          const witcert_cell& a = cells[t * group + h];
+          EXPECT_EQ(a.pos, pos);
+          EXPECT_EQ(a.q_head, group + h);
+          if (!gated) {  // a gate may repair a run's pages in another order than one position's
+            for (int i = 0; i < 64; ++i) EXPECT_NEAR(out[(t * group + h) * 64 + i], one[h * 64 + i], 1e-5);
+            if (dithered) {
+              EXPECT_GE(a.raw, c1[h].raw * (1 - 1e-12));  // the run's wider span: a larger radius
+            } else {
+              EXPECT_NEAR(a.raw, c1[h].raw, 1e-9 * (1 + c1[h].raw));
+            }
+          } else {
+            EXPECT_LE(a.meter, 0.2);
+          }
+        }
+      }
+      EXPECT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, tokens + 1, window, out.data(),
+                                            cells.data()),
+                WITCERT_ERROR_OUT_OF_RANGE);
+      EXPECT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, 0, window, out.data(), nullptr),
+                WITCERT_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, 2, -1, out.data(), nullptr),
+                WITCERT_ERROR_INVALID_ARGUMENT);
+      std::vector<float> bad(q.begin(), q.begin() + 2 * group * 64);
+      bad[group * 64 + 5] = std::numeric_limits<float>::infinity();
+      EXPECT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, bad.data(), group, pos0, 2, window, out.data(), nullptr),
+                WITCERT_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(witcert_last_error()).find("q[133]"), std::string::npos) << witcert_last_error();
+    }
+}
+
 // Softmax attention of one query over rows [0, n) of keys and values, in double.
 std::vector<double> attention(const float* q, const std::vector<std::vector<double>>& k,
                               const std::vector<std::vector<double>>& v) {

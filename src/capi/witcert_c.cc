@@ -61,6 +61,70 @@ engine::CacheOptions pool_options(nlohmann::json j) {
   return o;
 }
 
+// The checks every attend call shares: a layer, KV head and group of the geometry, queries at
+// positions [pos0, pos0 + tokens) whose keys are written, and finite queries within fp16's range.
+void check_attend(const witcert_cache& c, int layer, int kv_head, const float* q, int group, std::int64_t pos0,
+                  std::int64_t tokens, const float* out) {
+  const model::LlamaConfig& g = c.pool->geometry;
+  if (!(layer >= 0 && layer < g.layers))
+    refuse("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
+  if (!(kv_head >= 0 && kv_head < g.kv_heads))
+    refuse("kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
+  if (group != g.heads / g.kv_heads)
+    refuse("group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got " +
+           std::to_string(group));
+  const std::int64_t end = pos0 + tokens;
+  if (!(end >= 1 && end <= c.pool->capacity))
+    refuse("n_ctx (end) " + std::to_string(end) + " is outside [1, " + std::to_string(c.pool->capacity) + "]",
+           WITCERT_ERROR_OUT_OF_RANGE);
+  not_null(q, "q");
+  not_null(out, "out");
+  check_activations(q, static_cast<std::size_t>(tokens) * group * g.head_dim, "q");
+  const std::int64_t written = c.written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
+  if (end > written)
+    refuse("n_ctx (end) is " + std::to_string(end) + " but only " + std::to_string(written) +
+           " positions of this (layer, kv_head) are written", WITCERT_ERROR_OUT_OF_RANGE);
+}
+
+// The cells of the group's heads at positions [pos0, pos0 + tokens), position-major, from what the
+// cache recorded (all zero for the plain cache). A head whose output is not finite certifies
+// nothing: its cell reads no guarantee whatever the meter said, and the call fails, so that neither
+// the status nor a cell vouches for it.
+void serve_cells(const witcert_cache& c, int layer, int kv_head, int group, std::int64_t pos0, std::int64_t tokens,
+                 const float* out, witcert_cell* cells) {
+  const std::size_t d = static_cast<std::size_t>(c.pool->geometry.head_dim);
+  const std::size_t n = static_cast<std::size_t>(tokens) * group;
+  std::vector<char> finite(n);
+  for (std::size_t i = 0; i < n; ++i)
+    finite[i] = std::all_of(out + i * d, out + (i + 1) * d, [](float y) { return std::isfinite(y); });
+  if (cells) {
+    for (std::size_t i = 0; i < n; ++i)
+      cells[i] = {layer, kv_head * group + static_cast<int>(i % group), pos0 + static_cast<std::int64_t>(i / group),
+                  0.0, 0.0, 0.0, 0.0, 0};
+    for (const gate::MeterCell& m : c.cells.cells_) {
+      const int h = m.q_head - kv_head * group;
+      const std::int64_t t = m.pos - pos0;
+      if (h >= 0 && h < group && t >= 0 && t < tokens)
+        cells[t * group + h] = {m.layer, m.q_head, m.pos, m.eform_raw, m.meter, m.v_meter, m.output_bound,
+                                m.repaired ? 1 : 0};
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      witcert_cell& cell = cells[i];
+      if (!finite[i] || std::isnan(cell.raw)) cell.raw = HUGE_VAL;
+      if (!finite[i] || !(cell.meter <= 1.0)) cell.meter = 1.0;
+      if (!finite[i] || std::isnan(cell.v_meter)) cell.v_meter = HUGE_VAL;
+      if (!finite[i] || std::isnan(cell.output_bound)) cell.output_bound = HUGE_VAL;
+    }
+  }
+  const auto bad = std::find(finite.begin(), finite.end(), 0);
+  if (bad != finite.end()) {
+    const std::size_t i = static_cast<std::size_t>(bad - finite.begin());
+    refuse("the output of q_head " + std::to_string(kv_head * group + static_cast<int>(i % group)) + " at position " +
+               std::to_string(pos0 + static_cast<std::int64_t>(i / group)) + " is not finite",
+           WITCERT_ERROR_NON_FINITE);
+  }
+}
+
 bool external(const engine::CacheOptions& o, formats::KvSide side) {
   const formats::KvFormat& f = side == formats::KvSide::key ? o.k_format : o.v_format;
   return o.certified && f == formats::KvFormat::external();
@@ -483,55 +547,29 @@ witcert_status witcert_cache_attend_range(witcert_cache* cache, int layer, int k
                                           int64_t begin, int64_t end, float* out, witcert_cell* cells) {
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");
-    const model::LlamaConfig& g = c->pool->geometry;
-    if (!(layer >= 0 && layer < g.layers))
-      refuse("layer " + std::to_string(layer) + " is outside [0, " + std::to_string(g.layers) + ")");
-    if (!(kv_head >= 0 && kv_head < g.kv_heads))
-      refuse("kv_head " + std::to_string(kv_head) + " is outside [0, " + std::to_string(g.kv_heads) + ")");
-    if (group != g.heads / g.kv_heads)
-      refuse("group must be q_heads / kv_heads = " + std::to_string(g.heads / g.kv_heads) + ", got "
-             + std::to_string(group));
-    if (!(end >= 1 && end <= c->pool->capacity))
-      refuse("n_ctx (end) " + std::to_string(end) + " is outside [1, " + std::to_string(c->pool->capacity)
-             + "]", WITCERT_ERROR_OUT_OF_RANGE);
+    check_attend(*c, layer, kv_head, q, group, end - 1, 1, out);
     if (!(begin >= 0 && begin < end))
       refuse("begin " + std::to_string(begin) + " is outside [0, end = " + std::to_string(end) + ")",
              WITCERT_ERROR_OUT_OF_RANGE);
-    not_null(q, "q");
-    not_null(out, "out");
-    const std::size_t n = static_cast<std::size_t>(group) * static_cast<std::size_t>(g.head_dim);
-    check_activations(q, n, "q");
-    const std::int64_t written = c->written[static_cast<std::size_t>(layer) * g.kv_heads + kv_head];
-    if (end > written)
-      refuse("n_ctx (end) is " + std::to_string(end) + " but only " + std::to_string(written)
-             + " positions of this (layer, kv_head) are written", WITCERT_ERROR_OUT_OF_RANGE);
     c->cells.cells_.clear();
     c->cache.kv->attend(layer, kv_head, q, group, begin, end, out);
-    const std::size_t d = static_cast<std::size_t>(g.head_dim);
-    // A head whose output is not finite certifies nothing: its cell reads no guarantee whatever the
-    // meter said, and the call fails, so that neither the status nor a cell vouches for it.
-    std::vector<char> finite(static_cast<std::size_t>(group));
-    for (int h = 0; h < group; ++h)
-      finite[h] = std::all_of(out + h * d, out + (h + 1) * d, [](float y) { return std::isfinite(y); });
-    if (cells) {
-      for (int h = 0; h < group; ++h) cells[h] = {layer, kv_head * group + h, end - 1, 0.0, 0.0, 0.0, 0.0, 0};
-      for (const gate::MeterCell& m : c->cells.cells_) {
-        const int h = m.q_head - kv_head * group;
-        if (h >= 0 && h < group)
-          cells[h] = {m.layer, m.q_head, m.pos, m.eform_raw, m.meter, m.v_meter, m.output_bound, m.repaired ? 1 : 0};
-      }
-      for (int h = 0; h < group; ++h) {
-        witcert_cell& cell = cells[h];
-        if (!finite[h] || std::isnan(cell.raw)) cell.raw = HUGE_VAL;
-        if (!finite[h] || !(cell.meter <= 1.0)) cell.meter = 1.0;
-        if (!finite[h] || std::isnan(cell.v_meter)) cell.v_meter = HUGE_VAL;
-        if (!finite[h] || std::isnan(cell.output_bound)) cell.output_bound = HUGE_VAL;
-      }
-    }
-    const auto bad = std::find(finite.begin(), finite.end(), 0);
-    if (bad != finite.end())
-      refuse("the output of q_head " + std::to_string(kv_head * group + (bad - finite.begin()))
-             + " is not finite", WITCERT_ERROR_NON_FINITE);
+    serve_cells(*c, layer, kv_head, group, end - 1, 1, out, cells);
+  });
+}
+
+witcert_status witcert_cache_attend_causal(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
+                                           int64_t pos0, int64_t tokens, int64_t window, float* out,
+                                           witcert_cell* cells) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    require(tokens >= 1, "tokens must be at least 1");
+    require(pos0 >= 0, "pos0 is negative");
+    require(window >= 0, "window must be >= 0 (0: none)");
+    check_attend(*c, layer, kv_head, q, group, pos0, tokens, out);
+    const std::int64_t row = static_cast<std::int64_t>(group) * c->pool->geometry.head_dim;
+    c->cells.cells_.clear();
+    c->cache.kv->attend_causal(layer, kv_head, q, row, group, pos0, tokens, window, out, row);
+    serve_cells(*c, layer, kv_head, group, pos0, tokens, out, cells);
   });
 }
 

@@ -18,9 +18,9 @@ namespace py = pybind11;
 
 namespace {
 
-void check(witcert_status s) {
+// Raises the exception `s` maps to with `msg` (a message taken on another thread).
+void check(witcert_status s, const std::string& msg) {
   if (s == WITCERT_OK) return;
-  const std::string msg = witcert_last_error();
   switch (s) {
     case WITCERT_ERROR_INVALID_ARGUMENT: throw py::value_error(msg);
     case WITCERT_ERROR_OUT_OF_RANGE: throw py::index_error(msg);
@@ -34,6 +34,10 @@ void check(witcert_status s) {
     }
     default: throw std::runtime_error(msg);
   }
+}
+
+void check(witcert_status s) {
+  if (s != WITCERT_OK) check(s, witcert_last_error());
 }
 
 // A C-contiguous array of T with `ndim` dimensions (any when ndim < 0), read in place.
@@ -345,58 +349,110 @@ class Cache {
   // [begin, its position] (a left-padded row's padding: before begin), within `window` positions
   // of it when window > 0: the outputs (q_heads, T, head_dim) and the cells' fields as arrays
   // (q_heads, T): raw, meter, v_meter, output_bound, repaired.
-  py::tuple attend_rows(int layer, const py::object& q_obj, long pos0, long begin, long window) {
-    const auto q = take<float>(q_obj, "q", 3);
-    if (q.shape(0) != g_.q_heads || q.shape(2) != g_.head_dim)
-      throw py::value_error("q must be (q_heads, tokens, head_dim) = (" + std::to_string(g_.q_heads) + ", T, " +
-                            std::to_string(g_.head_dim) + ")");
-    const py::ssize_t T = q.shape(1), d = g_.head_dim, hq = g_.q_heads;
+  // The fields of the cells of one attend_rows call, each (q_heads, T) at the given pointers.
+  struct CellFields {
+    double *raw, *meter, *v_meter, *output_bound;
+    bool* repaired;
+  };
+
+  // attend_rows into caller-owned memory, without the GIL: q is (q_heads, T, head_dim); the output of
+  // (head h, step t) goes to out + (h·T + t)·d, or out + (t·q_heads + h)·d when token_major (the
+  // layout transformers' attention returns). Returns the status of the first failing call.
+  witcert_status attend_into(int layer, const float* q, long T, long pos0, long begin, long window, float* out,
+                             bool token_major, const CellFields& f) const {
+    const long d = g_.head_dim, hq = g_.q_heads;
     const int group = g_.q_heads / g_.kv_heads;
-    py::array_t<float> out({hq, T, d});
-    std::vector<py::array_t<double>> fields;
-    for (int f = 0; f < 4; ++f) fields.emplace_back(std::vector<py::ssize_t>{hq, T});
-    py::array_t<bool> repaired({hq, T});
-    float* op = out.mutable_data();
-    double *raw = fields[0].mutable_data(), *meter = fields[1].mutable_data(), *vm = fields[2].mutable_data(),
-           *ob = fields[3].mutable_data();
-    bool* rp = repaired.mutable_data();
-    witcert_status s = WITCERT_OK;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<float> qg(static_cast<std::size_t>(group * d)), og(qg.size());
-      std::vector<witcert_cell> cells(static_cast<std::size_t>(group));
-      for (int kv = 0; kv < g_.kv_heads && s == WITCERT_OK; ++kv)
-        for (py::ssize_t t = 0; t < T && s == WITCERT_OK; ++t) {
+    // Without padding, runs of up to kRun positions go through the cache's causal path, which reads
+    // the positions a run shares once (a prefill); with padding, one position at a time.
+    constexpr long kRun = 64;
+    const long run = begin == 0 ? std::min(T, kRun) : 1;
+    std::vector<float> qg(static_cast<std::size_t>(run * group * d)), og(qg.size());
+    std::vector<witcert_cell> cells(static_cast<std::size_t>(run * group));
+    for (int kv = 0; kv < g_.kv_heads; ++kv)
+      for (long t0 = 0; t0 < T; t0 += run) {
+        const long n = std::min(run, T - t0);
+        for (long t = 0; t < n; ++t)
           for (int j = 0; j < group; ++j)
-            std::memcpy(qg.data() + j * d, q.data() + ((kv * group + j) * T + t) * d, sizeof(float) * d);
+            std::memcpy(qg.data() + (t * group + j) * d, q + ((kv * group + j) * T + t0 + t) * d, sizeof(float) * d);
+        witcert_status s;
+        if (run > 1) {
+          s = witcert_cache_attend_causal(cache_, layer, kv, qg.data(), group, pos0 + t0, n, window, og.data(),
+                                          cells.data());
+        } else {
           // A sliding window of `window` positions starts at pos − window + 1 (key t seen while
           // pos − t < window); a query inside the padding (before `begin`) attends to itself only,
           // its output unused.
-          const long pos = pos0 + t;
+          const long pos = pos0 + t0;
           const long first = window > 0 ? std::max(begin, pos - window + 1) : begin;
           s = witcert_cache_attend_range(cache_, layer, kv, qg.data(), group, std::min(first, pos), pos + 1,
                                          og.data(), cells.data());
-          if (s != WITCERT_OK) break;
-          for (int j = 0; j < group; ++j) {
-            const py::ssize_t i = (kv * group + j) * T + t;
-            std::memcpy(op + i * d, og.data() + j * d, sizeof(float) * d);
-            raw[i] = cells[j].raw;
-            meter[i] = cells[j].meter;
-            vm[i] = cells[j].v_meter;
-            ob[i] = cells[j].output_bound;
-            rp[i] = cells[j].repaired != 0;
-          }
         }
+        if (s != WITCERT_OK) return s;
+        for (long t = 0; t < n; ++t)
+          for (int j = 0; j < group; ++j) {
+            const long h = kv * group + j, i = h * T + t0 + t;
+            const witcert_cell& c = cells[t * group + j];
+            std::memcpy(out + (token_major ? (t0 + t) * hq + h : i) * d, og.data() + (t * group + j) * d,
+                        sizeof(float) * d);
+            f.raw[i] = c.raw;
+            f.meter[i] = c.meter;
+            f.v_meter[i] = c.v_meter;
+            f.output_bound[i] = c.output_bound;
+            f.repaired[i] = c.repaired != 0;
+          }
+      }
+    return WITCERT_OK;
+  }
+
+  // Causal attention of the queries q (q_heads, T, head_dim) at positions [pos0, pos0 + T), each over
+  // [begin, its position] (a left-padded row's padding: before begin), within `window` positions
+  // of it when window > 0: the outputs (q_heads, T, head_dim) and the cells' fields as arrays
+  // (q_heads, T): raw, meter, v_meter, output_bound, repaired.
+  py::tuple attend_rows(int layer, const py::object& q_obj, long pos0, long begin, long window) {
+    const auto q = take<float>(q_obj, "q", 3);
+    check_queries(q, "q");
+    const py::ssize_t T = q.shape(1);
+    py::array_t<float> out({static_cast<py::ssize_t>(g_.q_heads), T, static_cast<py::ssize_t>(g_.head_dim)});
+    py::dict cells = cell_arrays({static_cast<py::ssize_t>(g_.q_heads), T});
+    const CellFields f = fields_of(cells, 0, 0);
+    witcert_status s;
+    {
+      py::gil_scoped_release nogil;
+      s = attend_into(layer, q.data(), T, pos0, begin, window, out.mutable_data(), false, f);
     }
     check(s);
-    py::dict cells;
-    cells["raw"] = fields[0];
-    cells["meter"] = fields[1];
-    cells["v_meter"] = fields[2];
-    cells["output_bound"] = fields[3];
-    cells["repaired"] = repaired;
     return py::make_tuple(out, cells);
   }
+
+  void check_queries(const py::array_t<float>& q, const char* name) const {
+    if (q.shape(q.ndim() - 3) != g_.q_heads || q.shape(q.ndim() - 1) != g_.head_dim)
+      throw py::value_error(std::string(name) + " must be (q_heads, tokens, head_dim) = (" +
+                            std::to_string(g_.q_heads) + ", T, " + std::to_string(g_.head_dim) + ") per row");
+  }
+
+  // Arrays of `shape` for every cell field, in a dict by name.
+  static py::dict cell_arrays(const std::vector<py::ssize_t>& shape) {
+    py::dict cells;
+    for (const char* name : {"raw", "meter", "v_meter", "output_bound"}) cells[name] = py::array_t<double>(shape);
+    cells["repaired"] = py::array_t<bool>(shape);
+    return cells;
+  }
+
+  // The fields of row `row` (each row `per_row` cells) of arrays made by cell_arrays.
+  static CellFields fields_of(const py::dict& cells, std::size_t row, std::size_t per_row) {
+    const auto at = [&](const char* name) {
+      return cells[name].cast<py::array_t<double>>().mutable_data() + row * per_row;
+    };
+    return {at("raw"), at("meter"), at("v_meter"), at("output_bound"),
+            cells["repaired"].cast<py::array_t<bool>>().mutable_data() + row * per_row};
+  }
+
+  // write_rows without the GIL and without reconstructions, for write_batch.
+  witcert_status write_into(int layer, long pos0, long T, const float* k, const float* v) const {
+    return witcert_cache_write_rows(cache_, layer, pos0, T, k, v, nullptr, nullptr);
+  }
+
+  const witcert_geometry& geometry() const { return g_; }
 
   void report_start(long first_pos) { check(witcert_cache_report_start(cache_, first_pos)); }
   // The report as JSON text (the package parses it).
@@ -432,6 +488,73 @@ class Cache {
   witcert_pool* pool_ = nullptr;
   witcert_cache* cache_ = nullptr;
 };
+
+// Runs row(b) for b in [0, rows) without the GIL, on this thread (a cache's report keeps a shard per
+// thread that records into it, so rows stay on the thread that made them); raises the failure of
+// the first failing row.
+template <class Row>
+void for_each_row(std::size_t rows, Row row) {
+  witcert_status s = WITCERT_OK;
+  std::size_t failed = 0;
+  std::string message;
+  {
+    py::gil_scoped_release nogil;
+    for (std::size_t b = 0; b < rows && s == WITCERT_OK; ++b)
+      if ((s = row(b)) != WITCERT_OK) failed = b, message = witcert_last_error();
+  }
+  if (s != WITCERT_OK) check(s, "row " + std::to_string(failed) + ": " + message);
+}
+
+std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const char* name) {
+  if (caches.empty() || x.ndim() != 4 || x.shape(0) != static_cast<py::ssize_t>(caches.size()))
+    throw py::value_error(std::string(name) + " must be (rows, heads, tokens, head_dim), one row per cache");
+  std::vector<Cache*> out;
+  for (const py::handle& h : caches) out.push_back(&h.cast<Cache&>());
+  for (const Cache* c : out)
+    if (std::memcmp(&c->geometry(), &out[0]->geometry(), sizeof(witcert_geometry)) != 0)
+      throw py::value_error("the caches of a batch must have one geometry");
+  return out;
+}
+
+// Cache.write_rows for every row of a batch in one call: k and v are (rows, kv_heads, T, head_dim),
+// row b written into caches[b].
+void write_batch(const py::list& caches, int layer, long pos0, const py::object& k_obj, const py::object& v_obj) {
+  const auto k = take<float>(k_obj, "k", 4), v = take<float>(v_obj, "v", 4);
+  const std::vector<Cache*> cs = caches_of(caches, k, "k");
+  const witcert_geometry& g = cs[0]->geometry();
+  if (!std::equal(k.shape(), k.shape() + 4, v.shape()) || k.shape(1) != g.kv_heads || k.shape(3) != g.head_dim)
+    throw py::value_error("k and v must both be (rows, kv_heads, tokens, head_dim) = (" + std::to_string(cs.size()) +
+                          ", " + std::to_string(g.kv_heads) + ", T, " + std::to_string(g.head_dim) + ")");
+  const long T = static_cast<long>(k.shape(2));
+  const std::size_t per_row = static_cast<std::size_t>(g.kv_heads) * T * g.head_dim;
+  for_each_row(cs.size(), [&](std::size_t b) {
+    return cs[b]->write_into(layer, pos0, T, k.data() + b * per_row, v.data() + b * per_row);
+  });
+}
+
+// Cache.attend_rows for every row of a batch in one call: q is (rows, q_heads, T, head_dim), begins
+// one per row; the outputs come token-major, (rows, T, q_heads, head_dim) as transformers' attention
+// returns them, and the cells' fields as arrays (rows, q_heads, T).
+py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_obj, long pos0,
+                       const std::vector<long>& begins, long window) {
+  const auto q = take<float>(q_obj, "q", 4);
+  const std::vector<Cache*> cs = caches_of(caches, q, "q");
+  const witcert_geometry& g = cs[0]->geometry();
+  cs[0]->check_queries(q, "q");
+  if (begins.size() != cs.size()) throw py::value_error("begins must hold one position per row");
+  const py::ssize_t rows = q.shape(0), T = q.shape(2), hq = g.q_heads, d = g.head_dim;
+  py::array_t<float> out({rows, T, hq, d});
+  py::dict cells = Cache::cell_arrays({rows, hq, T});
+  std::vector<Cache::CellFields> fields;
+  for (py::ssize_t b = 0; b < rows; ++b)
+    fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq * T)));
+  float* op = out.mutable_data();
+  for_each_row(cs.size(), [&](std::size_t b) {
+    return cs[b]->attend_into(layer, q.data() + b * hq * T * d, T, pos0, begins[b], window, op + b * T * hq * d, true,
+                              fields[b]);
+  });
+  return py::make_tuple(out, cells);
+}
 
 class Engine {
  public:
@@ -544,6 +667,8 @@ PYBIND11_MODULE(_witcert, m) {
     return tv;
   });
   m.def("meter_batch", &meter_batch);
+  m.def("write_batch", &write_batch);
+  m.def("attend_batch", &attend_batch);
   m.def("witness_batch", &witness_batch);
   m.def("tier_a_batch", &tier_a_batch);
   m.def("delta_loc", [](double delta_req, long layers, long q_heads, long steps) {
