@@ -148,21 +148,23 @@ TEST(CApiBatch, ABadRowIsRefusedAndNamed) {
            "row 5:", "z[2] is NaN");
   r.z[5 * n + 2] = 0.0, r.z[350 * n + 7] = 0.0;
   r.c[17 * n + 4] = -0.5;
-  expect(witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0, out.data()),
-         "row 17:", "c[4] is negative");
+  expect(
+      witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0, out.data()),
+      "row 17:", "c[4] is negative");
   r.c[17 * n + 4] = HUGE_VAL;  // +inf is a bound: no guarantee for that row, and none refused
-  ASSERT_EQ(witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0,
-                                       out.data()),
-            WITCERT_OK);
+  ASSERT_EQ(
+      witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0, out.data()),
+      WITCERT_OK);
   EXPECT_EQ(out[17].meter, 1.0);
   r.p[9 * n] += 0.01;
-  expect(witcert_meter_probs_batch(r.p.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0, out.data()),
-         "row 9:", "p_tilde sums to");
+  expect(
+      witcert_meter_probs_batch(r.p.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, rows, n, 0, out.data()),
+      "row 9:", "p_tilde sums to");
   // A row of masked logits only.
   std::vector<double> masked(n, -HUGE_VAL);
-  expect(witcert_meter_logits_batch(masked.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, 1, n, 1,
-                                    out.data()),
-         "row 0:", "no finite logit");
+  expect(
+      witcert_meter_logits_batch(masked.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, 1, n, 1, out.data()),
+      "row 0:", "no finite logit");
   // fp16 holds infinities and NaN too: refused as the wide arrays are.
   std::vector<std::uint16_t> z16(n, fp16_from_double(0.5)), c16(n, fp16_from_double(0.1));
   z16[3] = 0x7e00;  // NaN
@@ -186,9 +188,9 @@ TEST(CApiBatch, ABadRowIsRefusedAndNamed) {
   // No rows: nothing to do, and nothing written.
   EXPECT_EQ(witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, 0, n, 1, nullptr),
             WITCERT_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, 0, n, 1,
-                                       out.data()),
-            WITCERT_OK);
+  EXPECT_EQ(
+      witcert_meter_logits_batch(r.z.data(), WITCERT_DTYPE_F64, r.c.data(), WITCERT_DTYPE_F64, 0, n, 1, out.data()),
+      WITCERT_OK);
 }
 
 TEST(CApiBatch, WitnessesAndTierABoundsAreTheSingleCallsBitForBit) {
@@ -260,24 +262,24 @@ TEST(CApiBatch, WitnessesAndTierABoundsAreTheSingleCallsBitForBit) {
             WITCERT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(witcert_last_error()).find("k_hat is float64"), std::string::npos) << witcert_last_error();
   std::vector<double> c1(1);
-  EXPECT_EQ(witcert_tier_a_bounds_batch(64, 16, WITCERT_ROPE_NEOX, k64.data(), WITCERT_DTYPE_F64, w1.data(), 1, 1, 1,
-                                        1, 0.125, 1, c1.data()),
+  EXPECT_EQ(witcert_tier_a_bounds_batch(64, 16, WITCERT_ROPE_NEOX, k64.data(), WITCERT_DTYPE_F64, w1.data(), 1, 1, 1, 1,
+                                        0.125, 1, c1.data()),
             WITCERT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(witcert_last_error()).find("q is float64"), std::string::npos) << witcert_last_error();
   // A NaN key names its row; a NaN witness its batch and KV head.
   std::vector<float> kn(128, 0.5f);
   kn[64 + 9] = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::uint16_t> w2(32);
-  EXPECT_EQ(witcert_witness_batch(64, 16, WITCERT_ROPE_NEOX, kn.data(), WITCERT_DTYPE_F32, kn.data(),
-                                  WITCERT_DTYPE_F32, 2, w2.data()),
+  EXPECT_EQ(witcert_witness_batch(64, 16, WITCERT_ROPE_NEOX, kn.data(), WITCERT_DTYPE_F32, kn.data(), WITCERT_DTYPE_F32,
+                                  2, w2.data()),
             WITCERT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(witcert_last_error()).find("row 1: k[9]"), std::string::npos) << witcert_last_error();
   std::vector<float> q1(2 * 64, 0.25f);
   std::vector<std::uint16_t> wn(2 * 16, fp16_from_double(0.1));
   wn[16 + 4] = 0x7e00;
   std::vector<double> c2(2);
-  EXPECT_EQ(witcert_tier_a_bounds_batch(64, 16, WITCERT_ROPE_NEOX, q1.data(), WITCERT_DTYPE_F32, wn.data(), 2, 1, 1,
-                                        1, 0.125, 1, c2.data()),
+  EXPECT_EQ(witcert_tier_a_bounds_batch(64, 16, WITCERT_ROPE_NEOX, q1.data(), WITCERT_DTYPE_F32, wn.data(), 2, 1, 1, 1,
+                                        0.125, 1, c2.data()),
             WITCERT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(witcert_last_error()).find("batch 1, kv_head 0: witnesses[4]"), std::string::npos)
       << witcert_last_error();
@@ -332,7 +334,8 @@ TEST(CApiBatch, AttentionOverARangeIsTheExactAttentionOverIt) {
           double mx = -HUGE_VAL, z = 0, err2 = 0;
           for (std::int64_t t = begin; t < n; ++t) {
             double sc = 0;
-            for (int i = 0; i < 64; ++i) sc += static_cast<double>(q[h * 64 + i]) * fp16_to_double(fp16_from_double(ks[t][i]));
+            for (int i = 0; i < 64; ++i)
+              sc += static_cast<double>(q[h * 64 + i]) * fp16_to_double(fp16_from_double(ks[t][i]));
             w.push_back(sc / 8.0);
             mx = std::max(mx, sc / 8.0);
           }
@@ -362,18 +365,21 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
   const witcert_geometry g{2, 4, 2, 64, 40, WITCERT_ROPE_NEOX};
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const char* options : {"{}", R"({"kv": "q4_0", "tau_k": 0.2})", R"({"kv": "dither-int4", "kv_v": "dither-int5", "dither": "per-slot"})"}) {
+  for (const char* options : {"{}", R"({"kv": "q4_0", "tau_k": 0.2})",
+                              R"({"kv": "dither-int4", "kv_v": "dither-int5", "dither": "per-slot"})"}) {
     SCOPED_TRACE(options);
     Sequence rows(g, options), single(g, options);
     const std::int64_t T = 13;
     std::vector<float> k(2 * T * 64), v(k.size());
     for (std::size_t i = 0; i < k.size(); ++i) k[i] = nd(rng), v[i] = nd(rng);
     for (int l = 0; l < g.layers; ++l) {
-      ASSERT_EQ(witcert_cache_write_rows(rows.cache, l, 0, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK) << witcert_last_error();
+      ASSERT_EQ(witcert_cache_write_rows(rows.cache, l, 0, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK)
+          << witcert_last_error();
       for (int h = 0; h < 2; ++h)
         for (std::int64_t t = 0; t < T; ++t)
-          ASSERT_EQ(witcert_cache_write(single.cache, l, h, t, k.data() + (h * T + t) * 64, v.data() + (h * T + t) * 64),
-                    WITCERT_OK);
+          ASSERT_EQ(
+              witcert_cache_write(single.cache, l, h, t, k.data() + (h * T + t) * 64, v.data() + (h * T + t) * 64),
+              WITCERT_OK);
     }
     std::vector<float> q(128, 0.3f), a(128), b(128);
     std::vector<witcert_cell> ca(2), cb(2);
@@ -387,12 +393,17 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
     // A value beyond fp16 in the last token of KV head 1: refused, named, and nothing written.
     std::vector<float> bad(k.begin(), k.end());
     bad[(1 * T + T - 1) * 64 + 7] = 1e6f;
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, bad.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(witcert_last_error()).find("k[1][12][7] is 1e+06"), std::string::npos) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, 0, 1, k.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, bad.data(), v.data(), nullptr, nullptr),
+              WITCERT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(witcert_last_error()).find("k[1][12][7] is 1e+06"), std::string::npos)
+        << witcert_last_error();
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 0, T, T, k.data(), v.data(), nullptr, nullptr), WITCERT_OK)
+        << witcert_last_error();
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, 0, 1, k.data(), v.data(), nullptr, nullptr),
+              WITCERT_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(witcert_last_error()).find("expected pos0 13"), std::string::npos) << witcert_last_error();
-    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, T, 40, k.data(), v.data(), nullptr, nullptr), WITCERT_ERROR_OUT_OF_RANGE);
+    EXPECT_EQ(witcert_cache_write_rows(rows.cache, 1, T, 40, k.data(), v.data(), nullptr, nullptr),
+              WITCERT_ERROR_OUT_OF_RANGE);
   }
 }
 
@@ -416,9 +427,9 @@ TEST(CApiBatch, ACausalRunIsItsPositionsCallsWithTheRunsSpan) {
       std::vector<float> q((tokens + 1) * group * 64), out(q.size()), one(group * 64);  // a row to spare
       for (float& x : q) x = nd(rng);
       std::vector<witcert_cell> cells(tokens * group), c1(group);
-      ASSERT_EQ(witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, tokens, window, out.data(),
-                                            cells.data()),
-                WITCERT_OK)
+      ASSERT_EQ(
+          witcert_cache_attend_causal(run.cache, 0, 1, q.data(), group, pos0, tokens, window, out.data(), cells.data()),
+          WITCERT_OK)
           << witcert_last_error();
       for (std::int64_t t = 0; t < tokens; ++t) {
         const std::int64_t pos = pos0 + t, begin = window > 0 ? std::max<std::int64_t>(0, pos - window + 1) : 0;

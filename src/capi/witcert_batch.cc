@@ -136,7 +136,8 @@ void meter_batch(const void* x, witcert_dtype x_type, const void* c, witcert_dty
 void check_narrow(witcert_dtype type, const char* name) {
   check_dtype(type, name);
   if (type == WITCERT_DTYPE_F64)
-    refuse(std::string(name) + " is float64: keys and queries are taken as float32, float16 or bfloat16, which "
+    refuse(std::string(name) +
+           " is float64: keys and queries are taken as float32, float16 or bfloat16, which "
            "float32 holds exactly");
 }
 
@@ -153,9 +154,8 @@ witcert_status witcert_meter_logits_batch(const void* z, witcert_dtype z_type, c
   return guarded(__func__, [&] { meter_batch<true>(z, z_type, c, c_type, rows, n, threads, out); });
 }
 
-witcert_status witcert_meter_probs_batch(const void* p_tilde, witcert_dtype p_type, const void* c,
-                                         witcert_dtype c_type, size_t rows, size_t n, int threads,
-                                         witcert_bounds* out) {
+witcert_status witcert_meter_probs_batch(const void* p_tilde, witcert_dtype p_type, const void* c, witcert_dtype c_type,
+                                         size_t rows, size_t n, int threads, witcert_bounds* out) {
   return guarded(__func__, [&] { meter_batch<false>(p_tilde, p_type, c, c_type, rows, n, threads, out); });
 }
 
@@ -188,9 +188,8 @@ witcert_status witcert_witness_batch(int d, int bands, witcert_rope_layout layou
 }
 
 witcert_status witcert_tier_a_bounds_batch(int d, int bands, witcert_rope_layout layout, const void* q,
-                                           witcert_dtype q_type, const uint16_t* witnesses, size_t batch,
-                                           int q_heads, int kv_heads, size_t n_tokens, double sm, int threads,
-                                           double* c) {
+                                           witcert_dtype q_type, const uint16_t* witnesses, size_t batch, int q_heads,
+                                           int kv_heads, size_t n_tokens, double sm, int threads, double* c) {
   return guarded(__func__, [&] {
     check_d(d);
     const cert::BandLayout bl(d, bands, rope(layout));
@@ -206,12 +205,11 @@ witcert_status witcert_tier_a_bounds_batch(int d, int bands, witcert_rope_layout
     const std::size_t hq = static_cast<std::size_t>(q_heads), hk = static_cast<std::size_t>(kv_heads);
     const std::size_t group = hq / hk;
     // Each KV head's witnesses are checked once, then every query head of its group reads them.
-    for (std::size_t kv = 0; kv < batch * hk; ++kv)
-      try {
+    for (std::size_t kv = 0; kv < batch * hk; ++kv) try {
         check_f16(witnesses + kv * n_tokens * nb, n_tokens * nb, "witnesses", true, true);
       } catch (const Refusal& r) {
-        throw Refusal{r.status, "batch " + std::to_string(kv / hk) + ", kv_head " + std::to_string(kv % hk) + ": " +
-                                    r.message};
+        throw Refusal{r.status,
+                      "batch " + std::to_string(kv / hk) + ", kv_head " + std::to_string(kv % hk) + ": " + r.message};
       }
     struct Scratch {
       std::vector<float> q;

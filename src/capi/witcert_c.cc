@@ -529,8 +529,8 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
     for (int h = 0; h < g.kv_heads; ++h) {
       for (std::size_t t = 0; t < T; ++t) {
         const std::size_t off = (static_cast<std::size_t>(h) * T + t) * d;
-        const formats::ExternalReconstruction hats(k_hat ? std::span<const float>(k_hat + off, d) : std::span<const float>{},
-                                                   v_hat ? std::span<const float>(v_hat + off, d) : std::span<const float>{});
+        const auto hat = [&](const float* x) { return x ? std::span<const float>(x + off, d) : std::span<const float>{}; };
+        const formats::ExternalReconstruction hats(hat(k_hat), hat(v_hat));
         c->cache.kv->write(layer, h, pos0 + static_cast<std::int64_t>(t), k + off, v + off);
       }
       c->written[static_cast<std::size_t>(layer) * g.kv_heads + h] += tokens;
