@@ -173,8 +173,15 @@ def main() -> int:
         grafana = json.load(open(os.path.join(MONITORING, "grafana-dashboard.json")))
         exprs = [t["expr"] for panel in grafana["panels"] for t in panel["targets"]]
         assert len(exprs) >= 8, exprs
+        # A rate() needs two samples of its series, and a series born during the load may have only
+        # one so far: each query gets until a deadline, over further scrapes, to return data.
+        deadline = time.time() + 60
         for expr in exprs:
-            out = json.loads(get(prom_url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+            while True:
+                out = json.loads(get(prom_url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
+                if out["status"] != "success" or out["data"]["result"] or time.time() > deadline:
+                    break
+                time.sleep(0.5)
             assert out["status"] == "success" and out["data"]["result"], (expr, out)
 
         # The dashboard in headless Chromium: drawn from the server's samples and heatmap; the gate
