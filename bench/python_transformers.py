@@ -64,7 +64,16 @@ def generate(model_path, repeats, new_tokens, batch, prompt_repeat=1):
         caches["QuantizedCache (quanto int4)"] = lambda: QuantizedCache(backend="quanto", config=model.config, nbits=4)
     except ImportError:
         print("QuantizedCache: optimum-quanto is not installed (pip install optimum-quanto==0.2.7)")
+    import witcert
+
+    def rtn4(x):  # a 4-bit round-to-nearest per token in torch, against the built-in rtn-int4's cost
+        scale = x.abs().amax(dim=-1, keepdim=True) / 7 + 1e-12
+        return torch.clamp(torch.round(x / scale), -8, 7) * scale
+
+    witcert.register_scheme("rtn4-torch", rtn4)
     for label, options in {"CertifiedCache fp16": {}, "CertifiedCache q4_0": {"kv": "q4_0"},
+                           "CertifiedCache rtn-int4": {"kv": "rtn-int4"},
+                           "CertifiedCache rtn4-torch (registered)": {"kv": "rtn4-torch"},
                            "CertifiedCache q4_0 gated": {"kv": "q4_0", "tau_k": 0.2},
                            "CertifiedCache dither-int8": {"kv": "dither-int8"}}.items():
         caches[label] = (lambda o: lambda: wt.CertifiedCache(model, **o))(options)
@@ -83,7 +92,7 @@ def generate(model_path, repeats, new_tokens, batch, prompt_repeat=1):
     base = results["DynamicCache (sdpa)"]
     print(f"generate, batch {batch}, {inputs.input_ids.shape[1]} prompt + {new_tokens} new tokens:")
     for label, seconds in results.items():
-        print(f"  {label:30s} {seconds:6.2f} s  {batch * new_tokens / seconds:7.1f} tokens/s  {seconds / base:5.2f}x")
+        print(f"  {label:40s} {seconds:6.2f} s  {batch * new_tokens / seconds:7.1f} tokens/s  {seconds / base:5.2f}x")
 
 
 def main():
