@@ -338,3 +338,46 @@ def test_a_registered_scheme_is_checked():
     with witcert.Cache(1, 2, 1, 64, 8, kv="nan") as cache:
         with pytest.raises(ValueError, match=r"k_hat\[0\]\[0\]\[0\] is NaN"):
             cache.write_rows(0, 0, k, k)
+
+
+def narrow_dtypes():
+    cases = [("float32", lambda a: a.astype(np.float32)), ("float16", lambda a: a.astype(np.float16))]
+    if torch is not None:
+        cases.append(("bfloat16", lambda a: torch.from_numpy(a.astype(np.float32)).bfloat16()))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,make", narrow_dtypes(), ids=[c[0] for c in narrow_dtypes()])
+@pytest.mark.parametrize("arg", ["k_hat", "k", "q", "witnesses"])
+@pytest.mark.parametrize("label", list(POISONS))
+def test_no_batched_certificate_for_a_poisoned_key_or_query(dtype, make, arg, label):
+    """NaN, ±inf or 1e5 in one entry of a batch's keys, reconstructions, queries or witnesses is refused
+    with the entry named, or answered with no guarantee for its token, never a finite certificate."""
+    rng = np.random.default_rng(3)
+    b, hq, hk, n, d = 2, 4, 2, 5, 64
+    k = rng.normal(size=(b, hk, n, d))
+    k_hat = k + 0.01 * rng.normal(size=k.shape)
+    q = rng.normal(size=(b, hq, d))
+    where = (1, 1, 3, 7)  # row 1, KV head 1, token 3, channel 7
+    with np.errstate(over="ignore", invalid="ignore"):
+        if arg in ("k", "k_hat"):
+            (k if arg == "k" else k_hat)[where] = POISONS[label]
+        if arg == "q":
+            q[1, 2, 7] = POISONS[label]  # query head 2 reads KV head 1
+        k_t, kh_t, q_t = make(k), make(k_hat), make(q)
+    try:
+        w = witcert.witness(kh_t, k_t, layout="neox")
+        if arg == "witnesses":
+            w = w.copy()
+            with np.errstate(over="ignore", invalid="ignore"):
+                w[1, 1, 3, 2] = np.float16(POISONS[label])
+        c = witcert.tier_a_bounds(q_t, w, layout="neox")
+    except ValueError as e:
+        name = {"k": "k[", "k_hat": "k_hat[", "q": "q[", "witnesses": "witnesses["}[arg]
+        assert name in str(e), str(e)
+        return
+    if arg == "q":  # every token of query head 2 depends on the poisoned query
+        assert np.all(np.isinf(c[1, 2])), c[1, 2]
+    else:
+        assert np.isinf(c[1, 2, 3]) and np.isinf(c[1, 3, 3]), (c[1, 2, 3], c[1, 3, 3])
+    assert np.all(np.isfinite(c[0]))  # the clean row keeps its certificate
