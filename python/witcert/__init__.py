@@ -129,7 +129,7 @@ def witness(k_hat: Any, k: Any, bands: int = 16, layout: str = "interleaved") ->
     """Tier-A witnesses of compressed keys ``k_hat`` against exact keys ``k``.
 
     ``k_hat`` and ``k`` have the same shape ``(..., d)`` (one key, or any batch of them), numpy or
-    CPU torch, float64, float32, float16 or bfloat16; ``layout`` is the model's RoPE pairing,
+    CPU torch, float32, float16 or bfloat16 (float64 is refused: it would be rounded); ``layout`` is the model's RoPE pairing,
     ``"interleaved"`` (GGUF llama) or ``"neox"`` (Hugging Face). Returns float16 of shape
     ``(..., bands)``, each at least its band's error norm.
     """
@@ -149,27 +149,26 @@ def tier_a_bounds(q: Any, witnesses: np.ndarray, sm: Optional[float] = None,
 
     One query ``q`` ``(d,)`` over witnesses ``(n, bands)`` gives ``(n,)``; a batch ``q`` ``(..., q_heads,
     d)`` over witnesses ``(..., kv_heads, n, bands)`` gives ``(..., q_heads, n)``, query head ``h``
-    reading KV head ``h // (q_heads // kv_heads)``. ``q`` is numpy or CPU torch of any float dtype.
+    reading KV head ``h // (q_heads // kv_heads)``. ``q`` is numpy or CPU torch, float32, float16 or
+    bfloat16.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm is None else float(sm)
     qv, q_code = _arrays.narrow(q, "q")
     if isinstance(witnesses, np.ndarray) and not witnesses.flags.c_contiguous:
         raise TypeError("witnesses must be C-contiguous")
-    if qv.ndim == 1:
+    single = qv.ndim == 1
+    if single:  # one query head over one KV head
         if not isinstance(witnesses, np.ndarray) or witnesses.ndim != 2:
             raise ValueError("a single q (d,) takes witnesses (n, bands)")
-        c = _witcert.tier_a_batch(qv.reshape(1, 1, -1), q_code, witnesses.reshape((1, 1) + witnesses.shape), scale,
-                                  layout, int(threads))
-        return c.reshape(-1)
+        qv, witnesses = qv[None], witnesses[None]
     if qv.ndim < 2 or not isinstance(witnesses, np.ndarray) or witnesses.ndim != qv.ndim + 1 \
             or witnesses.shape[:-3] != qv.shape[:-2]:
         raise ValueError("q (..., q_heads, d) takes witnesses (..., kv_heads, n, bands) with the same leading shape")
     lead = qv.shape[:-2]
     b = int(np.prod(lead)) if lead else 1
     c = _witcert.tier_a_batch(qv.reshape((b,) + qv.shape[-2:]), q_code,
-                              witnesses.reshape((b,) + witnesses.shape[-3:]), scale, layout,
-                              int(threads))
-    return c.reshape(lead + c.shape[1:])
+                              witnesses.reshape((b,) + witnesses.shape[-3:]), scale, layout, int(threads))
+    return c[0, 0] if single else c.reshape(lead + c.shape[1:])
 
 
 def delta_loc(delta_req: float, layers: int, q_heads: int, steps: int) -> float:
@@ -233,10 +232,16 @@ class _Closed:
 
 Quantize = Callable[[Any], Any]
 _SCHEMES: Dict[str, Quantize] = {}
-# The formats the library has (`witcert schemes`): a registered scheme may not take their names.
-_BUILT_IN = {"fp16", "fp8-e4m3", "fp8-e4m3-scaled", "rtn-int8", "rtn-int4", "rtn-2bit", "sign-1bit", "rot-4bit",
-             "kivi-2bit", "kvquant-4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "dither-int4", "dither-int5",
-             "dither-int6", "dither-int8", "external"}
+
+
+def _library_format(name: str) -> bool:
+    """Whether the library itself takes ``name`` as a format (``witcert schemes``, or ``external``):
+    asked of the library, on a pool of one position."""
+    try:
+        _witcert.Cache(1, 1, 1, 64, 1, json.dumps({"kv": name}), 0, 1, "neox")
+    except ValueError:
+        return False
+    return True
 
 
 def register_scheme(name: str, quantize: Quantize) -> None:
@@ -246,8 +251,8 @@ def register_scheme(name: str, quantize: Quantize) -> None:
     ``witcert.transformers.CertifiedCache``) made with ``kv=name`` (and ``kv_v=name``) stores what it
     returns; the Tier-A witness is computed from it and the exact keys at write time, so the scheme is
     metered and gated like the built-in ones. Registering a name again replaces its function."""
-    if not isinstance(name, str) or not name or name in _BUILT_IN:
-        raise ValueError(f"a registered scheme needs a new name, not {name!r} (built in: {sorted(_BUILT_IN)})")
+    if not isinstance(name, str) or not name or _library_format(name):
+        raise ValueError(f"a registered scheme needs a new name, not {name!r}, which the library has (witcert schemes)")
     if not callable(quantize):
         raise TypeError("quantize must be callable: (tokens, head_dim) -> its reconstruction")
     _SCHEMES[name] = quantize
@@ -276,7 +281,7 @@ class Cache:
         # A registered scheme is the library's "external" format, fed with the function's output.
         self._quantize: Dict[str, Quantize] = {}
         self._names: Dict[str, str] = {}
-        for side, name in (("kv", kv), ("kv_v", kv_v if kv_v is not None else (kv if kv in _SCHEMES else None))):
+        for side, name in (("kv", kv), ("kv_v", kv if kv_v is None else kv_v)):
             if name is None:
                 continue
             if name in _SCHEMES:

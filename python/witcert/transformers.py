@@ -3,7 +3,7 @@
 ::
 
     cache = witcert.transformers.CertifiedCache(model, kv="q4_0", tau_k=0.2)
-    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32)
+    out = model.generate(**inputs, cache=cache, max_new_tokens=32)
     cache.report().rows[0]        # the first row's `witcert` object, as `witcert serve` returns it
 
 :class:`CertifiedCache` keeps every layer's keys and values in WitCert's C++ paged store (any
@@ -149,8 +149,8 @@ class CertifiedCache(Cache):
             raise ValueError("capacity must be at least 1")
         self.decode_budget = int(decode_budget)
         self._options = dict(options, kv=kv, kv_v=kv_v, tau_k=tau_k)
-        # A bad option fails here, at construction, not inside generate.
-        self._make_row().close()
+        # A bad option fails here, at construction, not inside generate (on a pool of one position).
+        self._make_row(capacity=1).close()
         self._rows: List[witcert.Cache] = []
         self._stats = np.zeros((5, self.layers_count, self.q_heads))  # cells, meter, v_meter sums, raw max, repaired
         self._decoding_from = 0
@@ -160,9 +160,9 @@ class CertifiedCache(Cache):
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         super().__init__(layers=[_CertifiedLayer(self, i, t == "sliding_attention") for i, t in enumerate(types)])
 
-    def _make_row(self) -> witcert.Cache:
+    def _make_row(self, capacity: Optional[int] = None) -> witcert.Cache:
         opts = {k: v for k, v in self._options.items() if v is not None}
-        return witcert.Cache(self.layers_count, self.q_heads, self.kv_heads, self.head_dim, self.capacity,
+        return witcert.Cache(self.layers_count, self.q_heads, self.kv_heads, self.head_dim, capacity or self.capacity,
                              layout="neox", decode_budget=self.decode_budget, **opts)
 
     @property
@@ -316,7 +316,7 @@ def witcert_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     layer = getattr(module, "layer_idx", None)
     if step is None or step[1] != layer:
         raise RuntimeError("attn_implementation='witcert' attends through a witcert.transformers.CertifiedCache: "
-                           "pass one as past_key_values")
+                           "pass one as cache=")
     cache, index, pos0 = step
     _active.step = None
     if dropout:

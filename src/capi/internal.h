@@ -116,10 +116,12 @@ inline void check_values(const double* v, std::size_t n, const char* name, bool 
 // Keys, values, queries and the dither's inputs: the library keeps them as fp16 (the cache, the exact
 // tier, outlier channels) or bounds errors in their fp16 units, so each must be finite and within
 // fp16's range; anything else would come back as NaN outputs or an infinite witness.
+inline bool within_fp16(float x) { return std::fabs(x) <= 65504.0f; }  // false for NaN too
+inline const char* const kNotWithinFp16 = ", not a finite value within fp16's range (|x| <= 65504)";
+
 inline void check_activations(const float* v, std::size_t n, const char* name) {
   for (std::size_t i = 0; i < n; ++i)
-    if (!(std::fabs(v[i]) <= 65504.0f))
-      refuse_entry(name, i, show(v[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+    if (!within_fp16(v[i])) refuse_entry(name, i, show(v[i]) + kNotWithinFp16);
 }
 
 // n fp16 values (IEEE binary16 bits): never NaN; non-negative when they are norms or scales; +inf
@@ -240,6 +242,63 @@ inline nlohmann::json parse_object(const char* text, const char* name) {
   if (!j.is_object())
     refuse(std::string(name) + " must be a JSON object");
   return j;
+}
+
+// Copies s and its NUL into buf (cap bytes), or refuses with WITCERT_ERROR_BUFFER_TOO_SMALL.
+inline void copy_text(const std::string& s, char* buf, std::size_t cap, const char* what) {
+  if (!buf || s.size() >= cap)
+    refuse(std::string("the ") + what + " has " + std::to_string(s.size()) + " bytes and its NUL; the buffer holds " +
+               std::to_string(cap),
+           WITCERT_ERROR_BUFFER_TOO_SMALL);
+  std::memcpy(buf, s.c_str(), s.size() + 1);
+}
+
+// Runs f; a refusal it throws comes back with where() and ": " before its message (a batch's row).
+template <class F, class Where>
+void located(F&& f, Where&& where) {
+  try {
+    f();
+  } catch (const Refusal& r) {
+    throw Refusal{r.status, where() + ": " + r.message};
+  }
+}
+
+inline void check_d(int d) {
+  if (!(d >= 2 && d <= 65536)) refuse("d must be in [2, 65536], got " + std::to_string(d));
+}
+
+// The bodies the one-step calls and their batches share, checks included, so that a batch's row is
+// its one-step call bit for bit.
+inline witcert_bounds meter_logits_row(std::span<const double> z, std::span<const double> c) {
+  check_values(z.data(), z.size(), "z", false, true);
+  require(std::any_of(z.begin(), z.end(), [](double x) { return std::isfinite(x); }), "z has no finite logit");
+  check_bounds_c(c.data(), c.size());
+  return to_c(cert::evaluate_logits(z, c));
+}
+
+inline witcert_bounds meter_probs_row(std::span<const double> p_tilde, std::span<const double> c) {
+  check_probabilities(p_tilde.data(), p_tilde.size());
+  check_bounds_c(c.data(), c.size());
+  return to_c(cert::evaluate(p_tilde, c));
+}
+
+// k_hat may hold an infinity or a value beyond fp16 (a scheme that overflowed): its witness is then
+// +inf, which reads as no guarantee; never NaN.
+inline void witness_row(const cert::BandLayout& bl, std::span<const float> k_hat, std::span<const float> k,
+                        std::span<f16> witness) {
+  check_activations(k.data(), k.size(), "k");
+  for (std::size_t i = 0; i < k_hat.size(); ++i)
+    if (std::isnan(k_hat[i])) refuse_entry("k_hat", i, "NaN");
+  cert::tier_a_witness(bl, k_hat, k, witness);
+}
+
+// The bounds c of n_tokens keys for query q from their witnesses (both checked by the caller).
+inline void tier_a_row(const cert::BandLayout& bl, std::span<const float> q, const f16* witnesses,
+                       std::size_t n_tokens, double sm, std::vector<double>& q_norm, double* c) {
+  const std::size_t nb = static_cast<std::size_t>(bl.bands);
+  q_norm.resize(nb);
+  cert::band_norms(bl, q, q_norm);
+  for (std::size_t t = 0; t < n_tokens; ++t) c[t] = cert::tier_a_c(q_norm, {witnesses + t * nb, nb}, sm);
 }
 
 // Collects the cells one attend call serves (one handle is used by one thread at a time; the

@@ -88,14 +88,9 @@ void for_rows(std::size_t rows, std::size_t work_per_row, int threads, Row row) 
     run(0);
     for (std::thread& t : pool) t.join();
   }
-  for (unsigned w = 0; w < want; ++w) {
-    if (!errors[w]) continue;
-    try {
-      std::rethrow_exception(errors[w]);
-    } catch (const Refusal& r) {
-      throw Refusal{r.status, "row " + std::to_string(failed_row[w]) + ": " + r.message};
-    }
-  }
+  for (unsigned w = 0; w < want; ++w)
+    if (errors[w])
+      located([&] { std::rethrow_exception(errors[w]); }, [&] { return "row " + std::to_string(failed_row[w]); });
 }
 
 struct MeterScratch {
@@ -118,16 +113,7 @@ void meter_batch(const void* x, witcert_dtype x_type, const void* c, witcert_dty
     s.c.resize(n);
     widen_row(x, x_type, r, n, s.a.data());
     widen_row(c, c_type, r, n, s.c.data());
-    if constexpr (kLogits) {
-      check_values(s.a.data(), n, "z", false, true);
-      require(std::any_of(s.a.begin(), s.a.end(), [](double v) { return std::isfinite(v); }), "z has no finite logit");
-      check_bounds_c(s.c.data(), n);
-      out[r] = to_c(cert::evaluate_logits(s.a, s.c));
-    } else {
-      check_probabilities(s.a.data(), n);
-      check_bounds_c(s.c.data(), n);
-      out[r] = to_c(cert::evaluate(s.a, s.c));
-    }
+    out[r] = kLogits ? meter_logits_row(s.a, s.c) : meter_probs_row(s.a, s.c);
   });
 }
 
@@ -139,10 +125,6 @@ void check_narrow(witcert_dtype type, const char* name) {
     refuse(std::string(name) +
            " is float64: keys and queries are taken as float32, float16 or bfloat16, which "
            "float32 holds exactly");
-}
-
-void check_d(int d) {
-  if (!(d >= 2 && d <= 65536)) refuse("d must be in [2, 65536], got " + std::to_string(d));
 }
 
 }  // namespace
@@ -175,14 +157,7 @@ witcert_status witcert_witness_batch(int d, int bands, witcert_rope_layout layou
     for (std::size_t t = 0; t < n; ++t) {
       widen_row(k_hat, k_hat_type, t, dd, kh.data());
       widen_row(k, k_type, t, dd, kk.data());
-      try {
-        check_activations(kk.data(), dd, "k");
-        for (std::size_t i = 0; i < dd; ++i)
-          if (std::isnan(kh[i])) refuse_entry("k_hat", i, "NaN");
-      } catch (const Refusal& r) {
-        throw Refusal{r.status, "row " + std::to_string(t) + ": " + r.message};
-      }
-      cert::tier_a_witness(bl, kh, kk, {witness + t * nb, nb});
+      located([&] { witness_row(bl, kh, kk, {witness + t * nb, nb}); }, [&] { return "row " + std::to_string(t); });
     }
   });
 }
@@ -205,26 +180,19 @@ witcert_status witcert_tier_a_bounds_batch(int d, int bands, witcert_rope_layout
     const std::size_t hq = static_cast<std::size_t>(q_heads), hk = static_cast<std::size_t>(kv_heads);
     const std::size_t group = hq / hk;
     // Each KV head's witnesses are checked once, then every query head of its group reads them.
-    for (std::size_t kv = 0; kv < batch * hk; ++kv) try {
-        check_f16(witnesses + kv * n_tokens * nb, n_tokens * nb, "witnesses", true, true);
-      } catch (const Refusal& r) {
-        throw Refusal{r.status,
-                      "batch " + std::to_string(kv / hk) + ", kv_head " + std::to_string(kv % hk) + ": " + r.message};
-      }
+    for (std::size_t kv = 0; kv < batch * hk; ++kv)
+      located([&] { check_f16(witnesses + kv * n_tokens * nb, n_tokens * nb, "witnesses", true, true); },
+              [&] { return "batch " + std::to_string(kv / hk) + ", kv_head " + std::to_string(kv % hk); });
     struct Scratch {
       std::vector<float> q;
-      std::vector<double> qn;
+      std::vector<double> q_norm;
     };
     for_rows<Scratch>(batch * hq, n_tokens * nb, threads, [&](std::size_t row, Scratch& s) {
       s.q.resize(dd);
-      s.qn.resize(nb);
       widen_row(q, q_type, row, dd, s.q.data());
       check_activations(s.q.data(), dd, "q");
-      cert::band_norms(bl, s.q, s.qn);
       const std::size_t b = row / hq, h = row % hq;
-      const std::uint16_t* w = witnesses + (b * hk + h / group) * n_tokens * nb;
-      double* out = c + row * n_tokens;
-      for (std::size_t t = 0; t < n_tokens; ++t) out[t] = cert::tier_a_c(s.qn, {w + t * nb, nb}, sm);
+      tier_a_row(bl, s.q, witnesses + (b * hk + h / group) * n_tokens * nb, n_tokens, sm, s.q_norm, c + row * n_tokens);
     });
   });
 }

@@ -43,24 +43,6 @@ using namespace witcert::capi;
 
 namespace {
 
-// The options of a pool: CacheOptions::from_json, where "kv" or "kv_v" may also name "external" (the
-// caller's own reconstructions, written with witcert_cache_write_rows); the CLI and the server do
-// not take that name.
-engine::CacheOptions pool_options(nlohmann::json j) {
-  const auto external = [&](const char* key) {
-    const auto it = j.find(key);
-    return it != j.end() && it->is_string() && it->get<std::string>() == "external";
-  };
-  const bool key = external("kv"), value_named = external("kv_v");
-  const bool value = value_named || (key && !j.contains("kv_v"));
-  if (key) j["kv"] = formats::kFp16;
-  if (value_named) j["kv_v"] = formats::kFp16;
-  engine::CacheOptions o = engine::CacheOptions::from_json(j);
-  if (key) o.k_format = formats::KvFormat::external();
-  if (value && o.certified) o.v_format = formats::KvFormat::external();
-  return o;
-}
-
 // The checks every attend call shares: a layer, KV head and group of the geometry, queries at
 // positions [pos0, pos0 + tokens) whose keys are written, and finite queries within fp16's range.
 void check_attend(const witcert_cache& c, int layer, int kv_head, const float* q, int group, std::int64_t pos0,
@@ -125,6 +107,18 @@ void serve_cells(const witcert_cache& c, int layer, int kv_head, int group, std:
   }
 }
 
+// One query position's attention over [begin, end), end − 1 its position.
+void attend_range(witcert_cache* c, int layer, int kv_head, const float* q, int group, std::int64_t begin,
+                  std::int64_t end, float* out, witcert_cell* cells) {
+  check_attend(*c, layer, kv_head, q, group, end - 1, 1, out);
+  if (!(begin >= 0 && begin < end))
+    refuse("begin " + std::to_string(begin) + " is outside [0, end = " + std::to_string(end) + ")",
+           WITCERT_ERROR_OUT_OF_RANGE);
+  c->cells.cells_.clear();
+  c->cache.kv->attend(layer, kv_head, q, group, begin, end, out);
+  serve_cells(*c, layer, kv_head, group, end - 1, 1, out, cells);
+}
+
 bool external(const engine::CacheOptions& o, formats::KvSide side) {
   const formats::KvFormat& f = side == formats::KvSide::key ? o.k_format : o.v_format;
   return o.certified && f == formats::KvFormat::external();
@@ -138,7 +132,7 @@ void start_report(witcert_cache& c, std::int64_t first_pos) {
   if (!c.options.certified) return;
   const model::LlamaConfig& g = c.pool->geometry;
   const gate::Policy& gate = c.options.gate;
-  const double tau_v = gate.on() ? gate.tau_v : 0.05;
+  const double tau_v = gate.on() ? gate.tau_v : engine::kDefaultCoverageTauV;
   c.report = std::make_unique<gate::Telemetry>(
       g.layers, g.heads,
       gate::Telemetry::Options{engine::coverage_tau(gate, std::nullopt), tau_v, c.options.bound, first_pos});
@@ -176,10 +170,7 @@ witcert_status witcert_meter_logits(const double* z, const double* c, size_t n, 
     not_null(c, "c");
     not_null(out, "out");
     require(n >= 1, "n must be at least 1");
-    check_values(z, n, "z", false, true);
-    require(std::any_of(z, z + n, [](double x) { return std::isfinite(x); }), "z has no finite logit");
-    check_bounds_c(c, n);
-    *out = to_c(cert::evaluate_logits({z, n}, {c, n}));
+    *out = meter_logits_row({z, n}, {c, n});
   });
 }
 
@@ -189,9 +180,7 @@ witcert_status witcert_meter_probs(const double* p_tilde, const double* c, size_
     not_null(c, "c");
     not_null(out, "out");
     require(n >= 1, "n must be at least 1");
-    check_probabilities(p_tilde, n);
-    check_bounds_c(c, n);
-    *out = to_c(cert::evaluate({p_tilde, n}, {c, n}));
+    *out = meter_probs_row({p_tilde, n}, {c, n});
   });
 }
 
@@ -252,27 +241,20 @@ witcert_status witcert_true_tv(const double* p_tilde, const double* eps, size_t 
 witcert_status witcert_witness(int d, int bands, witcert_rope_layout layout, const float* k_hat, const float* k,
                                uint16_t* witness) {
   return guarded(__func__, [&] {
-    if (!(d >= 2 && d <= 65536))
-      refuse("d must be in [2, 65536], got " + std::to_string(d));
+    check_d(d);
     const cert::BandLayout bl(d, bands, rope(layout));
     not_null(k_hat, "k_hat");
     not_null(k, "k");
     not_null(witness, "witness");
     const std::size_t n = static_cast<std::size_t>(d);
-    check_activations(k, n, "k");
-    // k_hat may hold an infinity or a value beyond fp16 (a scheme that overflowed): its witness is
-    // then +inf, which reads as no guarantee.
-    for (std::size_t i = 0; i < n; ++i)
-      if (std::isnan(k_hat[i])) refuse_entry("k_hat", i, "NaN");
-    cert::tier_a_witness(bl, {k_hat, n}, {k, n}, {witness, static_cast<std::size_t>(bands)});
+    witness_row(bl, {k_hat, n}, {k, n}, {witness, static_cast<std::size_t>(bands)});
   });
 }
 
 witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layout, const float* q,
                                      const uint16_t* witnesses, size_t n_tokens, double sm, double* c) {
   return guarded(__func__, [&] {
-    if (!(d >= 2 && d <= 65536))
-      refuse("d must be in [2, 65536], got " + std::to_string(d));
+    check_d(d);
     const cert::BandLayout bl(d, bands, rope(layout));
     not_null(q, "q");
     not_null(witnesses, "witnesses");
@@ -280,11 +262,9 @@ witcert_status witcert_tier_a_bounds(int d, int bands, witcert_rope_layout layou
     require(n_tokens >= 1, "n_tokens must be at least 1");
     require(std::isfinite(sm) && sm > 0.0, "sm must be finite and > 0");
     check_activations(q, static_cast<std::size_t>(d), "q");
-    const std::size_t nb = static_cast<std::size_t>(bands);
-    check_f16(witnesses, n_tokens * nb, "witnesses", true, true);
-    std::vector<double> qn(nb);
-    cert::band_norms(bl, {q, static_cast<std::size_t>(d)}, qn);
-    for (std::size_t t = 0; t < n_tokens; ++t) c[t] = cert::tier_a_c(qn, {witnesses + t * nb, nb}, sm);
+    check_f16(witnesses, n_tokens * static_cast<std::size_t>(bands), "witnesses", true, true);
+    std::vector<double> q_norm;
+    tier_a_row(bl, {q, static_cast<std::size_t>(d)}, witnesses, n_tokens, sm, q_norm, c);
   });
 }
 
@@ -394,7 +374,7 @@ witcert_status witcert_pool_create(const witcert_geometry* g, const char* option
     p->geometry.rope_layout = rope(g->rope_layout);
     p->capacity = g->capacity;
     p->options = parse_object(options_json, "options_json");
-    p->cache = pool_options(p->options);
+    p->cache = engine::CacheOptions::from_json(p->options, true);
     std::int64_t pages = (g->capacity + p->cache.page_size - 1) / p->cache.page_size;
     if (pool_bytes > 0) pages = engine::size_pool(p->geometry, g->capacity, p->cache, pool_bytes, 1).pages;
     p->pool = engine::make_pool(p->geometry, g->capacity, pages, p->cache, false);
@@ -443,7 +423,7 @@ witcert_status witcert_cache_create(witcert_pool* pool, const char* policy_json,
       }
       merged[key] = item.value();
     }
-    const engine::CacheOptions opts = pool_options(merged);
+    const engine::CacheOptions opts = engine::CacheOptions::from_json(merged, true);
     auto c = std::make_unique<witcert_cache>();
     c->pool = p;
     std::vector<gate::MeterSink*> sinks;
@@ -513,8 +493,7 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
     };
     for (const auto& [x, name] : {std::pair{k, "k"}, std::pair{v, "v"}})
       for (std::size_t i = 0; i < n; ++i)
-        if (!(std::fabs(x[i]) <= 65504.0f))
-          entry(name, i, show(x[i]) + ", not a finite value within fp16's range (|x| <= 65504)");
+        if (!within_fp16(x[i])) entry(name, i, show(x[i]) + kNotWithinFp16);
     // A reconstruction may overflow (its witness is then +inf: no guarantee), never be NaN.
     for (const auto& [x, name] : {std::pair{k_hat, "k_hat"}, std::pair{v_hat, "v_hat"}})
       if (x)
@@ -526,11 +505,14 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
         refuse("positions of a (layer, kv_head) are written in order: expected pos0 " + std::to_string(written) +
                " for kv_head " + std::to_string(h) + ", got " + std::to_string(pos0));
     }
+    // A side's reconstruction of one row (empty where that side is not external).
+    const auto hat = [&](const float* x, std::size_t off) {
+      return x ? std::span<const float>(x + off, d) : std::span<const float>{};
+    };
     for (int h = 0; h < g.kv_heads; ++h) {
       for (std::size_t t = 0; t < T; ++t) {
         const std::size_t off = (static_cast<std::size_t>(h) * T + t) * d;
-        const auto hat = [&](const float* x) { return x ? std::span<const float>(x + off, d) : std::span<const float>{}; };
-        const formats::ExternalReconstruction hats(hat(k_hat), hat(v_hat));
+        const formats::ExternalReconstruction hats(hat(k_hat, off), hat(v_hat, off));
         c->cache.kv->write(layer, h, pos0 + static_cast<std::int64_t>(t), k + off, v + off);
       }
       c->written[static_cast<std::size_t>(layer) * g.kv_heads + h] += tokens;
@@ -540,21 +522,13 @@ witcert_status witcert_cache_write_rows(witcert_cache* cache, int layer, int64_t
 
 witcert_status witcert_cache_attend(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
                                     int64_t n_ctx, float* out, witcert_cell* cells) {
-  return witcert_cache_attend_range(cache, layer, kv_head, q, group, 0, n_ctx, out, cells);
+  return guarded(__func__, [&] { attend_range(live(cache, "cache"), layer, kv_head, q, group, 0, n_ctx, out, cells); });
 }
 
 witcert_status witcert_cache_attend_range(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
                                           int64_t begin, int64_t end, float* out, witcert_cell* cells) {
-  return guarded(__func__, [&] {
-    witcert_cache* c = live(cache, "cache");
-    check_attend(*c, layer, kv_head, q, group, end - 1, 1, out);
-    if (!(begin >= 0 && begin < end))
-      refuse("begin " + std::to_string(begin) + " is outside [0, end = " + std::to_string(end) + ")",
-             WITCERT_ERROR_OUT_OF_RANGE);
-    c->cells.cells_.clear();
-    c->cache.kv->attend(layer, kv_head, q, group, begin, end, out);
-    serve_cells(*c, layer, kv_head, group, end - 1, 1, out, cells);
-  });
+  return guarded(__func__,
+                 [&] { attend_range(live(cache, "cache"), layer, kv_head, q, group, begin, end, out, cells); });
 }
 
 witcert_status witcert_cache_attend_causal(witcert_cache* cache, int layer, int kv_head, const float* q, int group,
@@ -609,9 +583,7 @@ witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size
     }
     const std::string text = engine::meter_object(c->options, r).dump();
     *needed = text.size() + 1;
-    if (!json || cap < text.size() + 1) refuse("the buffer holds " + std::to_string(cap) + " bytes, the report needs "
-                                               + std::to_string(text.size() + 1), WITCERT_ERROR_BUFFER_TOO_SMALL);
-    std::memcpy(json, text.c_str(), text.size() + 1);
+    copy_text(text, json, cap, "report");
   });
 }
 
@@ -799,10 +771,7 @@ witcert_status witcert_engine_generate(witcert_engine* engine, const char* promp
     }
     if (text_needed) *text_needed = out.size() + 1;
     if (!text) return;
-    if (out.size() >= text_capacity)
-      refuse("the text has " + std::to_string(out.size()) + " bytes and its NUL; the buffer holds "
-             + std::to_string(text_capacity), WITCERT_ERROR_BUFFER_TOO_SMALL);
-    std::memcpy(text, out.c_str(), out.size() + 1);
+    copy_text(out, text, text_capacity, "text");
   });
 }
 

@@ -92,7 +92,7 @@ void CacheOptions::validate() const {
           "backing file: nothing reads the exact tier without a gate (tau_k) or the soundness check");
 }
 
-CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
+CacheOptions CacheOptions::from_json(const nlohmann::json& j, bool external) {
   check_keys(j,
              {"kv", "kv_v", "page_size", "outliers", "dither", "dither_seed", "delta", "bound", "tau_k", "tau_v",
               "granularity", "check_soundness", "exact_tier"},
@@ -106,8 +106,11 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j) {
     for (const auto& [key, value] : j.items())
       require(key == "kv", key + " needs kv: without it the engine keeps a plain exact cache");
   if (o.certified) {
-    o.k_format = formats::KvFormat::parse(kv);
-    o.v_format = formats::KvFormat::parse(kv_v.empty() ? kv : kv_v);
+    const auto format = [&](const std::string& name) {
+      return external && name == "external" ? formats::KvFormat::external() : formats::KvFormat::parse(name);
+    };
+    o.k_format = format(kv);
+    o.v_format = format(kv_v.empty() ? kv : kv_v);
   }
   read_json(j, "page_size", o.page_size);
   read_json(j, "outliers", o.outliers);

@@ -75,6 +75,8 @@ std::uint64_t parse_u64(std::string_view text, const std::string& what);
 
 // τ_K of the coverage figures where neither the user nor a gate gives one.
 inline constexpr double kDefaultCoverageTau = 0.2;
+// τ_V of the coverage figures where the user gives none.
+inline constexpr double kDefaultCoverageTauV = 0.05;
 
 // The τ_K of a request's coverage figures, the one rule of every entry point (generate, run,
 // batch and its lines, serve and its requests): `asked` when given; else the gate's τ_K when the
@@ -104,7 +106,9 @@ struct CacheOptions {
   // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
   // bound, tau_k (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
   // ("ram" or "file"). Unknown keys, wrong types and bad values throw std::invalid_argument.
-  static CacheOptions from_json(const nlohmann::json& j);
+  // With `external`, kv and kv_v may also name "external": the caller's own reconstructions
+  // (formats/external), which only the C API writes.
+  static CacheOptions from_json(const nlohmann::json& j, bool external = false);
   // The settings a request may give over its pool's options, from JSON: tau_k, tau_v,
   // granularity, delta and bound, each optional (absent keys leave the field as it is). The one
   // reader of these keys: from_json, the server's `witcert` object and batch lines all use it.
@@ -119,7 +123,7 @@ struct CacheOptions {
 struct RequestPolicy {
   CacheOptions cache;
   double coverage_tau = kDefaultCoverageTau;
-  double coverage_tau_v = 0.05;
+  double coverage_tau_v = kDefaultCoverageTauV;
 
   // From a request's JSON object (a server request's `witcert` object, a batch line): the keys of
   // CacheOptions::read_policy and coverage_tau, coverage_tau_v, each optional, over the pool's
@@ -139,7 +143,7 @@ struct RequestOptions {
   int max_new_tokens = 128;
   model::SamplerConfig sampler;
   double coverage_tau = kDefaultCoverageTau;  // τ_K of the coverage figures
-  double coverage_tau_v = 0.05;  // τ_V of the coverage figures
+  double coverage_tau_v = kDefaultCoverageTauV;  // τ_V of the coverage figures
 
   // Throws std::invalid_argument: an empty prompt, a budget outside [0, 1e6], a temperature not
   // finite and ≥ 0, top_p ∉ (0, 1], a coverage τ ∉ (0, 1], τ_V not finite and > 0.

@@ -40,6 +40,18 @@ void check(witcert_status s) {
   if (s != WITCERT_OK) check(s, witcert_last_error());
 }
 
+// Runs the C call f() without the GIL (the arrays it reads stay referenced by the caller), then
+// raises what its status maps to.
+template <class F>
+void check_nogil(F&& f) {
+  witcert_status s;
+  {
+    py::gil_scoped_release nogil;
+    s = f();
+  }
+  check(s);
+}
+
 // A C-contiguous array of T with `ndim` dimensions (any when ndim < 0), read in place.
 template <class T>
 py::array_t<T> take(const py::handle& obj, const char* name, int ndim = 1) {
@@ -143,13 +155,10 @@ py::array_t<double> meter_batch(const py::object& x_obj, int x_code, const py::o
   static_assert(sizeof(witcert_bounds) == 7 * sizeof(double));
   py::array_t<double> out({static_cast<py::ssize_t>(rows), py::ssize_t{7}});
   auto* b = reinterpret_cast<witcert_bounds*>(out.mutable_data());
-  witcert_status s;
-  {
-    py::gil_scoped_release nogil;
-    s = logits ? witcert_meter_logits_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b)
-               : witcert_meter_probs_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b);
-  }
-  check(s);
+  check_nogil([&] {
+    return logits ? witcert_meter_logits_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b)
+                  : witcert_meter_probs_batch(x.data(), x.type, c.data(), c.type, rows, n, threads, b);
+  });
   return out;
 }
 
@@ -165,12 +174,9 @@ py::array witness_batch(const py::object& kh_obj, int kh_code, const py::object&
   const witcert_rope_layout rl = layout_of(layout);
   py::array_t<std::uint16_t> w({n, static_cast<py::ssize_t>(bands)});
   std::uint16_t* wp = w.mutable_data();
-  witcert_status s;
-  {
-    py::gil_scoped_release nogil;
-    s = witcert_witness_batch(d, bands, rl, kh.data(), kh.type, k.data(), k.type, static_cast<size_t>(n), wp);
-  }
-  check(s);
+  check_nogil([&] {
+    return witcert_witness_batch(d, bands, rl, kh.data(), kh.type, k.data(), k.type, static_cast<size_t>(n), wp);
+  });
   return as_f16(w);
 }
 
@@ -189,14 +195,11 @@ py::array_t<double> tier_a_batch(const py::object& q_obj, int q_code, const py::
   const witcert_rope_layout rl = layout_of(layout);
   py::array_t<double> c({batch, hq, n});
   double* cp = c.mutable_data();
-  witcert_status s;
-  {
-    py::gil_scoped_release nogil;
-    s = witcert_tier_a_bounds_batch(static_cast<int>(d), static_cast<int>(bands), rl, q.data(), q.type, w.data(),
-                                    static_cast<size_t>(batch), static_cast<int>(hq), static_cast<int>(hk),
-                                    static_cast<size_t>(n), sm, threads, cp);
-  }
-  check(s);
+  check_nogil([&] {
+    return witcert_tier_a_bounds_batch(static_cast<int>(d), static_cast<int>(bands), rl, q.data(), q.type, w.data(),
+                                       static_cast<size_t>(batch), static_cast<int>(hq), static_cast<int>(hk),
+                                       static_cast<size_t>(n), sm, threads, cp);
+  });
   return c;
 }
 
@@ -323,8 +326,7 @@ class Cache {
   void write_rows(int layer, long pos0, const py::object& k_obj, const py::object& v_obj, const py::object& kh_obj,
                   const py::object& vh_obj) {
     const auto k = take<float>(k_obj, "k", 3), v = take<float>(v_obj, "v", 3);
-    if (k.shape(0) != g_.kv_heads || k.shape(2) != g_.head_dim || v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) ||
-        v.shape(2) != k.shape(2))
+    if (k.shape(0) != g_.kv_heads || k.shape(2) != g_.head_dim || !std::equal(k.shape(), k.shape() + 3, v.shape()))
       throw py::value_error("k and v must both be (kv_heads, tokens, head_dim) = (" + std::to_string(g_.kv_heads) +
                             ", T, " + std::to_string(g_.head_dim) + ")");
     py::array_t<float> kh, vh;
@@ -337,18 +339,10 @@ class Cache {
     };
     const float* khp = hat(kh_obj, "k_hat", kh);
     const float* vhp = hat(vh_obj, "v_hat", vh);
-    witcert_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data(), khp, vhp);
-    }
-    check(s);
+    check_nogil(
+        [&] { return witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data(), khp, vhp); });
   }
 
-  // Causal attention of the queries q (q_heads, T, head_dim) at positions [pos0, pos0 + T), each over
-  // [begin, its position] (a left-padded row's padding: before begin), within `window` positions
-  // of it when window > 0: the outputs (q_heads, T, head_dim) and the cells' fields as arrays
-  // (q_heads, T): raw, meter, v_meter, output_bound, repaired.
   // The fields of the cells of one attend_rows call, each (q_heads, T) at the given pointers.
   struct CellFields {
     double *raw, *meter, *v_meter, *output_bound;
@@ -415,12 +409,7 @@ class Cache {
     py::array_t<float> out({static_cast<py::ssize_t>(g_.q_heads), T, static_cast<py::ssize_t>(g_.head_dim)});
     py::dict cells = cell_arrays({static_cast<py::ssize_t>(g_.q_heads), T});
     const CellFields f = fields_of(cells, 0, 0);
-    witcert_status s;
-    {
-      py::gil_scoped_release nogil;
-      s = attend_into(layer, q.data(), T, pos0, begin, window, out.mutable_data(), false, f);
-    }
-    check(s);
+    check_nogil([&] { return attend_into(layer, q.data(), T, pos0, begin, window, out.mutable_data(), false, f); });
     return py::make_tuple(out, cells);
   }
 
