@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's API; witcert_api_version() gives the library's. A program built
  * against version N runs with a library of the same version. */
-#define WITCERT_API_VERSION 2
+#define WITCERT_API_VERSION 3
 
 typedef enum witcert_status {
   WITCERT_OK = 0,
@@ -307,8 +307,43 @@ WITCERT_EXPORT witcert_status witcert_cache_stats_get(const witcert_cache* cache
 WITCERT_EXPORT witcert_status witcert_cache_report_start(witcert_cache* cache, int64_t first_pos);
 WITCERT_EXPORT witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size_t cap,
                                                    size_t* needed);
+/* One cell as a report counts it: witcert_cell's fields, the values before the step's own repair,
+ * the V meter's sure form, and under "check_soundness" the true TV and value error (else NaN). */
+typedef struct witcert_report_cell {
+  int layer;
+  int q_head;
+  int64_t pos;
+  double raw, meter, v_meter, output_bound;
+  double raw_before, meter_before, v_meter_before;
+  double v_meter_sure;
+  double tv, v_true;
+  int repaired;
+} witcert_report_cell;
+/* A report kept elsewhere from this cache's cells (another process's, or one merging the ranks of
+ * a tensor-parallel model, each metering its own heads). keep = 1: from now on the cells the report
+ * counts are also kept until drained; 0: they are dropped and no longer kept.
+ * witcert_cache_drain_cells moves the kept cells into cells (cap of them) and sets *n to their
+ * number; WITCERT_ERROR_BUFFER_TOO_SMALL, moving none, when they do not fit. */
+WITCERT_EXPORT witcert_status witcert_cache_keep_cells(witcert_cache* cache, int keep);
+WITCERT_EXPORT witcert_status witcert_cache_drain_cells(witcert_cache* cache, witcert_report_cell* cells, size_t cap,
+                                                        size_t* n);
 /* Releases the sequence: its pages return to the pool. */
 WITCERT_EXPORT void witcert_cache_free(witcert_cache* cache);
+
+/* A request's report assembled from drained cells: the `witcert` object of witcert_cache_report,
+ * for `layers` × `q_heads` cells a step at positions ≥ first_pos, with the formats, gate and bound
+ * of options_json (witcert_pool_create's options). witcert_report_record checks each cell's layer,
+ * head and values before it counts any; witcert_report_add_page_ins adds the gate's page-ins. */
+typedef struct witcert_report witcert_report;
+WITCERT_EXPORT witcert_status witcert_report_create(const char* options_json, int layers, int q_heads,
+                                                    int64_t first_pos, witcert_report** report);
+WITCERT_EXPORT witcert_status witcert_report_record(witcert_report* report, const witcert_report_cell* cells,
+                                                    size_t n);
+WITCERT_EXPORT witcert_status witcert_report_add_page_ins(witcert_report* report, int64_t page_ins,
+                                                          int64_t page_in_bytes);
+WITCERT_EXPORT witcert_status witcert_report_json(const witcert_report* report, char* json, size_t cap,
+                                                  size_t* needed);
+WITCERT_EXPORT void witcert_report_free(witcert_report* report);
 
 /* ---------------------------------------------------------------------------------------------
  * Level 4: the engine. A GGUF model (llama architecture) on the CPU, generating over a certified

@@ -307,10 +307,17 @@ class LastCells final : public gate::MeterSink {
  public:
   void record(std::span<const gate::MeterCell> cells) override {
     cells_.insert(cells_.end(), cells.begin(), cells.end());
-    if (report) report->record(cells);
+    if (!report) return;
+    report->record(cells);
+    if (keep)
+      for (const gate::MeterCell& c : cells)
+        if (c.pos >= report_from) drained.push_back(c);
   }
   std::vector<gate::MeterCell> cells_;
   gate::MeterSink* report = nullptr;  // the request's report, once started
+  std::int64_t report_from = 0;       // its first position
+  bool keep = false;                  // witcert_cache_keep_cells
+  std::vector<gate::MeterCell> drained;  // the report's cells since it started or was last drained
 };
 
 }  // namespace witcert::capi

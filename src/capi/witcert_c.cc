@@ -128,6 +128,8 @@ bool external(const engine::CacheOptions& o, formats::KvSide side) {
 // its τ the gate's where it certifies, else the defaults of the coverage figures.
 void start_report(witcert_cache& c, std::int64_t first_pos) {
   c.cells.report = nullptr;
+  c.cells.drained.clear();
+  c.cells.report_from = first_pos;
   c.report.reset();
   if (!c.options.certified) return;
   const model::LlamaConfig& g = c.pool->geometry;

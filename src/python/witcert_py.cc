@@ -436,9 +436,10 @@ class Cache {
             cells["repaired"].cast<py::array_t<bool>>().mutable_data() + row * per_row};
   }
 
-  // write_rows without the GIL and without reconstructions, for write_batch.
-  witcert_status write_into(int layer, long pos0, long T, const float* k, const float* v) const {
-    return witcert_cache_write_rows(cache_, layer, pos0, T, k, v, nullptr, nullptr);
+  // write_rows without the GIL, for write_batch (k_hat and v_hat: null unless a side is external).
+  witcert_status write_into(int layer, long pos0, long T, const float* k, const float* v, const float* k_hat,
+                            const float* v_hat) const {
+    return witcert_cache_write_rows(cache_, layer, pos0, T, k, v, k_hat, v_hat);
   }
 
   const witcert_geometry& geometry() const { return g_; }
@@ -453,6 +454,17 @@ class Cache {
     check(witcert_cache_report(cache_, text.data(), text.size(), &needed));
     text.resize(needed - 1);
     return text;
+  }
+
+  // From now on (keep) the report's cells are also kept, for drain_cells to hand to a Report.
+  void keep_cells(bool keep) { check(witcert_cache_keep_cells(cache_, keep ? 1 : 0)); }
+  py::array_t<witcert_report_cell> drain_cells() {
+    size_t n = 0;
+    const witcert_status s = witcert_cache_drain_cells(cache_, nullptr, 0, &n);
+    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
+    py::array_t<witcert_report_cell> cells(static_cast<py::ssize_t>(n));
+    check(witcert_cache_drain_cells(cache_, cells.mutable_data(), n, &n));
+    return cells;
   }
 
   py::dict stats() const {
@@ -505,26 +517,47 @@ std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const 
   return out;
 }
 
+// The first position of each of `rows` rows: one int for all, or a sequence of one per row.
+std::vector<long> positions(const py::object& pos0, std::size_t rows) {
+  if (py::isinstance<py::int_>(pos0)) return std::vector<long>(rows, pos0.cast<long>());
+  std::vector<long> each = pos0.cast<std::vector<long>>();
+  if (each.size() != rows) throw py::value_error("pos0 must be one position, or one per row");
+  return each;
+}
+
 // Cache.write_rows for every row of a batch in one call: k and v are (rows, kv_heads, T, head_dim),
-// row b written into caches[b].
-void write_batch(const py::list& caches, int layer, long pos0, const py::object& k_obj, const py::object& v_obj) {
+// row b written into caches[b] from its pos0; k_hat and v_hat (k's shape, or None) are the
+// reconstructions of an external side.
+void write_batch(const py::list& caches, int layer, const py::object& pos0, const py::object& k_obj,
+                 const py::object& v_obj, const py::object& kh_obj, const py::object& vh_obj) {
   const auto k = take<float>(k_obj, "k", 4), v = take<float>(v_obj, "v", 4);
   const std::vector<Cache*> cs = caches_of(caches, k, "k");
   const witcert_geometry& g = cs[0]->geometry();
   if (!std::equal(k.shape(), k.shape() + 4, v.shape()) || k.shape(1) != g.kv_heads || k.shape(3) != g.head_dim)
     throw py::value_error("k and v must both be (rows, kv_heads, tokens, head_dim) = (" + std::to_string(cs.size()) +
                           ", " + std::to_string(g.kv_heads) + ", T, " + std::to_string(g.head_dim) + ")");
+  py::array_t<float> kh, vh;
+  const auto hat = [&](const py::object& obj, const char* name, py::array_t<float>& out) -> const float* {
+    if (obj.is_none()) return nullptr;
+    out = take<float>(obj, name, 4);
+    if (!std::equal(out.shape(), out.shape() + 4, k.shape())) throw py::value_error(std::string(name) + " must have k's shape");
+    return out.data();
+  };
+  const float* khp = hat(kh_obj, "k_hat", kh);
+  const float* vhp = hat(vh_obj, "v_hat", vh);
+  const std::vector<long> p0 = positions(pos0, cs.size());
   const long T = static_cast<long>(k.shape(2));
   const std::size_t per_row = static_cast<std::size_t>(g.kv_heads) * T * g.head_dim;
+  const auto at = [&](const float* p, std::size_t b) { return p ? p + b * per_row : nullptr; };
   for_each_row(cs.size(), [&](std::size_t b) {
-    return cs[b]->write_into(layer, pos0, T, k.data() + b * per_row, v.data() + b * per_row);
+    return cs[b]->write_into(layer, p0[b], T, k.data() + b * per_row, v.data() + b * per_row, at(khp, b), at(vhp, b));
   });
 }
 
 // Cache.attend_rows for every row of a batch in one call: q is (rows, q_heads, T, head_dim), begins
 // one per row; the outputs come token-major, (rows, T, q_heads, head_dim) as transformers' attention
 // returns them, and the cells' fields as arrays (rows, q_heads, T).
-py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_obj, long pos0,
+py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_obj, const py::object& pos0,
                        const std::vector<long>& begins, long window) {
   const auto q = take<float>(q_obj, "q", 4);
   const std::vector<Cache*> cs = caches_of(caches, q, "q");
@@ -538,12 +571,42 @@ py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_ob
   for (py::ssize_t b = 0; b < rows; ++b)
     fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq * T)));
   float* op = out.mutable_data();
+  const std::vector<long> p0 = positions(pos0, cs.size());
   for_each_row(cs.size(), [&](std::size_t b) {
-    return cs[b]->attend_into(layer, q.data() + b * hq * T * d, T, pos0, begins[b], window, op + b * T * hq * d, true,
-                              fields[b]);
+    return cs[b]->attend_into(layer, q.data() + b * hq * T * d, T, p0[b], begins[b], window, op + b * T * hq * d,
+                              true, fields[b]);
   });
   return py::make_tuple(out, cells);
 }
+
+// A request's report from cells drained elsewhere (witcert_report_*): another process's cache, or
+// the ranks of a tensor-parallel model.
+class Report {
+ public:
+  Report(const std::string& options, int layers, int q_heads, long first_pos) {
+    check(witcert_report_create(options.c_str(), layers, q_heads, first_pos, &r_));
+  }
+  ~Report() { witcert_report_free(r_); }
+  Report(const Report&) = delete;
+  Report& operator=(const Report&) = delete;
+
+  void record(const py::array_t<witcert_report_cell, py::array::c_style | py::array::forcecast>& cells) {
+    check(witcert_report_record(r_, cells.data(), static_cast<size_t>(cells.size())));
+  }
+  void add_page_ins(long page_ins, long page_in_bytes) { check(witcert_report_add_page_ins(r_, page_ins, page_in_bytes)); }
+  std::string json() const {
+    size_t needed = 0;
+    const witcert_status s = witcert_report_json(r_, nullptr, 0, &needed);
+    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
+    std::string text(needed, '\0');
+    check(witcert_report_json(r_, text.data(), text.size(), &needed));
+    text.resize(needed - 1);
+    return text;
+  }
+
+ private:
+  witcert_report* r_ = nullptr;
+};
 
 class Engine {
  public:
@@ -633,6 +696,8 @@ class Engine {
 }  // namespace
 
 PYBIND11_MODULE(_witcert, m) {
+  PYBIND11_NUMPY_DTYPE(witcert_report_cell, layer, q_head, pos, raw, meter, v_meter, output_bound, raw_before,
+                       meter_before, v_meter_before, v_meter_sure, tv, v_true, repaired);
   m.doc() = "WitCert's C API for Python (the witcert package wraps it with type hints).";
   m.attr("API_VERSION") = witcert_api_version();
   m.attr("__version__") = witcert_version();
@@ -687,7 +752,14 @@ PYBIND11_MODULE(_witcert, m) {
       .def("attend_rows", &Cache::attend_rows)
       .def("report_start", &Cache::report_start)
       .def("report", &Cache::report)
+      .def("keep_cells", &Cache::keep_cells)
+      .def("drain_cells", &Cache::drain_cells)
       .def("stats", &Cache::stats);
+  py::class_<Report>(m, "Report")
+      .def(py::init<const std::string&, int, int, long>())
+      .def("record", &Report::record)
+      .def("add_page_ins", &Report::add_page_ins)
+      .def("json", &Report::json);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, int>())
       .def("tokenize", &Engine::tokenize)
