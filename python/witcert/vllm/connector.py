@@ -1,0 +1,257 @@
+"""The WitCert KV connector: vLLM's per-step channel between its scheduler and its workers.
+
+Scheduler side: each step tells the workers which requests run, their blocks (to map the attention
+batch's rows to requests), prompt lengths and capacities; it keeps each request's report
+(``witcert.Report``) and counts into it the cells the workers send back; a finished request's
+``kv_transfer_params["witcert"]`` is its ``witcert`` object.
+
+Worker side (:class:`WorkerState`, one per worker process): a WitCert cache per request mirrors the
+keys and values the attention writes (exact, and as vLLM stored them), meters and gates each decode
+step (``witcert.vllm.backend``), and hands the step's cells to the scheduler through
+``build_connector_worker_meta``; the ranks of a tensor-parallel model each send their own heads'
+cells, merged by ``aggregate``.
+
+vLLM finishes a request before it reads the step's worker output, so ``request_finished`` returns the
+report so far and the same dict is completed, in place, when that step's cells arrive within the same
+scheduler update (before the output leaves the engine).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                KVConnectorRole, KVConnectorWorkerMetadata)
+
+from witcert import _witcert
+
+__all__ = ["WitCertConnector", "WorkerState", "active_worker"]
+
+# WitCert's options a connector takes (the names of `witcert generate`, the server and the C API).
+OPTIONS = ("tau_k", "tau_v", "granularity", "delta", "bound", "check_soundness", "page_size")
+
+_worker: Optional["WorkerState"] = None
+
+
+def active_worker() -> Optional["WorkerState"]:
+    """This worker process's state, when a WitCert connector is configured."""
+    return _worker
+
+
+def cache_options(extra: Dict[str, Any]) -> Dict[str, Any]:
+    """WitCert cache options from the connector's ``kv_connector_extra_config``: both sides are the
+    "external" format, fed with what vLLM stored. Unknown names are refused."""
+    unknown = sorted(set(extra) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"witcert: unknown option(s) {', '.join(unknown)} in kv_connector_extra_config "
+                         f"(known: {', '.join(OPTIONS)})")
+    return dict(extra, kv="external", kv_v="external")
+
+
+@dataclass
+class StepRequests(KVConnectorMetadata):
+    """Scheduler → workers, each step: request → (prompt length, capacity, block ids), and the
+    requests finished since the last step."""
+
+    requests: Dict[str, Tuple[int, int, List[int]]] = field(default_factory=dict)
+    finished: List[str] = field(default_factory=list)
+
+
+@dataclass
+class StepCells(KVConnectorWorkerMetadata):
+    """Workers → scheduler, each step: per request the cells metered (a structured array per rank)
+    and the gate's page-ins (count, bytes) since the last step."""
+
+    cells: Dict[str, List[np.ndarray]] = field(default_factory=dict)
+    page_ins: Dict[str, List[int]] = field(default_factory=dict)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+        assert isinstance(other, StepCells)
+        for req, arrays in other.cells.items():
+            self.cells.setdefault(req, []).extend(arrays)
+        for req, (n, b) in other.page_ins.items():
+            mine = self.page_ins.setdefault(req, [0, 0])
+            mine[0] += n
+            mine[1] += b
+        return self
+
+
+class WorkerState:
+    """One worker's WitCert caches, one per running request (see witcert.vllm.backend)."""
+
+    def __init__(self, options: Dict[str, Any], kv_cache_dtype: str, layers: int, rank: int):
+        self.options = options
+        self.gated = options.get("tau_k") is not None
+        self.layers = layers
+        self.options_json = json.dumps(options)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.rank = rank
+        self.caches: Dict[str, Any] = {}
+        self.step = 0
+        self.made: Dict[str, int] = {}  # per request: the step its cache was made in
+        self.page_ins: Dict[str, Tuple[int, int]] = {}
+        self.owner: Dict[int, str] = {}  # block id → request, for this step
+        self.shapes: Dict[str, Tuple[int, int]] = {}
+        self.geometry: Optional[Tuple[int, int, int, int]] = None  # layers, q_heads, kv_heads, head_dim
+
+    def begin_step(self, meta: StepRequests) -> None:
+        self.step += 1
+        for req in meta.finished:
+            self.caches.pop(req, None)
+            self.made.pop(req, None)
+            self.page_ins.pop(req, None)
+            self.shapes.pop(req, None)
+        self.owner = {}
+        for req, (prompt_len, capacity, blocks) in meta.requests.items():
+            self.shapes[req] = (prompt_len, capacity)
+            for b in blocks:
+                self.owner[b] = req
+
+    def cache(self, req: str, pos0: int) -> Any:
+        """The request's cache, made at its first write; made anew when vLLM recomputes the request
+        from its start (a preemption)."""
+        c = self.caches.get(req)
+        if c is not None and (pos0 > 0 or self.made[req] == self.step):
+            return c
+        assert self.geometry is not None
+        layers, q_heads, kv_heads, head_dim = self.geometry
+        prompt_len, capacity = self.shapes[req]
+        c = _witcert.Cache(layers, q_heads, kv_heads, head_dim, capacity, self.options_json, 0, capacity, "neox")
+        c.report_start(prompt_len)
+        c.keep_cells(True)
+        self.caches[req] = c
+        self.made[req] = self.step
+        self.page_ins[req] = (0, 0)
+        return c
+
+    def end_step(self) -> Optional[StepCells]:
+        assert self.geometry is not None or not self.caches
+        out = StepCells()
+        offset = self.rank * self.geometry[1] if self.geometry else 0
+        for req, c in self.caches.items():
+            cells = c.drain_cells()
+            stats = c.stats()
+            n0, b0 = self.page_ins[req]
+            n1, b1 = stats["page_ins"], stats["page_in_bytes"]
+            self.page_ins[req] = (n1, b1)
+            if len(cells) == 0 and n1 == n0:
+                continue
+            cells["q_head"] += offset  # this rank's heads within the model's
+            out.cells[req] = [cells]
+            out.page_ins[req] = [n1 - n0, b1 - b0]
+        return out if out.cells or out.page_ins else None
+
+
+class WitCertConnector(KVConnectorBase_V1):
+    """Meters and gates vLLM's KV cache per request (module docstring)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        global _worker
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.options = cache_options(extra)
+        if vllm_config.cache_config.enable_prefix_caching:
+            raise ValueError("witcert: prefix caching shares blocks whose exact keys a request never computed, so "
+                             "nothing could bound their error; start vLLM with enable_prefix_caching=False "
+                             "(--no-enable-prefix-caching)")
+        if vllm_config.speculative_config is not None:
+            raise ValueError("witcert: speculative decoding is not metered; start vLLM without it")
+        model = vllm_config.model_config
+        self.layers = model.get_num_layers(vllm_config.parallel_config)
+        self.q_heads = model.get_num_attention_heads(vllm_config.parallel_config) * \
+            vllm_config.parallel_config.tensor_parallel_size
+        self.kv_cache_dtype = vllm_config.cache_config.cache_dtype
+        granularity = self.options.get("granularity", "block")
+        if granularity == "request" and vllm_config.parallel_config.tensor_parallel_size > 1:
+            raise ValueError("witcert: granularity 'request' needs every rank's heads in one decision; with "
+                             "tensor parallelism use 'block' or 'head'")
+        # Refuse impossible options now, with the library's message, rather than in a worker.
+        _witcert.Report(json.dumps(self.options), self.layers, self.q_heads, 0)
+        self._reports: Dict[str, Any] = {}
+        self._shapes: Dict[str, Tuple[int, int]] = {}
+        self._awaiting: Dict[str, Dict[str, Any]] = {}
+        self._finished: List[str] = []
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            _worker = WorkerState(self.options, self.kv_cache_dtype, self.layers, get_tensor_model_parallel_rank())
+
+    # ---- scheduler side -------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        return
+
+    def on_new_request(self, request: Any) -> None:
+        prompt_len = request.num_prompt_tokens
+        self._shapes[request.request_id] = (prompt_len, prompt_len + request.max_tokens)
+        self._reports[request.request_id] = _witcert.Report(json.dumps(self.options), self.layers, self.q_heads,
+                                                            prompt_len)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = StepRequests(finished=self._finished)
+        self._finished = []
+        for req in scheduler_output.num_scheduled_tokens:
+            prompt_len, capacity = self._shapes[req]
+            blocks = self._kv_cache_manager.get_block_ids(req)[0]
+            meta.requests[req] = (prompt_len, capacity, list(blocks))
+        return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        step = connector_output.kv_connector_worker_meta
+        if isinstance(step, StepCells):
+            for req, arrays in step.cells.items():
+                r = self._reports.get(req)
+                if r is not None:
+                    for cells in arrays:
+                        r.record(cells)
+            for req, (n, b) in step.page_ins.items():
+                r = self._reports.get(req)
+                if r is not None:
+                    r.add_page_ins(n, b)
+        for req, params in self._awaiting.items():
+            params.update(self._object(req))
+            self._reports.pop(req, None)
+        self._awaiting = {}
+
+    def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        req = request.request_id
+        self._finished.append(req)
+        self._shapes.pop(req, None)
+        if req not in self._reports:
+            return False, None
+        params = self._object(req)
+        self._awaiting[req] = params
+        return False, {"witcert": params}
+
+    def _object(self, req: str) -> Dict[str, Any]:
+        obj = json.loads(self._reports[req].json())
+        name = f"vllm-{self.kv_cache_dtype}"
+        obj["kv"] = obj["kv_v"] = name
+        return obj
+
+    # ---- worker side ----------------------------------------------------------------------------
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if _worker is not None and isinstance(connector_metadata, StepRequests):
+            _worker.begin_step(connector_metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return
+
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        return _worker.end_step() if _worker is not None else None
