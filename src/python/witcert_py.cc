@@ -511,9 +511,13 @@ std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const 
     throw py::value_error(std::string(name) + " must be (rows, heads, tokens, head_dim), one row per cache");
   std::vector<Cache*> out;
   for (const py::handle& h : caches) out.push_back(&h.cast<Cache&>());
-  for (const Cache* c : out)
-    if (std::memcmp(&c->geometry(), &out[0]->geometry(), sizeof(witcert_geometry)) != 0)
-      throw py::value_error("the caches of a batch must have one geometry");
+  // One shape of layer; capacities may differ (each request has its own).
+  const witcert_geometry& g = out[0]->geometry();
+  for (const Cache* c : out) {
+    const witcert_geometry& o = c->geometry();
+    if (o.layers != g.layers || o.q_heads != g.q_heads || o.kv_heads != g.kv_heads || o.head_dim != g.head_dim)
+      throw py::value_error("the caches of a batch must have one geometry (layers, heads, head_dim)");
+  }
   return out;
 }
 
@@ -540,7 +544,8 @@ void write_batch(const py::list& caches, int layer, const py::object& pos0, cons
   const auto hat = [&](const py::object& obj, const char* name, py::array_t<float>& out) -> const float* {
     if (obj.is_none()) return nullptr;
     out = take<float>(obj, name, 4);
-    if (!std::equal(out.shape(), out.shape() + 4, k.shape())) throw py::value_error(std::string(name) + " must have k's shape");
+    if (!std::equal(out.shape(), out.shape() + 4, k.shape()))
+      throw py::value_error(std::string(name) + " must have k's shape");
     return out.data();
   };
   const float* khp = hat(kh_obj, "k_hat", kh);

@@ -32,12 +32,14 @@ __all__ = ["WitCertConnector", "WorkerState", "active_worker"]
 # WitCert's options a connector takes (the names of `witcert generate`, the server and the C API).
 OPTIONS = ("tau_k", "tau_v", "granularity", "delta", "bound", "check_soundness", "page_size")
 
-_worker: Optional["WorkerState"] = None
-
-
 def active_worker() -> Optional["WorkerState"]:
-    """This worker process's state, when a WitCert connector is configured."""
-    return _worker
+    """This worker's state, while its engine's KV connector is a WitCert connector."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    agent = get_kv_transfer_group()
+    return agent.worker if isinstance(agent, WitCertConnector) else None
 
 
 def cache_options(extra: Dict[str, Any]) -> Dict[str, Any]:
@@ -81,13 +83,13 @@ class StepCells(KVConnectorWorkerMetadata):
 class WorkerState:
     """One worker's WitCert caches, one per running request (see witcert.vllm.backend)."""
 
-    def __init__(self, options: Dict[str, Any], kv_cache_dtype: str, layers: int, rank: int):
+    def __init__(self, options: Dict[str, Any], kv_cache_dtype: str, layers: int):
         self.options = options
         self.gated = options.get("tau_k") is not None
         self.layers = layers
         self.options_json = json.dumps(options)
         self.kv_cache_dtype = kv_cache_dtype
-        self.rank = rank
+        self.rank: Optional[int] = None  # the tensor-parallel rank, read once the group exists
         self.caches: Dict[str, Any] = {}
         self.step = 0
         self.made: Dict[str, int] = {}  # per request: the step its cache was made in
@@ -127,9 +129,14 @@ class WorkerState:
         return c
 
     def end_step(self) -> Optional[StepCells]:
-        assert self.geometry is not None or not self.caches
         out = StepCells()
-        offset = self.rank * self.geometry[1] if self.geometry else 0
+        if self.geometry is None:
+            return None
+        if self.rank is None:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            self.rank = get_tensor_model_parallel_rank()
+        offset = self.rank * self.geometry[1]
         for req, c in self.caches.items():
             cells = c.drain_cells()
             stats = c.stats()
@@ -149,7 +156,7 @@ class WitCertConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
-        global _worker
+        self.worker: Optional[WorkerState] = None
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.options = cache_options(extra)
         if vllm_config.cache_config.enable_prefix_caching:
@@ -174,9 +181,7 @@ class WitCertConnector(KVConnectorBase_V1):
         self._awaiting: Dict[str, Dict[str, Any]] = {}
         self._finished: List[str] = []
         if role == KVConnectorRole.WORKER:
-            from vllm.distributed import get_tensor_model_parallel_rank
-
-            _worker = WorkerState(self.options, self.kv_cache_dtype, self.layers, get_tensor_model_parallel_rank())
+            self.worker = WorkerState(self.options, self.kv_cache_dtype, self.layers)
 
     # ---- scheduler side -------------------------------------------------------------------------
 
@@ -188,7 +193,8 @@ class WitCertConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Any) -> None:
         prompt_len = request.num_prompt_tokens
-        self._shapes[request.request_id] = (prompt_len, prompt_len + request.max_tokens)
+        # One position past the last token: an asynchronous scheduler may run one step more.
+        self._shapes[request.request_id] = (prompt_len, prompt_len + request.max_tokens + 1)
         self._reports[request.request_id] = _witcert.Report(json.dumps(self.options), self.layers, self.q_heads,
                                                             prompt_len)
 
@@ -238,8 +244,8 @@ class WitCertConnector(KVConnectorBase_V1):
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
-        if _worker is not None and isinstance(connector_metadata, StepRequests):
-            _worker.begin_step(connector_metadata)
+        if self.worker is not None and isinstance(connector_metadata, StepRequests):
+            self.worker.begin_step(connector_metadata)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         return
@@ -254,4 +260,4 @@ class WitCertConnector(KVConnectorBase_V1):
         return
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
-        return _worker.end_step() if _worker is not None else None
+        return self.worker.end_step() if self.worker is not None else None
