@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, KVConnectorWorkerMetadata)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 from witcert import _witcert
 
@@ -78,6 +79,86 @@ class StepCells(KVConnectorWorkerMetadata):
             mine[0] += n
             mine[1] += b
         return self
+
+
+class FinishedStats(KVConnectorStats):
+    """The scheduler's finished requests since vLLM last read its stats, summed for the frontend's
+    Prometheus metrics: ``verdict`` counts, and per scheme ``cells``, ``certified_k``, ``certified_v``,
+    ``overflow``, ``page_ins``, ``page_in_bytes``."""
+
+    COUNTS = ("cells", "certified_k", "certified_v", "overflow", "page_ins", "page_in_bytes")
+
+    def add(self, obj: Dict[str, Any]) -> None:
+        verdicts = self.data.setdefault("verdict", {})
+        verdicts[obj["verdict"]] = verdicts.get(obj["verdict"], 0) + 1
+        cells = obj.get("cells", 0)
+        if not cells:
+            return
+        scheme = self.data.setdefault("scheme", {}).setdefault(obj["kv"], dict.fromkeys(self.COUNTS, 0))
+        coverage = obj["coverage"]
+        for name, value in (("cells", cells), ("certified_k", round(coverage["k"] * cells)),
+                            ("certified_v", round(coverage["v"] * cells)),
+                            ("overflow", round(obj.get("overflow_fraction", 0) * cells)),
+                            ("page_ins", obj.get("page_ins", 0)), ("page_in_bytes", obj.get("page_in_bytes", 0))):
+            scheme[name] += value
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for verdict, n in other.data.get("verdict", {}).items():
+            v = self.data.setdefault("verdict", {})
+            v[verdict] = v.get(verdict, 0) + n
+        for name, counts in other.data.get("scheme", {}).items():
+            mine = self.data.setdefault("scheme", {}).setdefault(name, dict.fromkeys(self.COUNTS, 0))
+            for k, n in counts.items():
+                mine[k] += n
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {f"witcert_{v}": n for v, n in self.data.get("verdict", {}).items()}
+        for counts in self.data.get("scheme", {}).values():
+            for k, n in counts.items():
+                out[f"witcert_{k}"] = out.get(f"witcert_{k}", 0) + n
+        return out
+
+    def is_empty(self) -> bool:
+        return not self.data
+
+
+class WitCertPromMetrics(KVConnectorPromMetrics):
+    """``witcert_*`` counters beside vLLM's on ``/metrics``, named as ``witcert serve`` names them."""
+
+    def __init__(self, vllm_config: Any, metric_types: Dict[Any, Any], labelnames: List[str],
+                 per_engine_labelvalues: Dict[int, List[object]]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        counter = self._counter_cls
+        side = labelnames + ["side", "scheme"]
+        self.verdicts = counter(name="witcert_requests_verdict_total", labelnames=labelnames + ["verdict"],
+                                documentation="Finished requests by verdict (certified, repaired, at-risk, unmetered).")
+        self.cells = counter(name="witcert_meter_cells_total", labelnames=side,
+                             documentation="Metered (layer, query head, decode step) cells by side and scheme.")
+        self.certified = counter(name="witcert_meter_certified_cells_total", labelnames=side,
+                                 documentation="Cells whose served meter met tau (K: tau_k, V: tau_v).")
+        self.overflow = counter(name="witcert_meter_overflow_cells_total", labelnames=labelnames + ["scheme"],
+                                documentation="Cells whose raw score overflowed (no guarantee).")
+        self.page_ins = counter(name="witcert_page_ins_total", labelnames=labelnames + ["scheme"],
+                                documentation="Pages promoted to exact by the gate's repairs.")
+        self.page_in_bytes = counter(name="witcert_page_in_bytes_total", labelnames=labelnames + ["scheme"],
+                                     documentation="Bytes read from the exact tier by the gate's repairs.")
+
+    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues[engine_idx]
+        for verdict, n in transfer_stats_data.get("verdict", {}).items():
+            self.verdicts.labels(*labels, verdict).inc(n)
+        for scheme, c in transfer_stats_data.get("scheme", {}).items():
+            for s in ("K", "V"):
+                self.cells.labels(*labels, s, scheme).inc(c["cells"])
+            self.certified.labels(*labels, "K", scheme).inc(c["certified_k"])
+            self.certified.labels(*labels, "V", scheme).inc(c["certified_v"])
+            self.overflow.labels(*labels, scheme).inc(c["overflow"])
+            self.page_ins.labels(*labels, scheme).inc(c["page_ins"])
+            self.page_in_bytes.labels(*labels, scheme).inc(c["page_in_bytes"])
 
 
 class WorkerState:
@@ -180,6 +261,7 @@ class WitCertConnector(KVConnectorBase_V1):
         self._shapes: Dict[str, Tuple[int, int]] = {}
         self._awaiting: Dict[str, Dict[str, Any]] = {}
         self._finished: List[str] = []
+        self._stats = FinishedStats()
         if role == KVConnectorRole.WORKER:
             self.worker = WorkerState(self.options, self.kv_cache_dtype, self.layers)
 
@@ -222,7 +304,23 @@ class WitCertConnector(KVConnectorBase_V1):
         for req, params in self._awaiting.items():
             params.update(self._object(req))
             self._reports.pop(req, None)
+            self._stats.add(params)
         self._awaiting = {}
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, FinishedStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional[KVConnectorStats]:
+        return FinishedStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Dict[Any, Any], labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[object]]) -> KVConnectorPromMetrics:
+        return WitCertPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         req = request.request_id
