@@ -15,4 +15,5 @@ for var in CMAKE_CXX_COMPILER CMAKE_CXX_COMPILER_LAUNCHER WITCERT_WERROR; do
 done
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install -q "${defines[@]}" .
 WITCERT_BIN=$build_dir/witcert WITCERT_LIB=$build_dir/libwitcert.so WITCERT_REQUIRE_TRANSFORMERS=1 \
-  WITCERT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf .venv/bin/python -m pytest -q python/tests
+  WITCERT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf .venv/bin/python -m pytest -q python/tests \
+  --ignore=python/tests/vllm  # .venv has no vLLM: scripts/vllm-test.sh runs those in .venv-vllm

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite: C++ (ctest, every label), Python (pytest) and the Coq proofs.
+# Builds and runs the whole test suite: C++ (ctest, every label), Python (pytest; the vLLM plugin in
+# .venv-vllm) and the Coq proofs.
 # Usage: scripts/test.sh [BUILD_DIR] [extra cmake args...]
 # With WITCERT_SETUP_DONE=1 (.ci/run, which does it once) it skips installing and fetching.
 set -euo pipefail
@@ -17,6 +18,7 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
 # library needs the sanitizer runtime loaded before Python.
 case " $* " in
   *" -DWITCERT_SANITIZE=ON "*) ;;
-  *) scripts/python-test.sh "$build_dir" ;;
+  *) scripts/python-test.sh "$build_dir"
+     scripts/vllm-test.sh ;;  # the vLLM plugin, in its own venv (slow: vLLM engines)
 esac
 make -C proofs

@@ -7,11 +7,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "python/stored_kv.h"
 #include "witcert/witcert.h"
 
 namespace py = pybind11;
@@ -506,9 +508,11 @@ void for_each_row(std::size_t rows, Row row) {
   if (s != WITCERT_OK) check(s, "row " + std::to_string(failed) + ": " + message);
 }
 
-std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const char* name) {
-  if (caches.empty() || x.ndim() != 4 || x.shape(0) != static_cast<py::ssize_t>(caches.size()))
-    throw py::value_error(std::string(name) + " must be (rows, heads, tokens, head_dim), one row per cache");
+std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const char* name, int ndim = 4) {
+  if (caches.empty() || x.ndim() != ndim || x.shape(0) != static_cast<py::ssize_t>(caches.size()))
+    throw py::value_error(std::string(name) + (ndim == 4 ? " must be (rows, heads, tokens, head_dim)"
+                                                         : " must be (rows, heads, head_dim)") +
+                          ", one row per cache");
   std::vector<Cache*> out;
   for (const py::handle& h : caches) out.push_back(&h.cast<Cache&>());
   // One shape of layer; capacities may differ (each request has its own).
@@ -586,6 +590,100 @@ py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_ob
 
 // A request's report from cells drained elsewhere (witcert_report_*): another process's cache, or
 // the ranks of a tensor-parallel model.
+// The layer cache vLLM stored, as bytes with its shape (blocks, kv_heads, block_size, head_dim),
+// element and layout, checked once for every read of it.
+struct Stored {
+  py::array_t<std::uint8_t> bytes;
+  witcert::python::StoredShape shape{};
+  witcert::python::StoredLayout layout{};
+  witcert::python::StoredElement element{};
+  Stored(const py::object& obj, const std::vector<long>& dims, const std::string& elem, const std::string& lay) {
+    namespace wp = witcert::python;
+    try {
+      element = wp::stored_element(elem);
+      layout = wp::stored_layout(lay);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+    bytes = take<std::uint8_t>(obj, "stored", -1);
+    if (dims.size() != 4 || *std::min_element(dims.begin(), dims.end()) < 1)
+      throw py::value_error("shape must be (blocks, kv_heads, block_size, head_dim), each at least 1");
+    shape = {dims[0], dims[1], dims[2], dims[3]};
+    const long need = dims[0] * dims[1] * dims[2] * 2 * dims[3] * static_cast<long>(wp::element_bytes(element));
+    if (bytes.size() != need)
+      throw py::value_error("stored holds " + std::to_string(bytes.size()) + " bytes; its shape and element take " +
+                            std::to_string(need));
+    if (layout == wp::StoredLayout::amx && (dims[2] % 16 || dims[3] % 16))
+      throw py::value_error("the amx layout needs block_size and head_dim multiples of 16");
+  }
+  // Keys and values of slot for every KV head, into k and v (kv_heads × head_dim each).
+  void read(std::int64_t slot, float k_scale, float v_scale, float* k, float* v) const {
+    witcert::python::read_stored(bytes.data(), shape, layout, element, slot, k_scale, v_scale, k, v);
+  }
+  std::vector<std::int64_t> slots(const py::object& obj) const {
+    const auto a = take<std::int64_t>(obj, "slots", 1);
+    std::vector<std::int64_t> out(a.data(), a.data() + a.size());
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (out[i] < 0 || out[i] >= shape.blocks * shape.block_size)
+        throw py::value_error("slots[" + std::to_string(i) + "] is outside the cache");
+    return out;
+  }
+};
+
+// What vLLM stored at `slots`: (keys, values), each (slots, kv_heads, head_dim) float32.
+py::tuple read_stored(const py::object& stored_obj, const std::vector<long>& shape, const std::string& element,
+                      const std::string& layout, const py::object& slots_obj, double k_scale, double v_scale) {
+  const Stored st(stored_obj, shape, element, layout);
+  const std::vector<std::int64_t> slots = st.slots(slots_obj);
+  const py::ssize_t n = static_cast<py::ssize_t>(slots.size()), kvh = shape[1], d = shape[3];
+  py::array_t<float> k({n, kvh, d}), v({n, kvh, d});
+  for (py::ssize_t i = 0; i < n; ++i)
+    st.read(slots[i], static_cast<float>(k_scale), static_cast<float>(v_scale), k.mutable_data() + i * kvh * d,
+            v.mutable_data() + i * kvh * d);
+  return py::make_tuple(k, v);
+}
+
+// One decode position per row of vLLM's batch for one layer, in one call: row b writes its exact key
+// and value (k, v: (rows, kv_heads, head_dim)) at position pos[b] of caches[b], beside what vLLM
+// stored at slots[b] (read from `stored`); then attends its queries q (rows, q_heads, head_dim) as
+// attend_batch does. Returns the outputs (rows, q_heads, head_dim) and the cells' fields as arrays
+// (rows, q_heads, 1).
+py::tuple vllm_decode(const py::list& caches, int layer, const std::vector<long>& pos, const py::object& k_obj,
+                      const py::object& v_obj, const py::object& q_obj, const py::object& stored_obj,
+                      const std::vector<long>& shape, const std::string& element, const std::string& layout,
+                      const py::object& slots_obj, double k_scale, double v_scale, long window) {
+  const auto k = take<float>(k_obj, "k", 3), v = take<float>(v_obj, "v", 3), q = take<float>(q_obj, "q", 3);
+  const std::vector<Cache*> cs = caches_of(caches, q, "q", 3);
+  const witcert_geometry& g = cs[0]->geometry();
+  const Stored st(stored_obj, shape, element, layout);
+  const std::vector<std::int64_t> slots = st.slots(slots_obj);
+  const py::ssize_t rows = static_cast<py::ssize_t>(cs.size()), kvh = g.kv_heads, hq = g.q_heads, d = g.head_dim;
+  for (const auto* a : {&k, &v})
+    if (a->shape(0) != rows || a->shape(1) != kvh || a->shape(2) != d)
+      throw py::value_error("k and v must be (rows, kv_heads, head_dim)");
+  if (q.shape(1) != hq || q.shape(2) != d) throw py::value_error("q must be (rows, q_heads, head_dim)");
+  if (shape[1] != kvh || shape[3] != d) throw py::value_error("the stored cache's heads or head_dim are not the caches'");
+  if (pos.size() != cs.size() || slots.size() != cs.size())
+    throw py::value_error("pos and slots must hold one entry per row");
+  std::vector<float> kh(static_cast<std::size_t>(rows * kvh * d)), vh(kh.size());
+  py::array_t<float> out({rows, hq, d});
+  py::dict cells = Cache::cell_arrays({rows, hq, 1});
+  std::vector<Cache::CellFields> fields;
+  for (py::ssize_t b = 0; b < rows; ++b)
+    fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq)));
+  float* op = out.mutable_data();
+  const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
+  for_each_row(cs.size(), [&](std::size_t b) {
+    const std::size_t at = b * kvh * d;
+    st.read(slots[b], ks, vs, kh.data() + at, vh.data() + at);
+    const witcert_status s = cs[b]->write_into(layer, pos[b], 1, k.data() + at, v.data() + at, kh.data() + at,
+                                               vh.data() + at);
+    if (s != WITCERT_OK) return s;
+    return cs[b]->attend_into(layer, q.data() + b * hq * d, 1, pos[b], 0, window, op + b * hq * d, true, fields[b]);
+  });
+  return py::make_tuple(out, cells);
+}
+
 class Report {
  public:
   Report(const std::string& options, int layers, int q_heads, long first_pos) {
@@ -728,6 +826,8 @@ PYBIND11_MODULE(_witcert, m) {
   m.def("meter_batch", &meter_batch);
   m.def("write_batch", &write_batch);
   m.def("attend_batch", &attend_batch);
+  m.def("read_stored", &read_stored);
+  m.def("vllm_decode", &vllm_decode);
   m.def("witness_batch", &witness_batch);
   m.def("tier_a_batch", &tier_a_batch);
   m.def("delta_loc", [](double delta_req, long layers, long q_heads, long steps) {

@@ -5,6 +5,7 @@ attention: each decode cell's meter is checked against the true TV computed here
 exact keys the model produced and the keys vLLM stored, and against WitCert's own meter computed
 from those keys with the tensor API.
 """
+import contextlib
 import gc
 import math
 import os
@@ -45,13 +46,19 @@ def make_llm(kv_cache_dtype="fp8", dtype="float32", witcert=None, **kw):
                distributed_executor_backend="uni", max_logprobs=-1, seed=0, **extra, **kw)
 
 
-def close(llm):
-    """Shuts the engine down now: vLLM freezes its objects out of the collector, so a dropped LLM
-    would tear down the distributed state later, under the next one."""
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    cleanup_dist_env_and_memory()
-    gc.collect()
+@contextlib.contextmanager
+def engine(**kw):
+    """An LLM (make_llm's arguments), shut down on leaving, whatever happened: vLLM freezes its
+    objects out of the collector, so a dropped LLM would tear down the distributed state later,
+    under the next one."""
+    llm = make_llm(**kw)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+        gc.collect()
 
 
 class Watch:
@@ -60,12 +67,12 @@ class Watch:
     def __init__(self, monkeypatch):
         self.cells = []  # (meter, raw, q (h, d), keys (pos+1, kvh, d), stored keys (pos+1, kvh, d))
         self.seqs = {}  # (first block, layer) -> {pos: (k, k_hat)}
-        real_certify, real_attend = backend.WitCertCPUImpl._certify, backend._witcert.attend_batch
+        real_certify, real_decode = backend.WitCertCPUImpl._certify, backend._witcert.vllm_decode
         watch = self
         last = {}
 
-        def attend_batch(*args):
-            out = real_attend(*args)
+        def vllm_decode(*args):
+            out = real_decode(*args)
             last["cells"] = out[1]
             return out
 
@@ -75,13 +82,14 @@ class Watch:
             last.clear()
 
         monkeypatch.setattr(backend.WitCertCPUImpl, "_certify", certify)
-        monkeypatch.setattr(backend._witcert, "attend_batch", attend_batch)
+        monkeypatch.setattr(backend._witcert, "vllm_decode", vllm_decode)
 
     def record(self, impl, layer, query, key, kv_cache, meta, cells):
         index = int(layer.layer_name.split(".")[2])
         n = meta.num_actual_tokens
-        k_hat, _ = read_slots(kv_cache, meta.slot_mapping[:n], layer.isa, element_dtype(impl.kv_cache_dtype, query.dtype),
-                              layer._k_scale_float, layer._v_scale_float)
+        elem = element_dtype(impl.kv_cache_dtype, query.dtype)
+        k_hat, _ = read_slots(kv_cache, meta.slot_mapping[:n], layer.isa, elem, layer._k_scale_float,
+                              layer._v_scale_float)
         k = key[:n].reshape(n, KV_HEADS, HEAD_DIM).float()
         starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
         decode = 0
@@ -108,9 +116,8 @@ def softmax64(z):
 
 def test_every_decode_cell_is_sound_and_is_witcerts_own_meter(monkeypatch):
     watch = Watch(monkeypatch)
-    llm = make_llm(witcert={"check_soundness": True})
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
-    close(llm)
+    with engine(witcert={"check_soundness": True}) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     for o in outs:
         r = wv.report(o)
         assert r["cells"] == 5 * LAYERS * Q_HEADS
@@ -150,9 +157,8 @@ def test_the_gate_moves_the_logits_toward_the_exact_cache():
     runs = {}
     for name, kv, opts in (("exact", "auto", None), ("raw", "fp8", None),
                            ("gated", "fp8", {"tau_k": 0.2, "check_soundness": True})):
-        llm = make_llm(kv_cache_dtype=kv, witcert=opts)
-        runs[name] = llm.generate(PROMPTS, params)
-        close(llm)
+        with engine(kv_cache_dtype=kv, witcert=opts) as llm:
+            runs[name] = llm.generate(PROMPTS, params)
     kl = {"raw": [], "gated": []}
     for i in range(len(PROMPTS)):
         exact = runs["exact"][i].outputs[0]
@@ -174,11 +180,10 @@ def test_the_gate_moves_the_logits_toward_the_exact_cache():
 
 
 def test_every_request_gets_its_own_report_in_a_batch():
-    llm = make_llm(witcert={"tau_k": 0.3, "granularity": "head"})
     lengths = [2, 5, 9, 3]
     prompts = PROMPTS + ["Once upon a time"]
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
-    close(llm)
+    with engine(witcert={"tau_k": 0.3, "granularity": "head"}) as llm:
+        outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
     for n, o in zip(lengths, outs):
         r = wv.report(o)
         assert r["cells"] == (n - 1) * LAYERS * Q_HEADS
@@ -187,15 +192,13 @@ def test_every_request_gets_its_own_report_in_a_batch():
 
 
 def test_an_exact_cache_is_certified_and_a_plain_engine_has_no_report():
-    llm = make_llm(kv_cache_dtype="auto", witcert={})
-    r = wv.report(llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0))[0])
-    close(llm)
+    with engine(kv_cache_dtype="auto", witcert={}) as llm:
+        r = wv.report(llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0])
     # The store keeps exact keys in fp16, so vLLM's float32 keys read a small meter, not 0.
     assert r["kv"] == "vllm-auto" and r["cells"] == 3 * LAYERS * Q_HEADS
     assert 0 <= r["raw_max"] < 0.05 and r["certified"] is True and r["verdict"] == "certified"
-    llm = make_llm()
-    assert wv.report(llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0]) is None
-    close(llm)
+    with engine() as llm:
+        assert wv.report(llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0]) is None
 
 
 @pytest.mark.parametrize("options,message", [({"tau": 0.2}, "unknown option"), ({"tau_k": -1}, "tau_k"),

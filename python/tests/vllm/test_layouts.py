@@ -8,8 +8,11 @@ import os
 import pytest
 
 vllm = pytest.importorskip("vllm") if not os.environ.get("WITCERT_REQUIRE_VLLM") else __import__("vllm")
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
+
+from witcert import _witcert  # noqa: E402
 
 from witcert.vllm.layouts import element_dtype, read_slots  # noqa: E402
 
@@ -107,3 +110,42 @@ def test_unknown_layouts_and_cache_types_are_refused():
         read_slots(cache, torch.tensor([0]), "vec16", torch.float32, 1.0, 1.0)
     with pytest.raises(ValueError, match="int8"):
         element_dtype("int8", torch.float32)
+
+
+@pytest.mark.parametrize("isa,dtype,kv_dtype", CASES)
+@pytest.mark.parametrize("block_size,head_dim", list(itertools.product([32, 64, 128], [64, 128])))
+def test_the_cpp_reader_is_the_reference_element_for_element(isa, dtype, kv_dtype, block_size, head_dim):
+    """witcert.vllm's decode path reads with the C++ reader; layouts.read_slots is its reference."""
+    cache, _, _, slots, _, _ = _write(isa, dtype, kv_dtype, block_size, head_dim, seed=3)
+    elem = element_dtype(kv_dtype, dtype)
+    for scales in ((1.0, 1.0), (0.37, 2.5)):
+        kr, vr = read_slots(cache, slots, isa, elem, *scales)
+        kc, vc = _witcert.read_stored(cache.view(torch.uint8).reshape(-1).numpy(), [*cache.shape[:3], head_dim],
+                                      str(elem).removeprefix("torch."), isa, slots.numpy(), *scales)
+        assert torch.equal(torch.from_numpy(kc), kr) and torch.equal(torch.from_numpy(vc), vr)
+
+
+def test_the_cpp_reader_refuses_what_it_cannot_read():
+    cache = torch.zeros(2, 1, 32, 128)
+    raw = cache.view(torch.uint8).reshape(-1).numpy()
+    slots = np.array([0, 63], dtype=np.int64)
+    with pytest.raises(ValueError, match="vec16"):
+        _witcert.read_stored(raw, [2, 1, 32, 64], "float32", "vec16", slots, 1.0, 1.0)
+    with pytest.raises(ValueError, match="int8"):
+        _witcert.read_stored(raw, [2, 1, 32, 64], "int8", "vec", slots, 1.0, 1.0)
+    with pytest.raises(ValueError, match="bytes"):
+        _witcert.read_stored(raw, [2, 1, 32, 64], "float16", "vec", slots, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"slots\[1\]"):
+        _witcert.read_stored(raw, [2, 1, 32, 64], "float32", "vec", np.array([0, 64], dtype=np.int64), 1.0, 1.0)
+    with pytest.raises(ValueError, match="amx"):
+        _witcert.read_stored(torch.zeros(2, 1, 24, 128).view(torch.uint8).reshape(-1).numpy(), [2, 1, 24, 64],
+                             "float32", "amx", slots[:1], 1.0, 1.0)
+    # fp8's special bytes decode as the formats say: e4m3 has no infinity (0x7F is NaN), e5m2 does.
+    b = torch.tensor([0x7F, 0x7C, 0x01, 0xFE], dtype=torch.uint8)
+    k4, _ = _witcert.read_stored(np.tile(b.numpy(), 2 * 16)[:128].copy(), [1, 1, 1, 64], "float8_e4m3fn", "vec",
+                                 np.array([0], dtype=np.int64), 1.0, 1.0)
+    want = b.view(torch.float8_e4m3fn).float().numpy()
+    np.testing.assert_array_equal(k4[0, 0, :4], want)
+    k5, _ = _witcert.read_stored(np.tile(b.numpy(), 2 * 16)[:128].copy(), [1, 1, 1, 64], "float8_e5m2", "vec",
+                                 np.array([0], dtype=np.int64), 1.0, 1.0)
+    np.testing.assert_array_equal(k5[0, 0, :4], b.view(torch.float8_e5m2).float().numpy())

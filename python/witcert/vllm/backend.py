@@ -14,7 +14,7 @@ metered: the report covers decode steps, as ``witcert serve``'s does.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,13 +24,46 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 
 from witcert import _witcert
 from witcert.vllm.connector import WorkerState, active_worker
-from witcert.vllm.layouts import element_dtype, read_slots
+from witcert.vllm.layouts import element_dtype
 
 __all__ = ["WitCertCPUBackend", "WitCertCPUImpl"]
 
 
+class _StepPlan:
+    """The rows of one step's attention batch as every layer sees them (the same metadata object):
+    each row's cache and first position, the decode rows' tokens, positions and slots, and the
+    prompt chunks' token ranges."""
+
+    def __init__(self, state: WorkerState, meta: Any, block_size: int):
+        self.meta = meta
+        starts = meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens.tolist()
+        rows = len(seq_lens)
+        last_blocks = meta.block_table[torch.arange(rows), (meta.seq_lens[:rows] - 1) // block_size].tolist()
+        self.decode_caches: List[Any] = []
+        decode_tokens: List[int] = []
+        self.decode_pos: List[int] = []
+        self.chunks: List[Tuple[Any, int, int, int]] = []  # (cache, pos0, first token, end token)
+        for r in range(rows):
+            t0, t1 = starts[r], starts[r + 1]
+            pos0 = seq_lens[r] - (t1 - t0)
+            cache = state.cache(state.owner[last_blocks[r]], pos0)
+            if t1 - t0 == 1:
+                self.decode_caches.append(cache)
+                decode_tokens.append(t0)
+                self.decode_pos.append(pos0)
+            else:
+                self.chunks.append((cache, pos0, t0, t1))
+        self.tokens = torch.tensor(decode_tokens, dtype=torch.long)
+        self.slots = meta.slot_mapping[self.tokens].to(torch.int64).numpy()
+
+
 class WitCertCPUImpl(CPUAttentionBackendImpl):
     """CPUAttentionBackendImpl, then WitCert's mirror, meter and gate (module docstring)."""
+
+    _index: Optional[int] = None
+    _stored: Optional[Tuple[int, Tuple[Any, ...]]] = None
+    _plan: Optional[_StepPlan] = None  # the last step's, shared by the layers through the class
 
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any, output: torch.Tensor, output_scale: Any = None,
@@ -42,55 +75,53 @@ class WitCertCPUImpl(CPUAttentionBackendImpl):
             self._certify(state, layer, query, key, value, kv_cache, attn_metadata, output)
         return out
 
+    def _stored_cache(self, layer: Any, kv_cache: torch.Tensor, query_dtype: torch.dtype) -> Tuple[Any, ...]:
+        """The layer's cache as bytes with its shape, element and layout, for the C++ reader of its
+        layout (witcert.vllm.layouts is the reference it is tested against); kept while the cache
+        tensor is the same."""
+        if self._stored is None or self._stored[0] != kv_cache.data_ptr():
+            elem = element_dtype(self.kv_cache_dtype, query_dtype)
+            view = (kv_cache.view(torch.uint8).reshape(-1).numpy(), [*kv_cache.shape[:3], self.head_size],
+                    str(elem).removeprefix("torch."), layer.isa)
+            self._stored = (kv_cache.data_ptr(), view)
+        return self._stored[1]
+
     def _certify(self, state: WorkerState, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  kv_cache: torch.Tensor, meta: Any, output: torch.Tensor) -> None:
         if self.alibi_slopes is not None or self.logits_soft_cap or self.sinks is not None:
             raise NotImplementedError("witcert: attention with ALiBi, a logit soft cap or sinks is not metered")
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_size
-        index = extract_layer_index(layer.layer_name)
+        if self._index is None:
+            self._index = extract_layer_index(layer.layer_name)
+        index = self._index
         if state.geometry is None:
             state.geometry = (state.layers, h, kvh, d)
-        n = meta.num_actual_tokens
-        starts = meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens.tolist()
-        block_size = kv_cache.shape[2]
-        elem = element_dtype(self.kv_cache_dtype, query.dtype)
-        k_hat, v_hat = read_slots(kv_cache, meta.slot_mapping[:n], layer.isa, elem, layer._k_scale_float,
-                                  layer._v_scale_float)
-        k = key[:n].reshape(n, kvh, d).to(torch.float32)
-        v = value[:n].reshape(n, kvh, d).to(torch.float32)
-        rows = len(seq_lens)
-        table = meta.block_table[:rows]
-        last_blocks = table[torch.arange(rows), (meta.seq_lens[:rows] - 1) // block_size].tolist()
-        decode_caches, decode_tokens, decode_pos = [], [], []
-        for r in range(rows):
-            t0, t1 = starts[r], starts[r + 1]
-            pos0 = seq_lens[r] - (t1 - t0)
-            cache = state.cache(state.owner[last_blocks[r]], pos0)
-            if t1 - t0 == 1:
-                decode_caches.append(cache)
-                decode_tokens.append(t0)
-                decode_pos.append(pos0)
-            else:
-                rows_of = lambda x: np.ascontiguousarray(x[t0:t1].transpose(0, 1).numpy())  # noqa: E731
-                cache.write_rows(index, pos0, rows_of(k), rows_of(v), rows_of(k_hat), rows_of(v_hat))
-        if not decode_caches:
+        plan = WitCertCPUImpl._plan
+        if plan is None or plan.meta is not meta:
+            plan = WitCertCPUImpl._plan = _StepPlan(state, meta, kv_cache.shape[2])
+        stored = self._stored_cache(layer, kv_cache, query.dtype)
+        scales = (layer._k_scale_float, layer._v_scale_float)
+        for cache, pos0, t0, t1 in plan.chunks:  # a prompt's chunk: stored, not metered
+            k_hat, v_hat = _witcert.read_stored(*stored, meta.slot_mapping[t0:t1].to(torch.int64).numpy(), *scales)
+            exact = [x[t0:t1].reshape(-1, kvh, d).to(torch.float32).numpy() for x in (key, value)]
+            cache.write_rows(index, pos0, *(np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (*exact, k_hat, v_hat)))
+        if not plan.decode_caches:
             return
-        idx = torch.tensor(decode_tokens)
-        per_token = lambda x: x[idx].unsqueeze(2).numpy()  # noqa: E731  (rows, kv_heads, 1, d)
-        _witcert.write_batch(decode_caches, index, decode_pos, per_token(k), per_token(v), per_token(k_hat),
-                             per_token(v_hat))
-        q = query[:n].reshape(n, h, d)[idx].to(torch.float32)
+        idx = plan.tokens
+        k, v = (x[idx].reshape(-1, kvh, d).to(torch.float32).numpy() for x in (key, value))
+        q = query[idx].reshape(-1, h, d).to(torch.float32)
         if not math.isclose(self.scale, 1.0 / math.sqrt(d), rel_tol=1e-6):
             q = q * (self.scale * math.sqrt(d))  # the cache's softmax scale is 1/sqrt(head_dim)
         window = self.sliding_window if self.sliding_window and self.sliding_window > 0 else 0
-        served, cells = _witcert.attend_batch(decode_caches, index, q.unsqueeze(2).numpy(), decode_pos,
-                                              [0] * len(decode_caches), window)
+        # One call: each row's exact and stored key and value written, then its heads attended and metered.
+        served, cells = _witcert.vllm_decode(plan.decode_caches, index, plan.decode_pos, k, v, q.numpy(), *stored,
+                                             plan.slots, *scales, window)
         if state.gated:
             # The mirror's pages the gate promoted stay exact in later steps, so every decode cell's
             # meter describes the mirror's output, not vLLM's: serve the mirror's.
+            n = meta.num_actual_tokens
             o = output[:n].view(n, h, d)
-            o[idx] = torch.from_numpy(served[:, 0]).to(o.dtype)
+            o[idx] = torch.from_numpy(served).to(o.dtype)
 
 
 class WitCertCPUBackend(CPUAttentionBackend):

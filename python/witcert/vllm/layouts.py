@@ -36,35 +36,51 @@ def element_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
                      f"(known: auto, {', '.join(_FP8)})")
 
 
+def _inner(isa: str, bs: int, d: int) -> torch.Tensor:
+    """Where element c of the token at offset `off` of a block sits within its (block, KV head):
+    ``[block_size, 2, head_dim]``, keys then values (the values after the block's keys)."""
+    off = torch.arange(bs).view(bs, 1)
+    c = torch.arange(d).view(1, d)
+    if isa == "vec":
+        k = c * bs + off
+        v = off * d + c
+    else:
+        if bs % 16 or d % 16:
+            raise NotImplementedError(f"witcert: the amx layout needs block_size and head_dim multiples of 16, "
+                                      f"got {bs} and {d}")
+        k = (off // 16) * (16 * d) + (c // 2) * 32 + (off % 16) * 2 + c % 2
+        v = (c // 16) * (bs * 16) + (off // 2) * 32 + (c % 16) * 2 + off % 2
+    return torch.stack([k, v + bs * d], dim=1)
+
+
+_INNER: dict = {}
+
+
 def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor, isa: str, elem: torch.dtype, k_scale: float,
                v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values (float32, ``[len(slots), kv_heads, head_dim]``) vLLM stored at ``slots``.
 
     ``kv_cache`` is one layer's cache tensor as vLLM allocated it, ``isa`` the layout vLLM's CPU
-    attention chose for the layer, ``elem`` the element dtype (:func:`element_dtype`).
+    attention chose for the layer, ``elem`` the element dtype (:func:`element_dtype`). One gather
+    reads every element: its index is the (block, KV head)'s start plus the layout's place for it.
     """
     if isa not in LAYOUTS:
         raise NotImplementedError(f"witcert: vLLM's CPU cache layout {isa!r} has no reader here "
                                   f"(known: {', '.join(LAYOUTS)})")
     nb, kvh, bs, two_d = kv_cache.shape
     d = two_d // 2
+    key = (isa, bs, d)
+    inner = _INNER.get(key)
+    if inner is None:
+        inner = _INNER[key] = _inner(isa, bs, d)
     raw = kv_cache.view(elem) if kv_cache.dtype != elem else kv_cache
-    halves = raw.view(nb, kvh, 2, bs * d)
-    keys, values = halves[:, :, 0], halves[:, :, 1]
     slots = slots.to(torch.long)
-    blk, off = slots // bs, slots % bs
-    if isa == "vec":
-        k = keys.view(nb, kvh, d, bs)[blk, :, :, off]
-        v = values.view(nb, kvh, bs, d)[blk, :, off, :]
-    else:
-        if bs % 16 or d % 16:
-            raise NotImplementedError(f"witcert: the amx layout needs block_size and head_dim multiples of 16, "
-                                      f"got {bs} and {d}")
-        k = keys.view(nb, kvh, bs // 16, d // 2, 16, 2)[blk, :, off // 16, :, off % 16, :].reshape(-1, kvh, d)
-        v = values.view(nb, kvh, d // 16, bs // 2, 16, 2)[blk, :, :, off // 2, :, off % 2].reshape(-1, kvh, d)
-    k, v = k.to(torch.float32), v.to(torch.float32)
+    start = ((slots // bs).unsqueeze(1) * kvh + torch.arange(kvh).unsqueeze(0)) * (2 * bs * d)  # (n, kv_heads)
+    index = start.view(-1, kvh, 1, 1) + inner[slots % bs].unsqueeze(1)  # (n, kv_heads, 2, d)
+    kv = raw.reshape(-1)[index].to(torch.float32)
+    k, v = kv[:, :, 0], kv[:, :, 1]
     if k_scale != 1.0:
         k = k * k_scale
     if v_scale != 1.0:
         v = v * v_scale
-    return k, v
+    return k.contiguous(), v.contiguous()
