@@ -381,3 +381,40 @@ def test_no_batched_certificate_for_a_poisoned_key_or_query(dtype, make, arg, la
     else:
         assert np.isinf(c[1, 2, 3]) and np.isinf(c[1, 3, 3]), (c[1, 2, 3], c[1, 3, 3])
     assert np.all(np.isfinite(c[0]))  # the clean row keeps its certificate
+
+
+@pytest.mark.parametrize("options", [{"kv": "q4_0", "tau_k": 0.2, "check_soundness": True}, {"kv": "q4_0"},
+                                     {"kv": "dither-int8", "tau_k": 0.5, "granularity": "head"}])
+def test_a_report_from_drained_cells_is_the_caches_own_whole_or_by_heads(options):
+    """Cells drained from a cache and counted elsewhere (by tensor-parallel rank: two halves of the
+    heads, in either order) give the cache's own witcert object."""
+    rng = np.random.default_rng(5)
+    layers, q_heads, kv_heads, d, prompt, n = 2, 4, 2, 64, 6, 20
+    cache = witcert.Cache(layers, q_heads, kv_heads, d, n, **options)
+    cache.report_start(prompt)
+    cache.keep_cells()
+    for pos in range(n):
+        for layer in range(layers):
+            k = rng.standard_normal((kv_heads, 1, d)).astype(np.float32)
+            k[:, :, 3] *= 9  # an outlier channel
+            cache.write_rows(layer, pos, k, rng.standard_normal((kv_heads, 1, d)).astype(np.float32))
+            cache.attend_rows(layer, rng.standard_normal((q_heads, 1, d)).astype(np.float32), pos)
+    cells = cache.drain_cells()
+    assert len(cells) == (n - prompt) * layers * q_heads and len(cache.drain_cells()) == 0
+    own, stats = cache.report(), cache.stats()
+    for parts in ([cells], [cells[cells["q_head"] >= 2], cells[cells["q_head"] < 2]]):
+        r = witcert.Report(layers, q_heads, prompt, **options)
+        for p in parts:
+            r.record(p)
+        r.add_page_ins(stats["page_ins"], stats["page_in_bytes"])
+        assert r.object() == own
+    bad = cells.copy()
+    bad["meter"][7] = np.nan
+    r = witcert.Report(layers, q_heads, prompt, **options)
+    with pytest.raises(ValueError, match=r"cells\[7\]"):
+        r.record(bad)
+    assert r.object()["cells"] == 0
+    bad = cells.copy()
+    bad["q_head"][2] = q_heads
+    with pytest.raises(ValueError, match=r"cells\[2\].*q_head"):
+        r.record(bad)

@@ -39,6 +39,7 @@ __all__ = [
     "value_bound",
     "DitherInt8",
     "Cache",
+    "Report",
     "Cells",
     "Engine",
     "register_scheme",
@@ -359,6 +360,16 @@ class Cache:
                 report[key] = self._names[side]
         return report
 
+    def keep_cells(self, keep: bool = True) -> None:
+        """From now on (``keep``) also keep every cell :meth:`report` counts, for :meth:`drain_cells`."""
+        self._c.keep_cells(bool(keep))
+
+    def drain_cells(self) -> np.ndarray:
+        """The cells kept since :meth:`keep_cells` or the last drain, as a structured array (layer,
+        q_head, pos, raw, meter, v_meter, output_bound, the values before the step's repair, tv and
+        v_true under the soundness check, repaired), for a :class:`Report` kept elsewhere."""
+        return self._c.drain_cells()
+
     def stats(self) -> Dict[str, int]:
         """Page-ins and their bytes, and the pool's pages and measured bytes."""
         return self._c.stats()
@@ -386,6 +397,28 @@ class Cells:
     v_meter: np.ndarray
     output_bound: np.ndarray
     repaired: np.ndarray
+
+
+class Report:
+    """A request's report kept apart from its cache: cells drained from caches (another process's,
+    or each tensor-parallel rank's, with the model's head numbers) counted into the ``witcert``
+    object :meth:`Cache.report` writes. ``options`` are the caches' (``kv``, ``tau_k``, ...), for
+    ``layers`` × ``q_heads`` cells a step at positions ≥ ``first_pos``."""
+
+    def __init__(self, layers: int, q_heads: int, first_pos: int = 0, **options: Any):
+        self._r = _witcert.Report(json.dumps(options), int(layers), int(q_heads), int(first_pos))
+
+    def record(self, cells: np.ndarray) -> None:
+        """Counts cells (:meth:`Cache.drain_cells`' array); a batch with an impossible cell raises
+        ``ValueError`` naming it, and none of it is counted."""
+        self._r.record(cells)
+
+    def add_page_ins(self, page_ins: int, page_in_bytes: int) -> None:
+        self._r.add_page_ins(int(page_ins), int(page_in_bytes))
+
+    def object(self) -> Dict[str, Any]:
+        """The ``witcert`` object of the cells counted."""
+        return json.loads(self._r.json())
 
 
 TokenCallback = Callable[[int, bytes, Optional[Dict[str, float]]], Optional[bool]]

@@ -673,14 +673,27 @@ py::tuple vllm_decode(const py::list& caches, int layer, const std::vector<long>
     fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq)));
   float* op = out.mutable_data();
   const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
-  for_each_row(cs.size(), [&](std::size_t b) {
-    const std::size_t at = b * kvh * d;
-    st.read(slots[b], ks, vs, kh.data() + at, vh.data() + at);
-    const witcert_status s = cs[b]->write_into(layer, pos[b], 1, k.data() + at, v.data() + at, kh.data() + at,
-                                               vh.data() + at);
-    if (s != WITCERT_OK) return s;
-    return cs[b]->attend_into(layer, q.data() + b * hq * d, 1, pos[b], 0, window, op + b * hq * d, true, fields[b]);
-  });
+  std::vector<witcert_status> status(cs.size(), WITCERT_OK);
+  std::vector<std::string> message(cs.size());
+  const long n_rows = static_cast<long>(cs.size());
+  {
+    py::gil_scoped_release nogil;
+    // Rows are independent requests. Inside vLLM their OpenMP team (whose workers spin between its
+    // kernels) takes them; elsewhere this runs on the caller's OpenMP threads.
+#pragma omp parallel for schedule(dynamic, 1) if (n_rows > 1)
+    for (long b = 0; b < n_rows; ++b) {
+      const std::size_t at = static_cast<std::size_t>(b) * kvh * d;
+      st.read(slots[b], ks, vs, kh.data() + at, vh.data() + at);
+      witcert_status s = cs[b]->write_into(layer, pos[b], 1, k.data() + at, v.data() + at, kh.data() + at,
+                                           vh.data() + at);
+      if (s == WITCERT_OK)
+        s = cs[b]->attend_into(layer, q.data() + b * hq * d, 1, pos[b], 0, window, op + b * hq * d, true, fields[b]);
+      if (s != WITCERT_OK) message[b] = witcert_last_error();  // the error text is per thread
+      status[b] = s;
+    }
+  }
+  for (std::size_t b = 0; b < cs.size(); ++b)
+    if (status[b] != WITCERT_OK) check(status[b], "row " + std::to_string(b) + ": " + message[b]);
   return py::make_tuple(out, cells);
 }
 
