@@ -307,6 +307,12 @@ WITCERT_EXPORT witcert_status witcert_cache_stats_get(const witcert_cache* cache
 WITCERT_EXPORT witcert_status witcert_cache_report_start(witcert_cache* cache, int64_t first_pos);
 WITCERT_EXPORT witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size_t cap,
                                                    size_t* needed);
+/* A request-level repair decided elsewhere, by the other ranks of a tensor-parallel model whose
+ * heads asked for it: every written page of every layer and KV head is served from the exact tier
+ * from now on, as the cache's own "request" granularity does (asked for by position `at`, counted
+ * as page-ins). *pages (may be NULL) receives the pages promoted. Refused for a cache without a
+ * gate (nothing keeps its exact tier for serving). */
+WITCERT_EXPORT witcert_status witcert_cache_promote_all(witcert_cache* cache, int64_t at, int64_t* pages);
 /* One cell as a report counts it: witcert_cell's fields, the values before the step's own repair,
  * the V meter's sure form, and under "check_soundness" the true TV and value error (else NaN). */
 typedef struct witcert_report_cell {

@@ -187,3 +187,34 @@ TEST(CApiReport, ImpossibleOptionsAreRefusedAndTheExactCacheIsUnmetered) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CApiReport, APromotionDecidedElsewhereServesEveryWrittenPageExact) {
+  // The request-level repair a tensor-parallel rank takes when another rank's heads asked for it.
+  // q8_0 stays well within τ_K 0.5 here, so the cache's own gate promotes nothing.
+  Metered run(kGeometry, R"({"kv": "q8_0", "tau_k": 0.5, "granularity": "request", "page_size": 4})", 0, 20, false,
+              8);
+  witcert_cache_stats before{}, after{};
+  ASSERT_EQ(witcert_cache_stats_get(run.cache, &before), WITCERT_OK);
+  std::int64_t pages = -1;
+  ASSERT_EQ(witcert_cache_promote_all(run.cache, 19, &pages), WITCERT_OK) << witcert_last_error();
+  ASSERT_EQ(witcert_cache_stats_get(run.cache, &after), WITCERT_OK);
+  EXPECT_EQ(before.page_ins, 0);
+  EXPECT_EQ(pages, 2 * 2 * 5);  // layers × KV heads × pages of 20 positions: every written page
+  EXPECT_EQ(after.page_ins, pages);
+  ASSERT_EQ(witcert_cache_promote_all(run.cache, 19, &pages), WITCERT_OK);
+  EXPECT_EQ(pages, 0);  // nothing left to promote
+  // Every cell over the promoted positions now reads exact: raw score 0.
+  std::vector<float> q(2 * 64, 0.3f), out(2 * 64);
+  std::vector<witcert_cell> cells(2);
+  ASSERT_EQ(witcert_cache_attend(run.cache, 1, 1, q.data(), 2, 20, out.data(), cells.data()), WITCERT_OK);
+  EXPECT_EQ(cells[0].raw, 0.0);
+  EXPECT_EQ(cells[1].meter, 0.0);
+  EXPECT_EQ(witcert_cache_promote_all(run.cache, 40, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
+  Metered ungated(kGeometry, R"({"kv": "q4_0"})", 0, 3, false, 8);
+  EXPECT_EQ(witcert_cache_promote_all(ungated.cache, 1, nullptr), WITCERT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(witcert_last_error()).find("no gate"), std::string::npos);
+}
+
+}  // namespace

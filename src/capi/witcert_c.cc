@@ -561,6 +561,16 @@ witcert_status witcert_cache_stats_get(const witcert_cache* cache, witcert_cache
   });
 }
 
+witcert_status witcert_cache_promote_all(witcert_cache* cache, int64_t at, int64_t* pages) {
+  return guarded(__func__, [&] {
+    witcert_cache* c = live(cache, "cache");
+    if (!c->cache.certified || !c->options.gate.on()) refuse("the cache has no gate: nothing to promote into");
+    require(at >= 0 && at < c->pool->capacity, "at is outside the cache's positions");
+    const std::int64_t n = c->cache.certified->promote_all(at);
+    if (pages) *pages = n;
+  });
+}
+
 witcert_status witcert_cache_report_start(witcert_cache* cache, int64_t first_pos) {
   return guarded(__func__, [&] {
     witcert_cache* c = live(cache, "cache");

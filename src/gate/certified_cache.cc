@@ -168,15 +168,23 @@ bool CertifiedKvCache::repair(kvcache::KvStore::Reader& reader, int layer, int k
   if (order.empty()) return false;
   const std::int64_t at = end - 1;  // the position whose attention asks for the repair
   if (opts_.gate.granularity == Granularity::request) {
-    for (int l = 0; l < g_.layers; ++l)
-      for (int h = 0; h < g_.kv_heads; ++h)
-        for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) store_.promote(l, h, j, at);
+    promote_all(at);
     return true;
   }
   if (opts_.gate.granularity == Granularity::block)
     plan_blocks(reader, q, g_.head_dim, begin, end, context(end - begin), opts_.gate, g.partials, g.results, order);
   for (std::int64_t j : order) store_.promote(layer, kv_head, j, at);
   return true;
+}
+
+std::int64_t CertifiedKvCache::promote_all(std::int64_t at) {
+  if (!opts_.gate.on()) throw std::logic_error("promote_all: the cache has no gate, so no exact tier to serve");
+  const std::int64_t page = store_.config().page_size;
+  std::int64_t promoted = 0;
+  for (int l = 0; l < g_.layers; ++l)
+    for (int h = 0; h < g_.kv_heads; ++h)
+      for (std::int64_t j = 0; j < (store_.length(l, h) + page - 1) / page; ++j) promoted += store_.promote(l, h, j, at);
+  return promoted;
 }
 
 bool CertifiedKvCache::serve(kvcache::KvStore::Reader& reader, int layer, int kv_head, const float* q, int group,

@@ -61,6 +61,11 @@ class CertifiedKvCache final : public kvcache::KvCache {
   kvcache::AttendConcurrency attend_concurrency() const override;
 
   const kvcache::KvStore& store() const { return store_; }
+  // A request-level repair decided elsewhere (the other ranks of a tensor-parallel model, whose
+  // heads asked for it): every written page of every layer and KV head is served exact from now on,
+  // as this cache's own request-granular repair does, asked for by position `at`. Returns the pages
+  // promoted (page-ins). Throws std::logic_error without a gate (no exact tier to read).
+  std::int64_t promote_all(std::int64_t at);
   // Turns the true-TV check on or off for the cells that follow (between forward passes, not
   // during one), so that a study can check only the cells it counts. Throws std::logic_error when
   // the cache was built without the exact tier (construct it with check_soundness).

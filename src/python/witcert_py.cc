@@ -458,6 +458,13 @@ class Cache {
     return text;
   }
 
+  // A request-level repair decided by another tensor-parallel rank: the pages promoted.
+  long promote_all(long at) {
+    std::int64_t pages = 0;
+    check(witcert_cache_promote_all(cache_, at, &pages));
+    return static_cast<long>(pages);
+  }
+
   // From now on (keep) the report's cells are also kept, for drain_cells to hand to a Report.
   void keep_cells(bool keep) { check(witcert_cache_keep_cells(cache_, keep ? 1 : 0)); }
   py::array_t<witcert_report_cell> drain_cells() {
@@ -870,6 +877,7 @@ PYBIND11_MODULE(_witcert, m) {
       .def("attend_rows", &Cache::attend_rows)
       .def("report_start", &Cache::report_start)
       .def("report", &Cache::report)
+      .def("promote_all", &Cache::promote_all)
       .def("keep_cells", &Cache::keep_cells)
       .def("drain_cells", &Cache::drain_cells)
       .def("stats", &Cache::stats);

@@ -111,22 +111,30 @@ def test_tensor_parallel_ranks_merge_into_one_report(tmp_path):
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                              max_position_embeddings=512, bos_token_id=tok.bos_token_id,
                              eos_token_id=tok.eos_token_id)
-        LlamaForCausalLM(config).to(torch.float32).save_pretrained(model)
+        net = LlamaForCausalLM(config).to(torch.float32)
+        with torch.no_grad():  # KV head 1 stores zeros, exactly in fp8: its own heads never ask for a repair
+            for layer in net.model.layers:
+                layer.self_attn.k_proj.weight[64:] = 0
+                layer.self_attn.v_proj.weight[64:] = 0
+        net.save_pretrained(model)
         tok.save_pretrained(model)
 
         def main():
             from vllm import LLM, SamplingParams
             import witcert.vllm as wv
             out = {{}}
-            for tp in (1, 2):
-                llm = LLM(model=str(model), dtype="float32", kv_cache_dtype="fp8", enforce_eager=True,
-                          max_model_len=256, enable_prefix_caching=False, kv_cache_memory_bytes=16 << 20,
-                          block_size=32, tensor_parallel_size=tp, distributed_executor_backend="mp",
-                          kv_transfer_config=wv.kv_transfer_config(check_soundness=True))
-                res = llm.generate(["Hello there", "One two three four five six"],
-                                   SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
-                out[tp] = [wv.report(r) for r in res]
-                del llm
+            gates = {{"metered": dict(check_soundness=True),
+                      "request": dict(tau_k=1e-4, granularity="request", page_size=16, check_soundness=True)}}
+            for name, options in gates.items():
+                for tp in (1, 2):
+                    llm = LLM(model=str(model), dtype="float32", kv_cache_dtype="fp8", enforce_eager=True,
+                              max_model_len=256, enable_prefix_caching=False, kv_cache_memory_bytes=16 << 20,
+                              block_size=32, tensor_parallel_size=tp, distributed_executor_backend="mp",
+                              kv_transfer_config=wv.kv_transfer_config(**options))
+                    res = llm.generate(["Hello there", "One two three four five six"],
+                                       SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+                    out[f"{{name}} {{tp}}"] = [wv.report(r) for r in res]
+                    del llm
             print("RESULT " + json.dumps(out))
 
         if __name__ == "__main__":
@@ -138,9 +146,15 @@ def test_tensor_parallel_ranks_merge_into_one_report(tmp_path):
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-6000:]
     result = json.loads(lines[0][len("RESULT "):])
-    for one, two in zip(result["1"], result["2"]):
+    for one, two in zip(result["metered 1"], result["metered 2"]):
         assert one["cells"] == two["cells"] == 4 * 2 * 4  # steps × layers × all four query heads
         assert two["soundness_checked"] == two["cells"] and two["soundness_violations"] == 0
         # The same model split over two ranks: the same cells up to the ranks' rounding.
         assert abs(one["coverage"]["k"] - two["coverage"]["k"]) <= 0.1
         assert {w["q_head"] for w in two["worst"]} <= {0, 1, 2, 3}
+    # Request granularity: KV head 0's heads (rank 0) ask for a repair at the first decode step and
+    # KV head 1's (rank 1, exact zeros) never do; rank 1 repairs the request too, so both ranks page
+    # in every page, as the one-rank engine does: layers × KV heads × one page of 16 positions.
+    for one, two in zip(result["request 1"], result["request 2"]):
+        assert one["page_ins"] == two["page_ins"] == 2 * 2
+        assert two["soundness_violations"] == 0 and two["coverage"]["k"] == 1.0

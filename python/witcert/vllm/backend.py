@@ -47,7 +47,9 @@ class _StepPlan:
         for r in range(rows):
             t0, t1 = starts[r], starts[r + 1]
             pos0 = seq_lens[r] - (t1 - t0)
-            cache = state.cache(state.owner[last_blocks[r]], pos0)
+            req = state.owner[last_blocks[r]]
+            cache = state.cache(req, pos0)
+            state.last_pos[req] = seq_lens[r] - 1
             if t1 - t0 == 1:
                 self.decode_caches.append(cache)
                 decode_tokens.append(t0)

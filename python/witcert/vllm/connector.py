@@ -170,7 +170,10 @@ class WorkerState:
         self.layers = layers
         self.options_json = json.dumps(options)
         self.kv_cache_dtype = kv_cache_dtype
-        self.rank: Optional[int] = None  # the tensor-parallel rank, read once the group exists
+        self.request_gate = self.gated and options.get("granularity") == "request"
+        self.rank: Optional[int] = None  # the tensor-parallel rank and size, read once the group exists
+        self.ranks = 1
+        self.last_pos: Dict[str, int] = {}  # per request: the last position written
         self.caches: Dict[str, Any] = {}
         self.step = 0
         self.made: Dict[str, int] = {}  # per request: the step its cache was made in
@@ -186,6 +189,7 @@ class WorkerState:
             self.made.pop(req, None)
             self.page_ins.pop(req, None)
             self.shapes.pop(req, None)
+            self.last_pos.pop(req, None)
         self.owner = {}
         for req, (prompt_len, capacity, blocks) in meta.requests.items():
             self.shapes[req] = (prompt_len, capacity)
@@ -209,14 +213,35 @@ class WorkerState:
         self.page_ins[req] = (0, 0)
         return c
 
+    def repair_requests_across_ranks(self) -> None:
+        """The request-granular gate over tensor-parallel ranks: a request some rank repaired this
+        step (its heads asked for it) is repaired whole on every rank: one all-reduce (max) of a flag
+        per request on the group's CPU communicator. Every rank runs the same requests, so the flags
+        line up."""
+        import torch
+        import torch.distributed as dist
+        from vllm.distributed import get_tp_group
+
+        reqs = sorted(self.caches)
+        if not reqs:
+            return
+        local = [int(self.caches[r].stats()["page_ins"] > self.page_ins[r][0]) for r in reqs]
+        flags = torch.tensor(local, dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=get_tp_group().cpu_group)
+        for r, mine, anyone in zip(reqs, local, flags.tolist()):
+            if anyone and not mine:
+                self.caches[r].promote_all(self.last_pos[r])
+
     def end_step(self) -> Optional[StepCells]:
         out = StepCells()
         if self.geometry is None:
             return None
         if self.rank is None:
-            from vllm.distributed import get_tensor_model_parallel_rank
+            from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-            self.rank = get_tensor_model_parallel_rank()
+            self.rank, self.ranks = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        if self.request_gate and self.ranks > 1:
+            self.repair_requests_across_ranks()
         offset = self.rank * self.geometry[1]
         for req, c in self.caches.items():
             cells = c.drain_cells()
@@ -251,10 +276,6 @@ class WitCertConnector(KVConnectorBase_V1):
         self.q_heads = model.get_num_attention_heads(vllm_config.parallel_config) * \
             vllm_config.parallel_config.tensor_parallel_size
         self.kv_cache_dtype = vllm_config.cache_config.cache_dtype
-        granularity = self.options.get("granularity", "block")
-        if granularity == "request" and vllm_config.parallel_config.tensor_parallel_size > 1:
-            raise ValueError("witcert: granularity 'request' needs every rank's heads in one decision; with "
-                             "tensor parallelism use 'block' or 'head'")
         # Refuse impossible options now, with the library's message, rather than in a worker.
         _witcert.Report(json.dumps(self.options), self.layers, self.q_heads, 0)
         self._reports: Dict[str, Any] = {}
