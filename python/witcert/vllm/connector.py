@@ -269,6 +269,11 @@ class WitCertConnector(KVConnectorBase_V1):
             raise ValueError("witcert: prefix caching shares blocks whose exact keys a request never computed, so "
                              "nothing could bound their error; start vLLM with enable_prefix_caching=False "
                              "(--no-enable-prefix-caching)")
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            raise ValueError("witcert: only vLLM's CPU attention is wrapped; on this platform nothing would be "
+                             "metered (docs/vllm.md, Limits)")
         if vllm_config.speculative_config is not None:
             raise ValueError("witcert: speculative decoding is not metered; start vLLM without it")
         model = vllm_config.model_config
