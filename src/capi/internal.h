@@ -253,6 +253,11 @@ inline void copy_text(const std::string& s, char* buf, std::size_t cap, const ch
   std::memcpy(buf, s.c_str(), s.size() + 1);
 }
 
+// A report's `witcert` object as JSON text: the summary of `telemetry` (null: the exact cache, which
+// has no meter) with the gate's page-ins (witcert_report.cc).
+std::string report_text(const engine::CacheOptions& options, const gate::Telemetry* telemetry, std::int64_t page_ins,
+                        std::int64_t page_in_bytes);
+
 // Runs f; a refusal it throws comes back with where() and ": " before its message (a batch's row).
 template <class F, class Where>
 void located(F&& f, Where&& where) {

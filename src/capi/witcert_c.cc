@@ -584,16 +584,9 @@ witcert_status witcert_cache_report(const witcert_cache* cache, char* json, size
   return guarded(__func__, [&] {
     const witcert_cache* c = live(cache, "cache");
     not_null(needed, "needed");
-    engine::BatchResult r;
-    if (c->report) {
-      const kvcache::KvStore::PageInStats pi = c->cache.certified->store().page_in_stats();
-      r.has_meter = true;
-      r.meter = c->report->summary();
-      r.page_ins = pi.page_ins;
-      r.page_in_bytes = pi.page_in_bytes;
-      r.meter.page_ins = pi.page_ins;
-    }
-    const std::string text = engine::meter_object(c->options, r).dump();
+    kvcache::KvStore::PageInStats pi;
+    if (c->report) pi = c->cache.certified->store().page_in_stats();
+    const std::string text = report_text(c->options, c->report.get(), pi.page_ins, pi.page_in_bytes);
     *needed = text.size() + 1;
     copy_text(text, json, cap, "report");
   });

@@ -137,19 +137,24 @@ witcert_status witcert_report_add_page_ins(witcert_report* report, int64_t page_
   });
 }
 
+std::string witcert::capi::report_text(const engine::CacheOptions& options, const gate::Telemetry* telemetry,
+                                       std::int64_t page_ins, std::int64_t page_in_bytes) {
+  engine::BatchResult b;
+  if (telemetry) {
+    b.has_meter = true;
+    b.meter = telemetry->summary();
+    b.page_ins = page_ins;
+    b.page_in_bytes = page_in_bytes;
+    b.meter.page_ins = page_ins;
+  }
+  return engine::meter_object(options, b).dump();
+}
+
 witcert_status witcert_report_json(const witcert_report* report, char* json, size_t cap, size_t* needed) {
   return guarded(__func__, [&] {
     const witcert_report* r = live(report, "report");
     not_null(needed, "needed");
-    engine::BatchResult b;
-    if (r->telemetry) {
-      b.has_meter = true;
-      b.meter = r->telemetry->summary();
-      b.page_ins = r->page_ins;
-      b.page_in_bytes = r->page_in_bytes;
-      b.meter.page_ins = r->page_ins;
-    }
-    const std::string text = engine::meter_object(r->options, b).dump();
+    const std::string text = report_text(r->options, r->telemetry.get(), r->page_ins, r->page_in_bytes);
     *needed = text.size() + 1;
     copy_text(text, json, cap, "report");
   });

@@ -71,6 +71,16 @@ py::array_t<T> take(const py::handle& obj, const char* name, int ndim = 1) {
   return py::reinterpret_borrow<py::array_t<T>>(a);
 }
 
+// An external side's reconstructions (None: none given), with k's shape, into `out`: its data.
+const float* reconstruction(const py::object& obj, const char* name, const py::array_t<float>& k,
+                            py::array_t<float>& out) {
+  if (obj.is_none()) return nullptr;
+  out = take<float>(obj, name, static_cast<int>(k.ndim()));
+  if (!std::equal(out.shape(), out.shape() + k.ndim(), k.shape()))
+    throw py::value_error(std::string(name) + " must have k's shape");
+  return out.data();
+}
+
 // fp16 travels as numpy float16, whose storage is the IEEE binary16 bits the C API takes.
 py::array_t<std::uint16_t> take_f16(const py::handle& obj, const char* name, int ndim) {
   if (!py::isinstance<py::array>(obj)) throw py::type_error(std::string(name) + " must be a numpy array of float16");
@@ -332,15 +342,8 @@ class Cache {
       throw py::value_error("k and v must both be (kv_heads, tokens, head_dim) = (" + std::to_string(g_.kv_heads) +
                             ", T, " + std::to_string(g_.head_dim) + ")");
     py::array_t<float> kh, vh;
-    const auto hat = [&](const py::object& obj, const char* name, py::array_t<float>& out) -> const float* {
-      if (obj.is_none()) return nullptr;
-      out = take<float>(obj, name, 3);
-      if (!std::equal(out.shape(), out.shape() + 3, k.shape()))
-        throw py::value_error(std::string(name) + " must have k's shape (kv_heads, tokens, head_dim)");
-      return out.data();
-    };
-    const float* khp = hat(kh_obj, "k_hat", kh);
-    const float* vhp = hat(vh_obj, "v_hat", vh);
+    const float* khp = reconstruction(kh_obj, "k_hat", k, kh);
+    const float* vhp = reconstruction(vh_obj, "v_hat", k, vh);
     check_nogil(
         [&] { return witcert_cache_write_rows(cache_, layer, pos0, k.shape(1), k.data(), v.data(), khp, vhp); });
   }
@@ -552,15 +555,8 @@ void write_batch(const py::list& caches, int layer, const py::object& pos0, cons
     throw py::value_error("k and v must both be (rows, kv_heads, tokens, head_dim) = (" + std::to_string(cs.size()) +
                           ", " + std::to_string(g.kv_heads) + ", T, " + std::to_string(g.head_dim) + ")");
   py::array_t<float> kh, vh;
-  const auto hat = [&](const py::object& obj, const char* name, py::array_t<float>& out) -> const float* {
-    if (obj.is_none()) return nullptr;
-    out = take<float>(obj, name, 4);
-    if (!std::equal(out.shape(), out.shape() + 4, k.shape()))
-      throw py::value_error(std::string(name) + " must have k's shape");
-    return out.data();
-  };
-  const float* khp = hat(kh_obj, "k_hat", kh);
-  const float* vhp = hat(vh_obj, "v_hat", vh);
+  const float* khp = reconstruction(kh_obj, "k_hat", k, kh);
+  const float* vhp = reconstruction(vh_obj, "v_hat", k, vh);
   const std::vector<long> p0 = positions(pos0, cs.size());
   const long T = static_cast<long>(k.shape(2));
   const std::size_t per_row = static_cast<std::size_t>(g.kv_heads) * T * g.head_dim;
