@@ -71,6 +71,18 @@ py::array_t<T> take(const py::handle& obj, const char* name, int ndim = 1) {
   return py::reinterpret_borrow<py::array_t<T>>(a);
 }
 
+// The text a C call writes into a caller's buffer: asked for its size first, then written.
+template <class Call>
+std::string text_of(Call&& call) {
+  size_t needed = 0;
+  const witcert_status s = call(nullptr, 0, &needed);
+  if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
+  std::string text(needed, '\0');
+  check(call(text.data(), text.size(), &needed));
+  text.resize(needed - 1);
+  return text;
+}
+
 // An external side's reconstructions (None: none given), with k's shape, into `out`: its data.
 const float* reconstruction(const py::object& obj, const char* name, const py::array_t<float>& k,
                             py::array_t<float>& out) {
@@ -452,13 +464,7 @@ class Cache {
   void report_start(long first_pos) { check(witcert_cache_report_start(cache_, first_pos)); }
   // The report as JSON text (the package parses it).
   std::string report() const {
-    size_t needed = 0;
-    const witcert_status s = witcert_cache_report(cache_, nullptr, 0, &needed);
-    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
-    std::string text(needed, '\0');
-    check(witcert_cache_report(cache_, text.data(), text.size(), &needed));
-    text.resize(needed - 1);
-    return text;
+    return text_of([&](char* json, size_t cap, size_t* n) { return witcert_cache_report(cache_, json, cap, n); });
   }
 
   // A request-level repair decided by another tensor-parallel rank: the pages promoted.
@@ -665,7 +671,8 @@ py::tuple vllm_decode(const py::list& caches, int layer, const std::vector<long>
     if (a->shape(0) != rows || a->shape(1) != kvh || a->shape(2) != d)
       throw py::value_error("k and v must be (rows, kv_heads, head_dim)");
   if (q.shape(1) != hq || q.shape(2) != d) throw py::value_error("q must be (rows, q_heads, head_dim)");
-  if (shape[1] != kvh || shape[3] != d) throw py::value_error("the stored cache's heads or head_dim are not the caches'");
+  if (shape[1] != kvh || shape[3] != d)
+    throw py::value_error("the stored cache's heads or head_dim are not the caches'");
   if (pos.size() != cs.size() || slots.size() != cs.size())
     throw py::value_error("pos and slots must hold one entry per row");
   std::vector<float> kh(static_cast<std::size_t>(rows * kvh * d)), vh(kh.size());
@@ -712,15 +719,11 @@ class Report {
   void record(const py::array_t<witcert_report_cell, py::array::c_style | py::array::forcecast>& cells) {
     check(witcert_report_record(r_, cells.data(), static_cast<size_t>(cells.size())));
   }
-  void add_page_ins(long page_ins, long page_in_bytes) { check(witcert_report_add_page_ins(r_, page_ins, page_in_bytes)); }
+  void add_page_ins(long page_ins, long page_in_bytes) {
+    check(witcert_report_add_page_ins(r_, page_ins, page_in_bytes));
+  }
   std::string json() const {
-    size_t needed = 0;
-    const witcert_status s = witcert_report_json(r_, nullptr, 0, &needed);
-    if (s != WITCERT_ERROR_BUFFER_TOO_SMALL) check(s);
-    std::string text(needed, '\0');
-    check(witcert_report_json(r_, text.data(), text.size(), &needed));
-    text.resize(needed - 1);
-    return text;
+    return text_of([&](char* json, size_t cap, size_t* n) { return witcert_report_json(r_, json, cap, n); });
   }
 
  private:
