@@ -2,8 +2,10 @@
 tools/synthetic_models.py: `witcert logits` against the independent numpy forward pass of
 tools/reference_llama.py, and `witcert generate` with a certified cache and the soundness check.
 Environment: WITCERT_BIN (the `witcert` binary); scripts/python-test.sh sets it."""
+import concurrent.futures
 import json
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -50,13 +52,63 @@ def test_logits_match_the_numpy_reference(models, arch, qtype):
         assert got["top"][0]["id"] == int(np.argmax(ref)), prompt
 
 
-@pytest.mark.parametrize("kv", ["q8_0", "q4_0", "dither-int8", "kivi-2bit", "fp8-e4m3"])
+def kv_formats():
+    """Every certified --kv format `witcert schemes` lists (fp16, the exact cache, has no meter)."""
+    out = subprocess.run([BIN, "schemes"], capture_output=True, text=True, check=True).stdout
+    names = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) > 8 and fields[-1] in ("A", "B") and fields[0] != "fp16" and fields[0] not in names:
+            names.append(fields[0])
+    return names
+
+
+def runs_for(kv_names):
+    """The runs that put every --kv format, dither mode and gate granularity on an architecture: each
+    format gated over the long prompt (past gemma3's window of 7) at page sizes 16 and 1, with the
+    granularities in turn, and ungated over a short prompt at page size 1; each dithered width
+    in each of its other modes."""
+    grans = ["block", "head", "request"]
+    runs = []
+    for i, kv in enumerate(kv_names):
+        runs.append(["--kv", kv, "--prompt", PROMPTS[2], "--page-size", "16", "--tau-k", "0.2",
+                     "--granularity", grans[i % 3]])
+        runs.append(["--kv", kv, "--prompt", PROMPTS[2], "--page-size", "1", "--tau-k", "0.2",
+                     "--granularity", grans[(i + 1) % 3]])
+        runs.append(["--kv", kv, "--prompt", PROMPTS[0], "--page-size", "1"])
+    dithered = [kv for kv in kv_names if kv.startswith("dither-int")]
+    for j, (kv, mode) in enumerate((kv, m) for kv in dithered for m in ("per-slot", "shared-page", "none")):
+        runs.append(["--kv", kv, "--dither", mode, "--prompt", PROMPTS[2], "--page-size", "16", "--tau-k", "0.2",
+                     "--granularity", grans[j % 3]])
+    return runs
+
+
+def test_the_runs_cover_every_format_mode_and_granularity():
+    names = kv_formats()
+    assert len(names) >= 19 and {"q4_0", "kivi-2bit", "dither-int4", "dither-int8", "iq4_nl"} <= set(names)
+    runs = runs_for(names)
+    flat = [" ".join(r) for r in runs]
+    for kv in names:
+        assert any(f"--kv {kv} " in f and "--page-size 1 " in f for f in flat)
+        assert any(f"--kv {kv} " in f and "--page-size 16 " in f for f in flat)
+    for g in ("block", "head", "request"):
+        assert any(f"--granularity {g}" in f for f in flat)
+    for mode in ("per-slot", "shared-page", "none"):
+        assert any(f"--dither {mode} " in f for f in flat)
+
+
 @pytest.mark.parametrize("arch", synthetic_models.ARCHS)
-def test_certified_cache_is_sound_on_every_architecture(models, arch, kv):
+def test_every_kv_format_mode_and_granularity_is_sound_on_every_architecture(models, arch):
     path = models(arch, "Q8_0")
-    for page in ("1", "16"):
-        run = subprocess.run([BIN, "generate", "--model", str(path), "--prompt", PROMPTS[2], "--n", "8", "--kv", kv,
-                              "--page-size", page, "--tau-k", "0.2", "--check-soundness"],
-                             capture_output=True, encoding="utf-8", errors="replace")
-        assert run.returncode == 0, run.stderr
-        assert " 0 violations" in run.stderr, run.stderr
+
+    def run(args):
+        r = subprocess.run([BIN, "generate", "--model", str(path), "--n", "8", "--check-soundness", *args],
+                           capture_output=True, encoding="utf-8", errors="replace")
+        return args, r
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(run, runs_for(kv_formats())))
+    for args, r in results:
+        assert r.returncode == 0, (args, r.stderr)
+        checked = re.search(r"soundness: (\d+) cells checked .*: 0 violations", r.stderr)
+        assert checked and int(checked.group(1)) > 0, (args, r.stderr)
