@@ -55,12 +55,30 @@ def weights(rng, name, shape, qtype):
     return quantize(w, qtype)
 
 
-def write(arch, type_name, path, seed=7):
+class _Overridden(GGUFWriter):
+    """A writer whose metadata keys in `overrides` take the given value instead (None: left out),
+    for files with malformed metadata."""
+
+    def __init__(self, path, arch, overrides):
+        self.overrides = dict(overrides)  # before the base writes its first key
+        super().__init__(path, arch)
+
+    def add_key_value(self, key, val, vtype, sub_type=None):
+        if key in self.overrides:
+            val = self.overrides[key]
+            if val is None:
+                return
+        super().add_key_value(key, val, vtype, sub_type)
+
+
+def write(arch, type_name, path, seed=7, overrides=None):
+    """A small random model of `arch` with weights of `type_name` at `path`; `overrides` maps
+    metadata keys to the values to write instead (None: the key is left out)."""
     qtype = T[type_name]
     rng = np.random.default_rng(seed)
     gguf_arch = "llama" if arch == "llama3" else arch
     hd = 64
-    w = GGUFWriter(path, gguf_arch)
+    w = _Overridden(path, gguf_arch, overrides or {})
     w.add_block_count(LAYERS)
     w.add_context_length(256)
     w.add_embedding_length(D)

@@ -112,3 +112,35 @@ def test_every_kv_format_mode_and_granularity_is_sound_on_every_architecture(mod
         assert r.returncode == 0, (args, r.stderr)
         checked = re.search(r"soundness: (\d+) cells checked .*: 0 violations", r.stderr)
         assert checked and int(checked.group(1)) > 0, (args, r.stderr)
+
+
+def malformed(arch):
+    """(the key an error must name, the metadata written instead: None leaves a key out) for every
+    architecture: missing keys, NaN and infinite floats, head counts that do not divide, head sizes
+    the projections do not have, and the window of the layers that have one."""
+    a = "llama" if arch == "llama3" else arch
+    nan, inf = float("nan"), float("inf")
+    cases = [(key, {key: value}) for key, value in [
+        (f"{a}.attention.head_count", None), (f"{a}.embedding_length", None), (f"{a}.block_count", None),
+        (f"{a}.attention.layer_norm_rms_epsilon", nan), (f"{a}.attention.layer_norm_rms_epsilon", inf),
+        (f"{a}.rope.freq_base", nan), (f"{a}.rope.freq_base", -inf),
+        (f"{a}.attention.head_count_kv", 3),  # does not divide the 4 query heads
+        (f"{a}.attention.head_count", 3)]]  # 3 heads of 64 do not make the model's projections
+    if arch == "gemma3":
+        cases += [("gemma3.attention.sliding_window", {"gemma3.attention.sliding_window": 0}),
+                  ("gemma3.attention.sliding_window_pattern", {"gemma3.attention.sliding_window_pattern": 0}),
+                  # 4 heads of 32 do not make the q projection's 256 rows
+                  ("blk.0.attn_q.weight", {"gemma3.attention.key_length": 32, "gemma3.attention.value_length": 32})]
+    return cases
+
+
+@pytest.mark.parametrize("arch", synthetic_models.ARCHS)
+def test_malformed_metadata_of_every_architecture_is_refused_naming_its_key(tmp_path, arch):
+    for i, (key, overrides) in enumerate(malformed(arch)):
+        path = tmp_path / f"bad{i}.gguf"
+        synthetic_models.write(arch, "Q8_0", str(path), overrides=overrides)
+        r = subprocess.run([BIN, "generate", "--model", str(path), "--prompt", "hello", "--n", "2"],
+                           capture_output=True, encoding="utf-8", errors="replace")
+        assert r.returncode != 0, (overrides, "accepted")
+        assert key in r.stderr and "error" in r.stderr, (overrides, r.stderr[-500:])
+        assert "Aborted" not in r.stderr and "terminate" not in r.stderr
