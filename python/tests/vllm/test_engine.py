@@ -215,3 +215,31 @@ def test_prefix_caching_is_refused():
             kv_cache_memory_bytes=32 << 20, distributed_executor_backend="uni", enable_prefix_caching=True,
             kv_transfer_config=wv.kv_transfer_config())
     cleanup_dist_env_and_memory()
+
+
+def test_preempted_requests_are_recomputed_into_fresh_mirrors_and_keep_one_report():
+    """A cache too small for four requests at once: vLLM preempts some and recomputes them later.
+    Each recompute starts a fresh mirror (its prompt pass writes, unmetered) and the request keeps
+    its one report: sound, within τ, one decode step fewer per preemption."""
+    llm = LLM(model=str(MODEL), dtype="float32", kv_cache_dtype="fp8", enforce_eager=True, max_model_len=128,
+              enable_prefix_caching=False, kv_cache_memory_bytes=2 << 20, block_size=32,
+              distributed_executor_backend="uni", seed=0,
+              kv_transfer_config=wv.kv_transfer_config(tau_k=0.2, check_soundness=True))
+    try:
+        prompts = ["Tell me a long story about a dragon and a knight.", "List the planets of the solar system.",
+                   "Write a poem about the sea and the wind.", "Explain how a bicycle works in detail."]
+        outs = llm.generate(prompts, SamplingParams(max_tokens=80, temperature=0, ignore_eos=True))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+        gc.collect()
+    steps = []
+    for o in outs:
+        r = wv.report(o)
+        assert len(o.outputs[0].token_ids) == 80
+        assert r["cells"] % (LAYERS * Q_HEADS) == 0 and r["soundness_violations"] == 0
+        assert r["coverage"]["k"] == 1.0 and r["soundness_checked"] == r["cells"]
+        steps.append(r["cells"] // (LAYERS * Q_HEADS))
+    assert all(70 <= s <= 79 for s in steps), steps
+    assert min(steps) < 79, steps  # some request was preempted and recomputed
