@@ -2,14 +2,15 @@
 
 vLLM's attention runs first and unchanged. Then, while a WitCert connector is configured, each layer
 writes its step's keys and values into the requests' WitCert caches: the exact ones the model
-computed, and the ones vLLM stored, read back from its cache (witcert.vllm.layouts) so that the
-witness bounds the error of the very bytes vLLM's kernel reads. The decode rows of the step are then
-attended in one call into the C++ core (``attend_batch``), which gives every (request, layer, head)
-cell its meter and, with a gate, repairs from the exact keys and values the cells above τ. A gated
-mirror keeps the pages it promoted exact for later steps, so its outputs, which its meters describe,
-replace vLLM's decode outputs before the next layer; ungated, vLLM's own outputs stand and the meter
-bounds them (both attend over the same stored bytes). Prompt positions are written, not
-metered: the report covers decode steps, as ``witcert serve``'s does.
+computed, and the ones vLLM stored, read back from its cache (by the C++ reader of its layout, whose
+reference is witcert.vllm.layouts) so that the witness bounds the error of the very bytes vLLM's
+kernel reads. A layer's decode rows take one call into the C++ core (``vllm_decode``: read, write,
+attend), which gives every (request, layer, head) cell its meter and, with a gate, repairs from the
+exact keys and values the cells above τ. A gated mirror keeps the pages it promoted exact for later
+steps, so its outputs, which its meters describe, replace vLLM's decode outputs before the next
+layer; ungated, vLLM's own outputs stand and the meter bounds them (both attend over the same
+stored bytes). Prompt positions are written, not metered: the report covers decode steps, as
+``witcert serve``'s does.
 """
 from __future__ import annotations
 
