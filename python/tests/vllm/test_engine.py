@@ -26,6 +26,9 @@ import witcert.vllm as wv  # noqa: E402
 import witcert.vllm.backend as backend  # noqa: E402
 from witcert.vllm.layouts import element_dtype, read_slots  # noqa: E402
 
+# vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX (its own check, at engine start).
+pytestmark = pytest.mark.skipif(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()),
+                                reason="vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
 MODEL = Path(os.environ.get("WITCERT_VLLM_MODEL", Path(__file__).resolve().parents[3] / "models" /
                             "SmolLM2-135M-Instruct-hf"))
 LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64

@@ -26,6 +26,13 @@ def _amx() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
+def _skip_unsupported(isa, kv_dtype):
+    if isa == "amx" and not _amx():
+        pytest.skip("no usable AMX tiles on this CPU")
+    if kv_dtype != "auto" and not (torch.cpu._is_avx512_supported() or _amx()):
+        pytest.skip("vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
+
+
 def _write(isa, dtype, kv_dtype, block_size, head_dim, kv_heads=2, blocks=5, tokens=97, seed=0, prefix=False):
     """Random keys (channel 3 an outlier) and values written by vLLM's op into `tokens` slots of a
     fresh cache, in random order: any slots, or (prefix) the first `tokens`."""
@@ -46,8 +53,7 @@ def _write(isa, dtype, kv_dtype, block_size, head_dim, kv_heads=2, blocks=5, tok
 @pytest.mark.parametrize("isa,dtype,kv_dtype", CASES)
 @pytest.mark.parametrize("block_size,head_dim", list(itertools.product([32, 64, 128], [64, 128])))
 def test_every_slot_reads_back_what_vllm_stored(isa, dtype, kv_dtype, block_size, head_dim):
-    if isa == "amx" and not _amx():
-        pytest.skip("no usable AMX tiles on this CPU")
+    _skip_unsupported(isa, kv_dtype)
     cache, _, _, slots, k, v = _write(isa, dtype, kv_dtype, block_size, head_dim)
     kr, vr = read_slots(cache, slots, isa, element_dtype(kv_dtype, dtype), 1.0, 1.0)
     if kv_dtype == "auto":
@@ -66,8 +72,7 @@ def test_every_slot_reads_back_what_vllm_stored(isa, dtype, kv_dtype, block_size
 @pytest.mark.parametrize("isa,dtype,kv_dtype", CASES)
 @pytest.mark.parametrize("block_size,head_dim", [(32, 64), (128, 128)])
 def test_attention_over_what_was_read_is_vllms_attention(isa, dtype, kv_dtype, block_size, head_dim):
-    if isa == "amx" and not _amx():
-        pytest.skip("no usable AMX tiles on this CPU")
+    _skip_unsupported(isa, kv_dtype)
     kv_heads, q_heads, blocks = 2, 6, 5
     tokens = blocks * block_size - 3
     cache, key_cache, value_cache, slots, _, _ = _write(isa, dtype, kv_dtype, block_size, head_dim, kv_heads, blocks,
@@ -116,6 +121,7 @@ def test_unknown_layouts_and_cache_types_are_refused():
 @pytest.mark.parametrize("block_size,head_dim", list(itertools.product([32, 64, 128], [64, 128])))
 def test_the_cpp_reader_is_the_reference_element_for_element(isa, dtype, kv_dtype, block_size, head_dim):
     """witcert.vllm's decode path reads with the C++ reader; layouts.read_slots is its reference."""
+    _skip_unsupported(isa, kv_dtype)
     cache, _, _, slots, _, _ = _write(isa, dtype, kv_dtype, block_size, head_dim, seed=3)
     elem = element_dtype(kv_dtype, dtype)
     for scales in ((1.0, 1.0), (0.37, 2.5)):

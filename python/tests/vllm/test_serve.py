@@ -17,7 +17,11 @@ import pytest
 if not os.environ.get("WITCERT_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 import openai  # noqa: E402
+import torch  # noqa: E402
 
+# vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX (its own check, at engine start).
+pytestmark = pytest.mark.skipif(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()),
+                                reason="vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
 MODEL = Path(os.environ.get("WITCERT_VLLM_MODEL", Path(__file__).resolve().parents[3] / "models" /
                             "SmolLM2-135M-Instruct-hf"))
 
