@@ -118,9 +118,9 @@ def test_the_cells_are_the_cpp_caches_own(model, monkeypatch):
     calls = []
     write, attend = _witcert.write_batch, _witcert.attend_batch
 
-    def record_write(caches, layer, pos0, k, v, k_hat, v_hat):
+    def record_write(caches, layer, pos0, k, v):
         calls.append(("write", layer, pos0, k.copy(), v.copy()))
-        return write(caches, layer, pos0, k, v, k_hat, v_hat)
+        return write(caches, layer, pos0, k, v)
 
     def record_attend(caches, layer, q, pos0, begins, window):
         out, cells = attend(caches, layer, q, pos0, begins, window)

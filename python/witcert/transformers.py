@@ -191,7 +191,7 @@ class CertifiedCache(Cache):
             for b, row in enumerate(self._rows):
                 row.write_rows(layer, pos0, k[b], v[b])
         else:
-            _witcert.write_batch([row._c for row in self._rows], layer, pos0, k.numpy(), v.numpy(), None, None)
+            _witcert.write_batch([row._c for row in self._rows], layer, pos0, k.numpy(), v.numpy())
 
     def _attend(self, layer: int, pos0: int, query: torch.Tensor, begins: Optional[torch.Tensor], window: int,
                 scaling: Optional[float]) -> torch.Tensor:

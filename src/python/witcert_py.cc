@@ -453,7 +453,7 @@ class Cache {
             cells["repaired"].cast<py::array_t<bool>>().mutable_data() + row * per_row};
   }
 
-  // write_rows without the GIL, for write_batch (k_hat and v_hat: null unless a side is external).
+  // write_rows without the GIL, for the batch calls (k_hat and v_hat: null unless a side is external).
   witcert_status write_into(int layer, long pos0, long T, const float* k, const float* v, const float* k_hat,
                             const float* v_hat) const {
     return witcert_cache_write_rows(cache_, layer, pos0, T, k, v, k_hat, v_hat);
@@ -508,20 +508,32 @@ class Cache {
   witcert_cache* cache_ = nullptr;
 };
 
-// Runs row(b) for b in [0, rows) without the GIL, on this thread (a cache's report keeps a shard per
-// thread that records into it, so rows stay on the thread that made them); raises the failure of
-// the first failing row.
+// Runs row(b) for b in [0, rows) without the GIL and raises the failure of the first failing row.
+// Serial rows run on this thread and stop at the first failure (a cache's report keeps a shard per
+// thread that records into it, so a batch whose caches' own reports are read stays on one thread);
+// parallel rows, independent caches whose cells are drained, run on the process's OpenMP threads.
 template <class Row>
-void for_each_row(std::size_t rows, Row row) {
-  witcert_status s = WITCERT_OK;
-  std::size_t failed = 0;
-  std::string message;
+void for_each_row(std::size_t rows, Row row, bool parallel = false) {
+  std::vector<witcert_status> status(rows, WITCERT_OK);
+  std::vector<std::string> message(rows);
+  const auto run = [&](std::size_t b) {
+    status[b] = row(b);
+    if (status[b] != WITCERT_OK) message[b] = witcert_last_error();  // the error text is per thread
+    return status[b] == WITCERT_OK;
+  };
   {
     py::gil_scoped_release nogil;
-    for (std::size_t b = 0; b < rows && s == WITCERT_OK; ++b)
-      if ((s = row(b)) != WITCERT_OK) failed = b, message = witcert_last_error();
+    if (parallel) {
+      const long n = static_cast<long>(rows);
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+      for (long b = 0; b < n; ++b) run(static_cast<std::size_t>(b));
+    } else {
+      for (std::size_t b = 0; b < rows && run(b); ++b) {
+      }
+    }
   }
-  if (s != WITCERT_OK) check(s, "row " + std::to_string(failed) + ": " + message);
+  for (std::size_t b = 0; b < rows; ++b)
+    if (status[b] != WITCERT_OK) check(status[b], "row " + std::to_string(b) + ": " + message[b]);
 }
 
 std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const char* name, int ndim = 4) {
@@ -541,41 +553,26 @@ std::vector<Cache*> caches_of(const py::list& caches, const py::array& x, const 
   return out;
 }
 
-// The first position of each of `rows` rows: one int for all, or a sequence of one per row.
-std::vector<long> positions(const py::object& pos0, std::size_t rows) {
-  if (py::isinstance<py::int_>(pos0)) return std::vector<long>(rows, pos0.cast<long>());
-  std::vector<long> each = pos0.cast<std::vector<long>>();
-  if (each.size() != rows) throw py::value_error("pos0 must be one position, or one per row");
-  return each;
-}
-
 // Cache.write_rows for every row of a batch in one call: k and v are (rows, kv_heads, T, head_dim),
-// row b written into caches[b] from its pos0; k_hat and v_hat (k's shape, or None) are the
-// reconstructions of an external side.
-void write_batch(const py::list& caches, int layer, const py::object& pos0, const py::object& k_obj,
-                 const py::object& v_obj, const py::object& kh_obj, const py::object& vh_obj) {
+// row b written into caches[b].
+void write_batch(const py::list& caches, int layer, long pos0, const py::object& k_obj, const py::object& v_obj) {
   const auto k = take<float>(k_obj, "k", 4), v = take<float>(v_obj, "v", 4);
   const std::vector<Cache*> cs = caches_of(caches, k, "k");
   const witcert_geometry& g = cs[0]->geometry();
   if (!std::equal(k.shape(), k.shape() + 4, v.shape()) || k.shape(1) != g.kv_heads || k.shape(3) != g.head_dim)
     throw py::value_error("k and v must both be (rows, kv_heads, tokens, head_dim) = (" + std::to_string(cs.size()) +
                           ", " + std::to_string(g.kv_heads) + ", T, " + std::to_string(g.head_dim) + ")");
-  py::array_t<float> kh, vh;
-  const float* khp = reconstruction(kh_obj, "k_hat", k, kh);
-  const float* vhp = reconstruction(vh_obj, "v_hat", k, vh);
-  const std::vector<long> p0 = positions(pos0, cs.size());
   const long T = static_cast<long>(k.shape(2));
   const std::size_t per_row = static_cast<std::size_t>(g.kv_heads) * T * g.head_dim;
-  const auto at = [&](const float* p, std::size_t b) { return p ? p + b * per_row : nullptr; };
   for_each_row(cs.size(), [&](std::size_t b) {
-    return cs[b]->write_into(layer, p0[b], T, k.data() + b * per_row, v.data() + b * per_row, at(khp, b), at(vhp, b));
+    return cs[b]->write_into(layer, pos0, T, k.data() + b * per_row, v.data() + b * per_row, nullptr, nullptr);
   });
 }
 
 // Cache.attend_rows for every row of a batch in one call: q is (rows, q_heads, T, head_dim), begins
 // one per row; the outputs come token-major, (rows, T, q_heads, head_dim) as transformers' attention
 // returns them, and the cells' fields as arrays (rows, q_heads, T).
-py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_obj, const py::object& pos0,
+py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_obj, long pos0,
                        const std::vector<long>& begins, long window) {
   const auto q = take<float>(q_obj, "q", 4);
   const std::vector<Cache*> cs = caches_of(caches, q, "q");
@@ -589,10 +586,9 @@ py::tuple attend_batch(const py::list& caches, int layer, const py::object& q_ob
   for (py::ssize_t b = 0; b < rows; ++b)
     fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq * T)));
   float* op = out.mutable_data();
-  const std::vector<long> p0 = positions(pos0, cs.size());
   for_each_row(cs.size(), [&](std::size_t b) {
-    return cs[b]->attend_into(layer, q.data() + b * hq * T * d, T, p0[b], begins[b], window, op + b * T * hq * d,
-                              true, fields[b]);
+    return cs[b]->attend_into(layer, q.data() + b * hq * T * d, T, pos0, begins[b], window, op + b * T * hq * d, true,
+                              fields[b]);
   });
   return py::make_tuple(out, cells);
 }
@@ -683,27 +679,20 @@ py::tuple vllm_decode(const py::list& caches, int layer, const std::vector<long>
     fields.push_back(Cache::fields_of(cells, static_cast<std::size_t>(b), static_cast<std::size_t>(hq)));
   float* op = out.mutable_data();
   const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
-  std::vector<witcert_status> status(cs.size(), WITCERT_OK);
-  std::vector<std::string> message(cs.size());
-  const long n_rows = static_cast<long>(cs.size());
-  {
-    py::gil_scoped_release nogil;
-    // Rows are independent requests. Inside vLLM their OpenMP team (whose workers spin between its
-    // kernels) takes them; elsewhere this runs on the caller's OpenMP threads.
-#pragma omp parallel for schedule(dynamic, 1) if (n_rows > 1)
-    for (long b = 0; b < n_rows; ++b) {
-      const std::size_t at = static_cast<std::size_t>(b) * kvh * d;
-      st.read(slots[b], ks, vs, kh.data() + at, vh.data() + at);
-      witcert_status s = cs[b]->write_into(layer, pos[b], 1, k.data() + at, v.data() + at, kh.data() + at,
-                                           vh.data() + at);
-      if (s == WITCERT_OK)
-        s = cs[b]->attend_into(layer, q.data() + b * hq * d, 1, pos[b], 0, window, op + b * hq * d, true, fields[b]);
-      if (s != WITCERT_OK) message[b] = witcert_last_error();  // the error text is per thread
-      status[b] = s;
-    }
-  }
-  for (std::size_t b = 0; b < cs.size(); ++b)
-    if (status[b] != WITCERT_OK) check(status[b], "row " + std::to_string(b) + ": " + message[b]);
+  // Rows are independent requests: inside vLLM, its OpenMP team (whose workers otherwise spin between
+  // its kernels) takes them.
+  for_each_row(
+      cs.size(),
+      [&](std::size_t b) {
+        const std::size_t at = b * kvh * d;
+        st.read(slots[b], ks, vs, kh.data() + at, vh.data() + at);
+        const witcert_status s = cs[b]->write_into(layer, pos[b], 1, k.data() + at, v.data() + at, kh.data() + at,
+                                                   vh.data() + at);
+        if (s != WITCERT_OK) return s;
+        return cs[b]->attend_into(layer, q.data() + b * hq * d, 1, pos[b], 0, window, op + b * hq * d, true,
+                                  fields[b]);
+      },
+      true);
   return py::make_tuple(out, cells);
 }
 
