@@ -15,7 +15,7 @@ stored bytes). Prompt positions are written, not metered: the report covers deco
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
@@ -30,43 +30,11 @@ from witcert.vllm.layouts import element_dtype
 __all__ = ["WitCertCPUBackend", "WitCertCPUImpl"]
 
 
-class _StepPlan:
-    """The rows of one step's attention batch as every layer sees them (the same metadata object):
-    each row's cache and first position, the decode rows' tokens, positions and slots, and the
-    prompt chunks' token ranges."""
-
-    def __init__(self, state: WorkerState, meta: Any, block_size: int):
-        self.meta = meta
-        starts = meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens.tolist()
-        rows = len(seq_lens)
-        last_blocks = meta.block_table[torch.arange(rows), (meta.seq_lens[:rows] - 1) // block_size].tolist()
-        self.decode_caches: List[Any] = []
-        decode_tokens: List[int] = []
-        self.decode_pos: List[int] = []
-        self.chunks: List[Tuple[Any, int, int, int]] = []  # (cache, pos0, first token, end token)
-        for r in range(rows):
-            t0, t1 = starts[r], starts[r + 1]
-            pos0 = seq_lens[r] - (t1 - t0)
-            req = state.owner[last_blocks[r]]
-            cache = state.cache(req, pos0)
-            state.last_pos[req] = seq_lens[r] - 1
-            if t1 - t0 == 1:
-                self.decode_caches.append(cache)
-                decode_tokens.append(t0)
-                self.decode_pos.append(pos0)
-            else:
-                self.chunks.append((cache, pos0, t0, t1))
-        self.tokens = torch.tensor(decode_tokens, dtype=torch.long)
-        self.slots = meta.slot_mapping[self.tokens].to(torch.int64).numpy()
-
-
 class WitCertCPUImpl(CPUAttentionBackendImpl):
     """CPUAttentionBackendImpl, then WitCert's mirror, meter and gate (module docstring)."""
 
     _index: Optional[int] = None
     _stored: Optional[Tuple[int, Tuple[Any, ...]]] = None
-    _plan: Optional[_StepPlan] = None  # the last step's, shared by the layers through the class
 
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any, output: torch.Tensor, output_scale: Any = None,
@@ -99,13 +67,11 @@ class WitCertCPUImpl(CPUAttentionBackendImpl):
         index = self._index
         if state.geometry is None:
             state.geometry = (state.layers, h, kvh, d)
-        plan = WitCertCPUImpl._plan
-        if plan is None or plan.meta is not meta:
-            plan = WitCertCPUImpl._plan = _StepPlan(state, meta, kv_cache.shape[2])
+        plan = state.plan(meta, kv_cache.shape[2])
         stored = self._stored_cache(layer, kv_cache, query.dtype)
         scales = (layer._k_scale_float, layer._v_scale_float)
-        for cache, pos0, t0, t1 in plan.chunks:  # a prompt's chunk: stored, not metered
-            k_hat, v_hat = _witcert.read_stored(*stored, meta.slot_mapping[t0:t1].to(torch.int64).numpy(), *scales)
+        for cache, pos0, t0, t1, slots in plan.chunks:  # a prompt's chunk: stored, not metered
+            k_hat, v_hat = _witcert.read_stored(*stored, slots, *scales)
             exact = [x[t0:t1].reshape(-1, kvh, d).to(torch.float32).numpy() for x in (key, value)]
             cache.write_rows(index, pos0, *(np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (*exact, k_hat, v_hat)))
         if not plan.decode_caches:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, KVConnectorWorkerMetadata)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
@@ -89,18 +90,16 @@ class FinishedStats(KVConnectorStats):
     COUNTS = ("cells", "certified_k", "certified_v", "overflow", "page_ins", "page_in_bytes")
 
     def add(self, obj: Dict[str, Any]) -> None:
-        verdicts = self.data.setdefault("verdict", {})
-        verdicts[obj["verdict"]] = verdicts.get(obj["verdict"], 0) + 1
+        """Counts one finished request's ``witcert`` object."""
+        one: Dict[str, Any] = {"verdict": {obj["verdict"]: 1}}
         cells = obj.get("cells", 0)
-        if not cells:
-            return
-        scheme = self.data.setdefault("scheme", {}).setdefault(obj["kv"], dict.fromkeys(self.COUNTS, 0))
-        coverage = obj["coverage"]
-        for name, value in (("cells", cells), ("certified_k", round(coverage["k"] * cells)),
-                            ("certified_v", round(coverage["v"] * cells)),
-                            ("overflow", round(obj.get("overflow_fraction", 0) * cells)),
-                            ("page_ins", obj.get("page_ins", 0)), ("page_in_bytes", obj.get("page_in_bytes", 0))):
-            scheme[name] += value
+        if cells:
+            coverage = obj["coverage"]
+            one["scheme"] = {obj["kv"]: {
+                "cells": cells, "certified_k": round(coverage["k"] * cells),
+                "certified_v": round(coverage["v"] * cells), "overflow": round(obj.get("overflow_fraction", 0) * cells),
+                "page_ins": obj.get("page_ins", 0), "page_in_bytes": obj.get("page_in_bytes", 0)}}
+        self.aggregate(FinishedStats(data=one))
 
     def reset(self) -> None:
         self.data = {}
@@ -161,79 +160,111 @@ class WitCertPromMetrics(KVConnectorPromMetrics):
             self.page_in_bytes.labels(*labels, scheme).inc(c["page_in_bytes"])
 
 
+@dataclass
+class _Mirror:
+    """One running request's WitCert cache and what the worker keeps of it."""
+
+    cache: Any
+    made: int  # the step the cache was made in
+    last_pos: int = 0  # the last position written
+    page_ins: Tuple[int, int] = (0, 0)  # the cache's page-ins (count, bytes) already sent
+
+
+class StepPlan:
+    """The rows of one step's attention batch as every layer sees them (one metadata object): the
+    decode rows' caches, positions, tokens and slots, and the prompt chunks (cache, first position,
+    token range, slots). Made once per step, by the first layer."""
+
+    def __init__(self, state: "WorkerState", meta: Any, block_size: int):
+        self.meta = meta
+        starts = meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens.tolist()
+        rows = len(seq_lens)
+        last_blocks = meta.block_table[torch.arange(rows), (meta.seq_lens[:rows] - 1) // block_size].tolist()
+        slots = meta.slot_mapping.to(torch.int64)
+        self.decode_caches: List[Any] = []
+        self.decode_pos: List[int] = []
+        decode_tokens: List[int] = []
+        self.chunks: List[Tuple[Any, int, int, int, np.ndarray]] = []
+        for r in range(rows):
+            t0, t1 = starts[r], starts[r + 1]
+            pos0 = seq_lens[r] - (t1 - t0)
+            m = state.mirror(state.owner[last_blocks[r]], pos0)
+            m.last_pos = seq_lens[r] - 1
+            if t1 - t0 == 1:
+                self.decode_caches.append(m.cache)
+                self.decode_pos.append(pos0)
+                decode_tokens.append(t0)
+            else:
+                self.chunks.append((m.cache, pos0, t0, t1, slots[t0:t1].numpy()))
+        self.tokens = torch.tensor(decode_tokens, dtype=torch.long)
+        self.slots = slots[self.tokens].numpy()
+
+
 class WorkerState:
     """One worker's WitCert caches, one per running request (see witcert.vllm.backend)."""
 
-    def __init__(self, options: Dict[str, Any], kv_cache_dtype: str, layers: int):
-        self.options = options
-        self.gated = options.get("tau_k") is not None
-        self.layers = layers
+    def __init__(self, options: Dict[str, Any], layers: int):
         self.options_json = json.dumps(options)
-        self.kv_cache_dtype = kv_cache_dtype
+        self.gated = options.get("tau_k") is not None
         self.request_gate = self.gated and options.get("granularity") == "request"
+        self.layers = layers
+        self.geometry: Optional[Tuple[int, int, int, int]] = None  # layers, q_heads, kv_heads, head_dim
         self.rank: Optional[int] = None  # the tensor-parallel rank and size, read once the group exists
         self.ranks = 1
-        self.last_pos: Dict[str, int] = {}  # per request: the last position written
-        self.caches: Dict[str, Any] = {}
         self.step = 0
-        self.made: Dict[str, int] = {}  # per request: the step its cache was made in
-        self.page_ins: Dict[str, Tuple[int, int]] = {}
+        self.mirrors: Dict[str, _Mirror] = {}
+        self.scheduled: Dict[str, Tuple[int, int, List[int]]] = {}  # this step's (prompt length, capacity, blocks)
         self.owner: Dict[int, str] = {}  # block id → request, for this step
-        self.shapes: Dict[str, Tuple[int, int]] = {}
-        self.geometry: Optional[Tuple[int, int, int, int]] = None  # layers, q_heads, kv_heads, head_dim
+        self._plan: Optional[StepPlan] = None
 
     def begin_step(self, meta: StepRequests) -> None:
         self.step += 1
         for req in meta.finished:
-            self.caches.pop(req, None)
-            self.made.pop(req, None)
-            self.page_ins.pop(req, None)
-            self.shapes.pop(req, None)
-            self.last_pos.pop(req, None)
-        self.owner = {}
-        for req, (prompt_len, capacity, blocks) in meta.requests.items():
-            self.shapes[req] = (prompt_len, capacity)
-            for b in blocks:
-                self.owner[b] = req
+            self.mirrors.pop(req, None)
+        self.scheduled = meta.requests
+        self.owner = {b: req for req, (_, _, blocks) in meta.requests.items() for b in blocks}
 
-    def cache(self, req: str, pos0: int) -> Any:
-        """The request's cache, made at its first write; made anew when vLLM recomputes the request
+    def mirror(self, req: str, pos0: int) -> _Mirror:
+        """The request's mirror, made at its first write; made anew when vLLM recomputes the request
         from its start (a preemption)."""
-        c = self.caches.get(req)
-        if c is not None and (pos0 > 0 or self.made[req] == self.step):
-            return c
+        m = self.mirrors.get(req)
+        if m is not None and (pos0 > 0 or m.made == self.step):
+            return m
         assert self.geometry is not None
         layers, q_heads, kv_heads, head_dim = self.geometry
-        prompt_len, capacity = self.shapes[req]
+        prompt_len, capacity, _ = self.scheduled[req]
         c = _witcert.Cache(layers, q_heads, kv_heads, head_dim, capacity, self.options_json, 0, capacity, "neox")
         c.report_start(prompt_len)
         c.keep_cells(True)
-        self.caches[req] = c
-        self.made[req] = self.step
-        self.page_ins[req] = (0, 0)
-        return c
+        m = self.mirrors[req] = _Mirror(c, self.step)
+        return m
+
+    def plan(self, meta: Any, block_size: int) -> StepPlan:
+        """This step's plan: made by the step's first layer, read by the others."""
+        if self._plan is None or self._plan.meta is not meta:
+            self._plan = StepPlan(self, meta, block_size)
+        return self._plan
 
     def repair_requests_across_ranks(self) -> None:
         """The request-granular gate over tensor-parallel ranks: a request some rank repaired this
         step (its heads asked for it) is repaired whole on every rank: one all-reduce (max) of a flag
         per request on the group's CPU communicator. Every rank runs the same requests, so the flags
         line up."""
-        import torch
         import torch.distributed as dist
         from vllm.distributed import get_tp_group
 
-        reqs = sorted(self.caches)
+        reqs = sorted(self.mirrors)
         if not reqs:
             return
-        local = [int(self.caches[r].stats()["page_ins"] > self.page_ins[r][0]) for r in reqs]
+        local = [int(self.mirrors[r].cache.stats()["page_ins"] > self.mirrors[r].page_ins[0]) for r in reqs]
         flags = torch.tensor(local, dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=get_tp_group().cpu_group)
         for r, mine, anyone in zip(reqs, local, flags.tolist()):
             if anyone and not mine:
-                self.caches[r].promote_all(self.last_pos[r])
+                self.mirrors[r].cache.promote_all(self.mirrors[r].last_pos)
 
     def end_step(self) -> Optional[StepCells]:
-        out = StepCells()
         if self.geometry is None:
             return None
         if self.rank is None:
@@ -243,12 +274,12 @@ class WorkerState:
         if self.request_gate and self.ranks > 1:
             self.repair_requests_across_ranks()
         offset = self.rank * self.geometry[1]
-        for req, c in self.caches.items():
-            cells = c.drain_cells()
-            stats = c.stats()
-            n0, b0 = self.page_ins[req]
-            n1, b1 = stats["page_ins"], stats["page_in_bytes"]
-            self.page_ins[req] = (n1, b1)
+        out = StepCells()
+        for req, m in self.mirrors.items():
+            cells = m.cache.drain_cells()
+            stats = m.cache.stats()
+            (n0, b0), (n1, b1) = m.page_ins, (stats["page_ins"], stats["page_in_bytes"])
+            m.page_ins = (n1, b1)
             if len(cells) == 0 and n1 == n0:
                 continue
             cells["q_head"] += offset  # this rank's heads within the model's
@@ -289,7 +320,7 @@ class WitCertConnector(KVConnectorBase_V1):
         self._finished: List[str] = []
         self._stats = FinishedStats()
         if role == KVConnectorRole.WORKER:
-            self.worker = WorkerState(self.options, self.kv_cache_dtype, self.layers)
+            self.worker = WorkerState(self.options, self.layers)
 
     # ---- scheduler side -------------------------------------------------------------------------
 
