@@ -16,22 +16,23 @@
 
 namespace {
 
-std::string cache_report(const witcert_cache* c) {
+// The text a C call writes with the library's two-call protocol: asked for its size, then written.
+template <class Call>
+std::string text_of(Call call) {
   size_t needed = 0;
-  EXPECT_EQ(witcert_cache_report(c, nullptr, 0, &needed), WITCERT_ERROR_BUFFER_TOO_SMALL);
+  EXPECT_EQ(call(nullptr, 0, &needed), WITCERT_ERROR_BUFFER_TOO_SMALL);
   std::string text(needed, '\0');
-  EXPECT_EQ(witcert_cache_report(c, text.data(), text.size(), &needed), WITCERT_OK) << witcert_last_error();
+  EXPECT_EQ(call(text.data(), text.size(), &needed), WITCERT_OK) << witcert_last_error();
   text.resize(needed - 1);
   return text;
 }
 
+std::string cache_report(const witcert_cache* c) {
+  return text_of([&](char* json, size_t cap, size_t* n) { return witcert_cache_report(c, json, cap, n); });
+}
+
 std::string report_json(const witcert_report* r) {
-  size_t needed = 0;
-  EXPECT_EQ(witcert_report_json(r, nullptr, 0, &needed), WITCERT_ERROR_BUFFER_TOO_SMALL);
-  std::string text(needed, '\0');
-  EXPECT_EQ(witcert_report_json(r, text.data(), text.size(), &needed), WITCERT_OK) << witcert_last_error();
-  text.resize(needed - 1);
-  return text;
+  return text_of([&](char* json, size_t cap, size_t* n) { return witcert_report_json(r, json, cap, n); });
 }
 
 std::vector<witcert_report_cell> drain(witcert_cache* c) {

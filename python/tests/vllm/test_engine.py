@@ -9,14 +9,12 @@ import contextlib
 import gc
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process
-if not os.environ.get("WITCERT_REQUIRE_VLLM"):
-    pytest.importorskip("vllm")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, set before vLLM loads
+from vllm_env import MODEL, needs_fp8  # noqa: E402
 import torch  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
@@ -26,11 +24,7 @@ import witcert.vllm as wv  # noqa: E402
 import witcert.vllm.backend as backend  # noqa: E402
 from witcert.vllm.layouts import element_dtype, read_slots  # noqa: E402
 
-# vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX (its own check, at engine start).
-pytestmark = pytest.mark.skipif(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()),
-                                reason="vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
-MODEL = Path(os.environ.get("WITCERT_VLLM_MODEL", Path(__file__).resolve().parents[3] / "models" /
-                            "SmolLM2-135M-Instruct-hf"))
+pytestmark = needs_fp8
 LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
 PROMPTS = ["The capital of France is",
            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

@@ -3,17 +3,15 @@ op are read back where they were written, and the attention recomputed from what
 vLLM's own attention over its cache, for every layout × element type × block size × head size. A
 vLLM release that changes a layout fails here instead of metering the wrong numbers."""
 import itertools
-import os
 
 import pytest
+from vllm_env import FP8
 
-vllm = pytest.importorskip("vllm") if not os.environ.get("WITCERT_REQUIRE_VLLM") else __import__("vllm")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from vllm import _custom_ops as ops  # noqa: E402
 
 from witcert import _witcert  # noqa: E402
-
 from witcert.vllm.layouts import element_dtype, read_slots  # noqa: E402
 
 # (isa, model dtype, kv_cache_dtype): vec runs any model dtype; amx is bfloat16's where AMX is usable.
@@ -29,7 +27,7 @@ def _amx() -> bool:
 def _skip_unsupported(isa, kv_dtype):
     if isa == "amx" and not _amx():
         pytest.skip("no usable AMX tiles on this CPU")
-    if kv_dtype != "auto" and not (torch.cpu._is_avx512_supported() or _amx()):
+    if kv_dtype != "auto" and not FP8:
         pytest.skip("vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
 
 

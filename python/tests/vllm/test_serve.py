@@ -10,20 +10,14 @@ import sys
 import textwrap
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-if not os.environ.get("WITCERT_REQUIRE_VLLM"):
-    pytest.importorskip("vllm")
-import openai  # noqa: E402
-import torch  # noqa: E402
+from vllm_env import MODEL, needs_fp8
 
-# vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX (its own check, at engine start).
-pytestmark = pytest.mark.skipif(not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()),
-                                reason="vLLM's fp8 KV cache on the CPU needs AVX-512 or AMX")
-MODEL = Path(os.environ.get("WITCERT_VLLM_MODEL", Path(__file__).resolve().parents[3] / "models" /
-                            "SmolLM2-135M-Instruct-hf"))
+import openai  # noqa: E402
+
+pytestmark = needs_fp8
 
 
 def free_port() -> int:
