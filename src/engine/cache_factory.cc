@@ -24,6 +24,7 @@ kvcache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t 
   c.seed = opts.dither_seed;
   c.dither = opts.dither;
   c.backing = opts.backing;
+  c.windows = model.windows;
   return c;
 }
 
@@ -61,7 +62,7 @@ Cache make_cache(const model::LlamaConfig& model, std::int64_t capacity, std::in
   opts.validate();
   Cache c;
   if (!opts.certified) {
-    c.kv = std::make_unique<attention::ExactKvCache>(model.kv_geometry(capacity), opts.page_size);
+    c.kv = std::make_unique<attention::ExactKvCache>(model.kv_geometry(capacity), opts.page_size, model.windows);
     return c;
   }
   auto certified = std::make_unique<gate::CertifiedKvCache>(
@@ -87,7 +88,7 @@ Pool make_pool(const model::LlamaConfig& model, std::int64_t capacity, std::int6
   Pool p;
   p.certified = opts.certified;
   if (!opts.certified) {
-    p.kv = std::make_shared<kvcache::KvPool>(attention::exact_config(model.kv_geometry(capacity), opts.page_size, pages));
+    p.kv = std::make_shared<kvcache::KvPool>(attention::exact_config(model.kv_geometry(capacity), opts.page_size, pages, model.windows));
     return p;
   }
   kvcache::CacheConfig cfg = cache_config(model, capacity, opts);

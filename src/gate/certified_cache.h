@@ -50,6 +50,7 @@ class CertifiedKvCache final : public kvcache::KvCache {
                      std::int64_t n, std::int64_t window, float* out, std::int64_t out_stride) override;
   void clear() override;
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
+  void retire_before(std::int64_t pos) override { store_.retire_before(pos); }
   // Shares [0, n) of a certified cache over the same pool (kvcache::KvStore::share_prefix), with
   // the donor's repairs made while it computed [0, n). A repair changes the outputs and so the
   // keys and values of the layers above it: with a gate on either side, only a donor that repairs

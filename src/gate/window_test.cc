@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/cpu/exact_cache.h"
@@ -201,6 +202,84 @@ TEST(SlidingWindow, ExactCacheRunsAreEachPositionsOwnWindowBitForBit) {
         }
         ASSERT_EQ(got, want) << "page " << page << " window " << window << " run " << run.pos0;
       }
+}
+
+// A cache whose windowed layer retires its pages between passes serves, bit for bit, what a cache
+// that keeps every page serves: the same outputs and the same cells (meters, true TV, repairs), on
+// a windowed layer beside a global one, for every format, dither mode and page size, ungated and
+// gated at every granularity; its page-ins are never more (a retired page is not paged in) and
+// its windowed layer holds no more pages than its window and the current pass span.
+TEST(SlidingWindow, RetiredPagesChangeNothingServed) {
+  constexpr std::int64_t kW = 7;
+  const std::vector<std::int64_t> passes = {0, 24, 40, 41, 42, 60, 61, kN};
+  const Data d = data(13);
+  long cells = 0;
+  struct Arm {
+    std::string fmt;
+    kvcache::DitherMode mode;
+    bool gated;
+    Granularity gran;
+  };
+  std::vector<Arm> arms;
+  for (const std::string& fmt : formats::kv_format_names()) {
+    if (fmt == formats::kFp16) continue;
+    arms.push_back({fmt, kvcache::DitherMode::per_slot, false, Granularity::block});
+    if (kvcache::dithered(fmt))
+      for (auto mode : {kvcache::DitherMode::shared_page, kvcache::DitherMode::shared_prompt, kvcache::DitherMode::none})
+        arms.push_back({fmt, mode, false, Granularity::block});
+  }
+  for (const std::string fmt : {"q4_0", "kivi-2bit", "dither-int8", "dither-int4"})
+    for (Granularity gran : {Granularity::block, Granularity::head, Granularity::request})
+      arms.push_back({fmt, kvcache::DitherMode::per_slot, true, gran});
+  for (const Arm& arm : arms)
+    for (int page : {1, 5, 16}) {
+      SCOPED_TRACE(arm.fmt + " " + kvcache::dither_mode_name(arm.mode) + " page " + std::to_string(page) +
+                   (arm.gated ? " gated " + std::to_string(int(arm.gran)) : ""));
+      kvcache::CacheConfig keep_cfg = kvcache::test_config(2, 1, kDim, kN, page, arm.fmt, arm.fmt, 3);
+      keep_cfg.dither = arm.mode;
+      kvcache::CacheConfig cfg = keep_cfg;
+      cfg.windows = {kW, 0};
+      CertifiedOptions o;
+      o.q_heads = kGroup;
+      o.check_soundness = true;
+      if (arm.gated) o.gate = Policy::from_tau_k(kvcache::dithered(arm.fmt) ? 0.002 : 0.05, arm.gran);
+      CellLog keep_log, log;
+      CertifiedKvCache keeps(keep_cfg, logged(o, keep_log)), retires(cfg, logged(o, log));
+      keeps.set_prompt_length(40);
+      retires.set_prompt_length(40);
+      for (std::size_t i = 0; i + 1 < passes.size(); ++i) {
+        const std::int64_t b = passes[i], n = passes[i + 1] - b;
+        retires.retire_before(b);
+        for (int l = 0; l < 2; ++l) {
+          for (std::int64_t t = b; t < b + n; ++t) {
+            keeps.write(l, 0, t, &d.k[t * kDim], &d.v[t * kDim]);
+            retires.write(l, 0, t, &d.k[t * kDim], &d.v[t * kDim]);
+          }
+          std::vector<float> want(n * kRow), got(n * kRow);
+          const std::int64_t window = l == 0 ? kW : 0;
+          keeps.attend_causal(l, 0, &d.q[b * kRow], kRow, kGroup, b, n, window, want.data(), kRow);
+          retires.attend_causal(l, 0, &d.q[b * kRow], kRow, kGroup, b, n, window, got.data(), kRow);
+          ASSERT_EQ(got, want) << "layer " << l << " pass " << b;
+        }
+        // The window's pages and the pass's, and a group scheme's block still filling.
+        const formats::KvScheme* scheme = cfg.k_format.scheme(formats::KvSide::key);
+        const std::int64_t T = scheme ? scheme->tokens_per_block() : 1;
+        const std::int64_t kept = std::min(window_begin(b, kW), b / T * T) / page;
+        EXPECT_EQ(retires.store().sequence().window_pages(), (b + n + page - 1) / page - kept) << "pass " << b;
+      }
+      const std::vector<MeterCell> a = keep_log.cells(), c = log.cells();
+      ASSERT_EQ(a.size(), c.size());
+      for (std::size_t j = 0; j < a.size(); ++j) {
+        ASSERT_EQ(std::tie(a[j].layer, a[j].q_head, a[j].pos, a[j].repaired), std::tie(c[j].layer, c[j].q_head, c[j].pos, c[j].repaired));
+        ASSERT_EQ(a[j].meter, c[j].meter) << "cell " << j;
+        ASSERT_EQ(a[j].v_meter, c[j].v_meter) << "cell " << j;
+        ASSERT_EQ(a[j].tv, c[j].tv) << "cell " << j;
+        ASSERT_FALSE(violates(c[j])) << "cell " << j;
+      }
+      EXPECT_LE(retires.store().page_in_stats().page_ins, keeps.store().page_in_stats().page_ins);
+      cells += static_cast<long>(c.size());
+    }
+  std::printf("[window] %ld cells of a retiring cache equal to one that keeps every page\n", cells);
 }
 
 TEST(SlidingWindow, WindowBeginFollowsTheMaskOfLlamaCppAndHuggingFace) {

@@ -69,6 +69,11 @@ class KvCache {
   // default ignores it.
   virtual void set_prompt_length(std::int64_t n) { (void)n; }
 
+  // Every query below pos has been answered at every layer: the next forward pass starts at pos.
+  // A cache may free what only those queries read (a sliding-window layer's positions before
+  // window_begin(pos, window)); the default keeps everything.
+  virtual void retire_before(std::int64_t pos) { (void)pos; }
+
   // Prefix sharing, for caches over one shared pool: this cache, holding nothing yet, takes
   // positions [0, n) of `donor` (a cache of the same kind over the same pool whose tokens there
   // are this one's) without writing them, and reads them back as it would have. Returns false,

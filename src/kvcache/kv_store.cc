@@ -9,6 +9,7 @@
 
 #include "cert/round_up.h"
 #include "formats/dither/code_pack.h"
+#include "kvcache/kv_cache.h"
 
 namespace witcert::kvcache {
 namespace {
@@ -49,7 +50,18 @@ KvPool::KvPool(const CacheConfig& cfg)
   if (cfg.layers <= 0 || cfg.kv_heads <= 0 || cfg.head_dim <= 0 || cfg.capacity <= 0)
     throw config_error("layers, KV heads, head dimension and capacity must be positive");
   if (cfg.pool_pages < 0) throw config_error("the pool's page count is negative");
-  names_.assign(static_cast<std::size_t>(pages_.pages()), 0);
+  if (!cfg.windows.empty()) {
+    if (cfg.windows.size() != static_cast<std::size_t>(cfg.layers))
+      throw config_error(std::to_string(cfg.windows.size()) + " layer windows for " + std::to_string(cfg.layers) +
+                         " layers");
+    for (const std::int64_t w : cfg.windows) {
+      if (w < 0) throw config_error("a layer's attention window is negative");
+      window_ = std::max(window_, w);
+      windowed_.push_back(w > 0);
+    }
+  }
+  if (window_ > 0) window_pages_ = std::make_unique<PagePool>(pages_.pages(), cfg.page_size, cfg.shuffle_pages);
+  names_.assign(static_cast<std::size_t>(pages_.pages()) * (window_pages_ ? 2 : 1), 0);
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   if (cfg.exact_tier) exact_ = std::make_unique<BackingTier>(streams * slots(), cfg.head_dim, cfg.backing);
   init_side(k_, cfg.k_format, formats::KvSide::key);
@@ -66,7 +78,9 @@ std::size_t KvPool::bytes() const {
   return b;
 }
 
-SequenceState::SequenceState(KvPool& pool) : table_(pool.pages_, pool.cfg_.capacity) {
+SequenceState::SequenceState(KvPool& pool)
+    : table_(pool.pages_, pool.cfg_.capacity),
+      window_table_(pool.window_pages_ ? *pool.window_pages_ : pool.pages_, pool.window_pages_ ? pool.cfg_.capacity : 0) {
   const CacheConfig& cfg = pool.cfg_;
   const std::size_t streams = static_cast<std::size_t>(cfg.layers) * cfg.kv_heads;
   outlier_mask_.assign(streams * cfg.head_dim, 0);
@@ -95,7 +109,7 @@ std::size_t SequenceState::bytes() const {
   const std::size_t streams = written_.size();
   return k_.bytes() + v_.bytes() + outlier_mask_.size() + outliers_fixed_.size() +
          written_.size() * sizeof(std::int64_t) + streams * static_cast<std::size_t>(logical_pages_) * sizeof(std::int32_t) +
-         table_.bytes();
+         table_.bytes() + window_table_.bytes();
 }
 
 void SequenceState::clear() {
@@ -105,7 +119,9 @@ void SequenceState::clear() {
   page_in_bytes_ = 0;
   shared_page_ins_ = 0;
   prompt_length_ = 0;
+  retired_at_ = 0;
   table_.clear();
+  window_table_.clear();
   std::fill(written_.begin(), written_.end(), 0);
   std::fill(outliers_fixed_.begin(), outliers_fixed_.end(), 0);
   std::fill(outlier_mask_.begin(), outlier_mask_.end(), 0);
@@ -136,7 +152,7 @@ f16* KvStore::exact_row(formats::KvSide which, std::size_t st, std::int64_t pos)
 const f16* KvStore::exact_row(formats::KvSide which, std::size_t st, std::int64_t pos) const {
   const bool key = which == formats::KvSide::key;
   const std::size_t d = static_cast<std::size_t>(cfg().head_dim);
-  const std::size_t slot_row = st * slots() + static_cast<std::size_t>(seq_.table_.slot(pos));
+  const std::size_t slot_row = st * slots() + static_cast<std::size_t>(table(st).slot(pos));
   if (pool_->exact_) return key ? pool_->exact_->key_row(slot_row) : pool_->exact_->value_row(slot_row);
   const Side& side = key ? pool_->k_ : pool_->v_;
   if (side.kind == FormatKind::exact) return &side.rows[slot_row * d];
@@ -192,14 +208,14 @@ void KvPool::init_side(Side& side, const formats::KvFormat& format, formats::KvS
 
 void KvStore::clear() { seq_.clear(); }
 
-std::uint32_t KvStore::dither_counter_slot(std::int64_t pos) const {
+std::uint32_t KvStore::dither_counter_slot(std::size_t st, std::int64_t pos) const {
   // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
-  if (shared_dither(pos)) return pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))] | 0x80000000u;
-  return slot_counter(pos);
+  if (shared_dither(pos)) return page_name(st, table(st).page_of(pos)) | 0x80000000u;
+  return slot_counter(st, pos);
 }
 
-std::uint32_t KvStore::slot_counter(std::int64_t pos) const {
-  const std::uint32_t name = pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))];
+std::uint32_t KvStore::slot_counter(std::size_t st, std::int64_t pos) const {
+  const std::uint32_t name = page_name(st, table(st).page_of(pos));
   return name * static_cast<std::uint32_t>(cfg().page_size) + static_cast<std::uint32_t>(pos % cfg().page_size);
 }
 
@@ -238,7 +254,9 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   if (std::any_of(donor.seq_.written_.begin(), donor.seq_.written_.end(), [n](std::int64_t w) { return w < n; }))
     return false;
   if (seq_.prompt_length_ < n || donor.seq_.prompt_length_ < n) return false;
+  if (pool_->window_ > 0 && donor.seq_.window_table_.released() > window_begin(n, pool_->window_) / P) return false;
   seq_.table_.share_prefix(donor.seq_.table_, n / P);
+  if (pool_->window_ > 0) seq_.window_table_.share_prefix(donor.seq_.window_table_, n / P);
   std::fill(seq_.written_.begin(), seq_.written_.end(), n);
   for (std::size_t st = 0; st < seq_.written_.size(); ++st)
     for (std::int64_t j = 0; j < n / P; ++j) {
@@ -261,11 +279,27 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   return true;
 }
 
+void KvStore::retire_before(std::int64_t pos) {
+  seq_.retired_at_ = std::max(seq_.retired_at_, pos);
+  if (pool_->window_ == 0) return;
+  // Rows still to be encoded stay too: a group scheme's unfilled block, dither keys before their
+  // outlier pairs are fixed (both read the exact rows of every position they cover).
+  std::int64_t keep = window_begin(pos, pool_->window_);
+  for (std::size_t st = 0; st < seq_.written_.size(); ++st) {
+    if (!windowed(st)) continue;
+    for (const Side* sd : {&pool_->k_, &pool_->v_})
+      if (sd->kind == FormatKind::scheme) keep = std::min(keep, seq_.written_[st] / sd->T * sd->T);
+    if (pool_->k_.kind == FormatKind::dither && !seq_.outliers_fixed_[st]) keep = 0;
+  }
+  seq_.window_table_.release_before(keep / cfg().page_size);
+}
+
 bool KvStore::promote(int layer, int kv_head, std::int64_t logical_page, std::int64_t at) {
   if (!pool_->exact_) throw std::logic_error("KV cache: repair reads the exact backing tier, and this cache keeps none");
   if (at < 0 || at >= cfg().capacity || at > std::numeric_limits<std::int32_t>::max())
     throw std::out_of_range("KV cache: a repair asked for at position " + std::to_string(at) +
                             ", outside the capacity of " + std::to_string(cfg().capacity));
+  if (logical_page < table(stream(layer, kv_head)).released()) return false;  // read no more
   std::int32_t expected = SequenceState::kNotPromoted;
   if (!seq_.promoted_[stream(layer, kv_head) * seq_.logical_pages_ + logical_page].compare_exchange_strong(
           expected, static_cast<std::int32_t>(at)))
@@ -304,9 +338,10 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   if (pos != seq_.written_[st])
     throw std::invalid_argument("KV cache: position " + std::to_string(pos) + " written out of order (expected " +
                                 std::to_string(seq_.written_[st]) + ")");
-  if (pos >= seq_.table_.positions_mapped()) {
-    seq_.table_.slot_for_write(pos);
-    pool_->names_[static_cast<std::size_t>(seq_.table_.page_of(pos))] = static_cast<std::uint32_t>(pos / cfg().page_size);
+  PageTable& pages = table(st);
+  if (pos >= pages.positions_mapped()) {
+    pages.slot_for_write(pos);
+    page_name(st, pages.page_of(pos)) = static_cast<std::uint32_t>(pos / cfg().page_size);
   }
   const int d = cfg().head_dim;
   f16* ek = exact_row(formats::KvSide::key, st, pos);
@@ -358,7 +393,7 @@ void KvStore::fix_outliers(std::size_t st) {
 void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, std::int64_t pos) {
   const int d = cfg().head_dim;
   const bool key = which == formats::KvSide::key;
-  const std::int64_t slot = seq_.table_.slot(pos);
+  const std::int64_t slot = table(st).slot(pos);
   const std::size_t at = st * slots() + slot;
   const f16* exact = exact_row(which, st, pos);
   const std::span<float> x(scratch_.x.data(), d), x_hat(scratch_.x_hat.data(), d);
@@ -370,8 +405,8 @@ void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, st
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
     const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
                                        static_cast<std::uint32_t>(st % cfg().kv_heads)};
-    if (key && key_dither()) formats::dither_values(stream, dither_counter_slot(pos), xi);
-    if (!key && value_dither()) formats::dither_values(formats::value_stream(stream), slot_counter(pos), xi);
+    if (key && key_dither()) formats::dither_values(stream, dither_counter_slot(st, pos), xi);
+    if (!key && value_dither()) formats::dither_values(formats::value_stream(stream), slot_counter(st, pos), xi);
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
     const std::span<std::int8_t> codes(scratch_.codes.data(), d);
     formats::encode_dither(side.code_bits, x, xi, std::span<const std::uint8_t>(mask, d), kDitherGroup, codes,
@@ -415,7 +450,7 @@ void KvStore::encode_group(Side& side, formats::KvSide which, std::size_t st, st
   side.scheme->encode(x, d, packed);
   side.scheme->decode(packed, d, x_hat);
   for (int t = 0; t < T; ++t) {
-    f16* meta = &side.meta[(st * slots() + seq_.table_.slot(group * T + t)) * side.meta_per_token];
+    f16* meta = &side.meta[(st * slots() + table(st).slot(group * T + t)) * side.meta_per_token];
     scheme_meta(which, std::span<const float>(&x[t * d], d), std::span<const float>(&x_hat[t * d], d), meta);
   }
 }
@@ -482,8 +517,9 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   RawPage r;
   r.begin = pos / P * P;
   r.end = r.begin + P;
-  const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos)) * P;
-  const std::uint32_t name = s_.pool_->names_[static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
+  const std::int64_t page = s_.table(stream_).page_of(pos);
+  const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(page) * P;
+  const std::uint32_t name = s_.page_name(stream_, page);
   r.page_counter = name | 0x80000000u;
   r.slot_counter = name * static_cast<std::uint32_t>(P);
   r.shared_end = std::clamp(s_.shared_dither_end(), r.begin, r.end);
@@ -500,7 +536,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
       v.code_bits = sd.code_bits;
     }
     if (!sd.outlier_values.empty()) v.outlier_values = &sd.outlier_values[first * 2 * s_.cfg().outlier_pairs];
-    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_->pages() + static_cast<std::size_t>(s_.seq_.table_.page_of(pos))];
+    if (!sd.norm_max.empty()) v.norm_max = &sd.norm_max[stream_ * s_.pool_->pages() + static_cast<std::size_t>(page)];
     return v;
   };
   // A page's slots, and its rows in a ring, follow one another from the row of its first position.
@@ -527,7 +563,7 @@ void KvStore::Reader::decode_scheme(formats::KvSide side, std::int64_t pos, floa
   const Side& sd = side == formats::KvSide::key ? s_.pool_->k_ : s_.pool_->v_;
   const int d = s_.cfg().head_dim;
   if (sd.T == 1) {
-    sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.seq_.table_.slot(pos)) * sd.block_bytes], d, out);
+    sd.scheme->decode(&sd.packed[(stream_ * s_.slots() + s_.table(stream_).slot(pos)) * sd.block_bytes], d, out);
     return;
   }
   const std::int64_t group = pos / sd.T;
@@ -547,7 +583,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
     return;
   }
   const int d = s_.cfg().head_dim;
-  const std::size_t at = stream_ * s_.slots() + s_.seq_.table_.slot(pos);
+  const std::size_t at = stream_ * s_.slots() + s_.table(stream_).slot(pos);
   if (sd.kind == FormatKind::scheme) {
     decode_scheme(formats::KvSide::key, pos, k_hat, k_block_);
     bound = KeyBound{KeyBound::tier_a, &sd.meta[at * sd.meta_per_token], nullptr};
@@ -558,7 +594,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
   if (!rounded) {
     const formats::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
                                      static_cast<std::uint32_t>(kv_head_)};
-    formats::dither_values(stream, s_.dither_counter_slot(pos), xi_);
+    formats::dither_values(stream, s_.dither_counter_slot(stream_, pos), xi_);
   }
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   codes_.resize(d);
@@ -580,7 +616,7 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
     return;
   }
   const int d = s_.cfg().head_dim;
-  const std::size_t at = stream_ * s_.slots() + s_.seq_.table_.slot(pos);
+  const std::size_t at = stream_ * s_.slots() + s_.table(stream_).slot(pos);
   if (sd.kind == FormatKind::scheme) {
     decode_scheme(formats::KvSide::value, pos, v_hat, v_block_);
     rho = fp16_to_double(sd.meta[at]);
@@ -588,7 +624,7 @@ void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {
   }
   xi_.assign(d, 0.0f);
   if (s_.value_dither())
-    formats::dither_values(formats::value_stream(dither_stream()), s_.slot_counter(pos), xi_);
+    formats::dither_values(formats::value_stream(dither_stream()), s_.slot_counter(stream_, pos), xi_);
   no_outliers_.assign(d, 0);
   codes_.resize(d);
   for (int c = 0; c < d; ++c) codes_[c] = code(sd, at * d + c);

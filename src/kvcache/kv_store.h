@@ -79,6 +79,11 @@ struct CacheConfig {
   // and little else.
   bool exact_tier = false;
   BackingPlace backing;  // where the tier lives (default: a private memory-mapped temporary file)
+  // Per layer, its attention window (kvcache::window_begin; 0: every position); empty: none. The
+  // layers with a window keep their slots in a page table of their own, from which the pages
+  // before every later query's window go back to the pool (KvStore::retire_before), so that a
+  // sliding-window layer holds its window's pages, not the whole context's.
+  std::vector<std::int64_t> windows;
 };
 
 // ‖v̂‖ + ρ of a dithered value from its decoded v̂ (Reader::value's) and its group scales s_g:
@@ -112,6 +117,8 @@ class KvPool {
   const CacheConfig& config() const { return cfg_; }
   FormatKind kind(formats::KvSide side) const { return side == formats::KvSide::key ? k_.kind : v_.kind; }
   int code_bits(formats::KvSide side) const { return side == formats::KvSide::key ? k_.code_bits : v_.code_bits; }
+  // Pages of the layers without a window (those with one take theirs from a pool of as many, which
+  // never runs out first: a sequence holds no more of its pages than of these).
   std::int64_t pages() const { return pages_.pages(); }
   std::int64_t free_pages() const { return pages_.free_pages(); }
   std::size_t slots() const { return static_cast<std::size_t>(pages_.pages()) * cfg_.page_size; }
@@ -151,8 +158,12 @@ class KvPool {
   CacheConfig cfg_;
   cert::BandLayout bands_;
   PagePool pages_;
+  std::unique_ptr<PagePool> window_pages_;  // the windowed layers' pages; null without a window
+  std::int64_t window_ = 0;                 // the largest window of a layer (0: none)
+  std::vector<char> windowed_;              // [layer]: its slots are window_pages_'s
   Side k_, v_;
-  std::vector<std::uint32_t> names_;    // [page]: the logical page its writer gave it
+  // [page], then [page] of window_pages_: the logical page its writer gave it
+  std::vector<std::uint32_t> names_;
   std::unique_ptr<BackingTier> exact_;  // rows [stream][slot], head_dim each; null without a tier
 };
 
@@ -167,7 +178,9 @@ class SequenceState {
   // Measured bytes of the sequence's own allocations (page table, group blocks, ring, outlier
   // pairs, lengths, repair flags); its pages are the pool's.
   std::size_t bytes() const;
-  std::int64_t pages() const { return table_.page_count(); }
+  std::int64_t pages() const { return table_.page_count(); }  // of the layers without a window
+  // Pages the layers with a window hold now.
+  std::int64_t window_pages() const { return window_table_.page_count() - window_table_.released(); }
 
  private:
   friend class KvStore;
@@ -180,13 +193,15 @@ class SequenceState {
     std::size_t bytes() const { return groups.size() + ring.size() * sizeof(f16); }
   };
 
-  PageTable table_;
+  PageTable table_;         // the layers without a window
+  PageTable window_table_;  // the layers with one (KvPool::window_pages_)
   Side k_, v_;
   std::int64_t ring_ = 0;                           // rows per stream of a packed side's ring
   std::vector<std::uint8_t> outlier_mask_;          // [stream][head_dim]
   std::vector<char> outliers_fixed_;                // [stream]
   std::vector<std::int64_t> written_;               // [stream]
   std::int64_t prompt_length_ = 0;                  // DitherMode::shared_prompt
+  std::int64_t retired_at_ = 0;                     // KvStore::retire_before
   std::int64_t logical_pages_ = 0;                  // per stream
   // [stream][logical page]: the position whose attention repaired the page, or kNotPromoted.
   std::unique_ptr<std::atomic<std::int32_t>[]> promoted_;
@@ -255,7 +270,18 @@ class KvStore {
   // sequence then holds the repairs it would have made itself while computing [0, n) with the
   // donor's policy, and their page-in stays charged to the donor (PageInStats::shared_page_ins
   // counts them). Repairs the donor made later, at positions ≥ n, are its own.
+  // With windowed layers, the donor must still hold the pages of [window_begin(n, window), n).
   bool share_prefix(const KvStore& donor, std::int64_t n);
+  // Every query below pos has been answered at every layer (the next forward pass starts at pos):
+  // the windowed layers' pages wholly before window_begin(pos, window) go back to the pool, unless
+  // a group-scheme block or the dither keys' calibration still has to encode their rows. Those
+  // positions are read no more, and repairing them (promote) is a no-op.
+  void retire_before(std::int64_t pos);
+  std::int64_t retired_at() const { return seq_.retired_at_; }  // the largest pos retire_before was given
+  // Positions of `layer` below this are retired (their pages gone back to the pool).
+  std::int64_t retired_end(int layer) const {
+    return windowed(stream(layer, 0)) ? seq_.window_table_.released() * cfg().page_size : 0;
+  }
   std::int64_t length(int layer, int kv_head) const { return seq_.written_[stream(layer, kv_head)]; }
 
   // Reads for the attention kernel. Not thread-safe on one Reader; make one per call.
@@ -364,6 +390,18 @@ class KvStore {
  private:
   using Side = KvPool::Side;
   std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg().kv_heads + kv_head; }
+  bool windowed(std::size_t st) const {
+    return !pool_->windowed_.empty() && pool_->windowed_[st / static_cast<std::size_t>(cfg().kv_heads)];
+  }
+  // The page table and page names that hold stream st's slots.
+  const PageTable& table(std::size_t st) const { return windowed(st) ? seq_.window_table_ : seq_.table_; }
+  PageTable& table(std::size_t st) { return windowed(st) ? seq_.window_table_ : seq_.table_; }
+  std::uint32_t& page_name(std::size_t st, std::int64_t page) {
+    return pool_->names_[static_cast<std::size_t>(page + (windowed(st) ? pool_->pages() : 0))];
+  }
+  std::uint32_t page_name(std::size_t st, std::int64_t page) const {
+    return pool_->names_[static_cast<std::size_t>(page + (windowed(st) ? pool_->pages() : 0))];
+  }
   const CacheConfig& cfg() const { return pool_->cfg_; }
   std::size_t slots() const { return pool_->slots(); }
   // Code i of a dithered side (i indexes Side::codes), stored or read at the side's width.
@@ -389,8 +427,10 @@ class KvStore {
   // ρ_t = ‖x̂ − x‖ rounded up of a value.
   void scheme_meta(formats::KvSide which, std::span<const float> x, std::span<const float> x_hat, f16* meta) const;
   void fix_outliers(std::size_t st);  // picks the m pairs, then encodes every key written so far
-  std::uint32_t dither_counter_slot(std::int64_t pos) const;  // the key's Philox counter word: its slot's or its page's
-  std::uint32_t slot_counter(std::int64_t pos) const;  // the Philox counter word that names a token: its page's name and offset
+  // The key's Philox counter word in stream st: its slot's or its page's.
+  std::uint32_t dither_counter_slot(std::size_t st, std::int64_t pos) const;
+  // The Philox counter word that names a token: its page's name and offset.
+  std::uint32_t slot_counter(std::size_t st, std::int64_t pos) const;
   // Positions [0, packed_prefix) of a stream are served from the packed form, the rest from the
   // exact tier (group-scheme blocks not yet full, dither-int8 keys before calibration).
   std::int64_t packed_prefix(const Side& side, formats::KvSide which, std::size_t st) const;

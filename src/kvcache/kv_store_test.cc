@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "base/alloc_counter.h"
 #include "formats/kv_format.h"
+#include "kvcache/kv_cache.h"
 #include "kvcache/test_config.h"
 
 namespace witcert::kvcache {
@@ -261,6 +263,125 @@ TEST(KvStore, PoolAndSequenceBytesAreMeasured) {
   EXPECT_EQ(a.sequence().bytes(), fresh);
 }
 
+// Every decoded key and value of (layer, head) over [b, e), with the bound's kind and ρ.
+std::vector<float> read_range(const KvStore& s, int layer, int head, std::int64_t b, std::int64_t e) {
+  KvStore::Reader r(s, layer, head);
+  std::vector<float> k(kDim), v(kDim), all;
+  for (std::int64_t p = b; p < e; ++p) {
+    KeyBound kb;
+    double rho = 0.0;
+    r.key(p, k.data(), kb);
+    r.value(p, v.data(), rho);
+    all.insert(all.end(), k.begin(), k.end());
+    all.insert(all.end(), v.begin(), v.end());
+    all.push_back(static_cast<float>(kb.kind));
+    all.push_back(static_cast<float>(rho));
+  }
+  return all;
+}
+
+// Positions [b, e) of both layers and heads (layer l's token differs from layer 0's by its seed).
+void write_layers(KvStore& s, std::int64_t b, std::int64_t e, std::uint64_t seed) {
+  std::vector<float> k(kDim), v(kDim);
+  for (std::int64_t p = b; p < e; ++p)
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) {
+        token(seed + l, p, h, k, v);
+        s.write(l, h, p, k.data(), v.data());
+      }
+}
+
+// Layer 0 has a window of 20 positions, layer 1 none. Run in passes (prefill chunks, then single
+// decode steps), each retiring what the queries before it read: the windowed layer holds its
+// window's pages and the current pass's, no more, and every position a later query can read
+// decodes exactly as in a store that retires nothing, for every format, dither mode and page size
+// (pages in a shuffled order). A retired page goes back to the pool and is written again at once,
+// so a page retired too early would be read back overwritten.
+TEST(KvStore, AWindowedLayerHoldsItsWindowsPagesAndReadsAsIfItKeptEverything) {
+  constexpr std::int64_t W = 20, n = 150;
+  const std::vector<std::int64_t> passes = {0, 37, 64, 90, 91, 92, 93, 120, 121, 149, n};
+  long reads = 0;
+  for (const std::string& fmt : formats::kv_format_names())
+    for (const DitherMode mode :
+         {DitherMode::per_slot, DitherMode::shared_page, DitherMode::shared_prompt, DitherMode::none})
+      for (int page : {1, 5, 16}) {
+        if (!dithered(fmt) && mode != DitherMode::per_slot) continue;
+        SCOPED_TRACE(fmt + " " + dither_mode_name(mode) + " page " + std::to_string(page));
+        CacheConfig all_cfg = test_config(2, 2, kDim, n, page, fmt, fmt, 7);
+        all_cfg.dither = mode;
+        all_cfg.exact_tier = true;
+        CacheConfig cfg = all_cfg;
+        cfg.windows = {W, 0};
+        KvStore windowed(cfg), all(all_cfg);
+        windowed.set_prompt_length(64);
+        all.set_prompt_length(64);
+        for (std::size_t i = 0; i + 1 < passes.size(); ++i) {
+          const std::int64_t b = passes[i], e = passes[i + 1];
+          windowed.retire_before(b);
+          write_layers(windowed, b, e, 3);
+          write_layers(all, b, e, 3);
+          const std::int64_t from = window_begin(b, W);
+          EXPECT_LE(windowed.retired_end(0), from / page * page);
+          // Retired up to the window, or to a group-scheme block still filling.
+          const int T = std::max(1, cfg.k_format.kind() == FormatKind::scheme
+                                        ? cfg.k_format.scheme(formats::KvSide::key)->tokens_per_block()
+                                        : 1);
+          EXPECT_EQ(windowed.retired_end(0), std::min(from, b / T * T) / page * page);
+          EXPECT_EQ(windowed.retired_end(1), 0);
+          EXPECT_EQ(windowed.sequence().window_pages(), (e + page - 1) / page - windowed.retired_end(0) / page);
+          EXPECT_EQ(windowed.sequence().pages(), all.sequence().pages());
+          for (int h = 0; h < 2; ++h) {
+            ASSERT_EQ(read_range(windowed, 0, h, from, e), read_range(all, 0, h, from, e)) << "pass " << b;
+            ASSERT_EQ(read_range(windowed, 1, h, 0, e), read_range(all, 1, h, 0, e)) << "pass " << b;
+            reads += 2 * (e - from) + e;
+          }
+          // A retired page is no longer repaired (nothing reads it); a live one still is.
+          if (from >= page) {
+            EXPECT_FALSE(windowed.promote(0, 0, 0, e - 1));
+          }
+          EXPECT_EQ(windowed.promote(0, 1, (e - 1) / page, e - 1), all.promote(0, 1, (e - 1) / page, e - 1));
+          EXPECT_TRUE(windowed.promoted(0, 1, (e - 1) / page));
+        }
+        windowed.clear();
+        EXPECT_EQ(windowed.sequence().window_pages(), 0);
+        EXPECT_EQ(windowed.pool().free_pages(), windowed.pool().pages());
+      }
+  std::printf("[window] %ld windowed reads equal to a store that keeps every page\n", reads);
+}
+
+// A sequence may share a windowed donor's prefix only while the donor still holds the pages its
+// first query reads; it then reads them as the donor does, and its own retired pages go back
+// without taking the donor's.
+TEST(KvStore, AWindowedPrefixIsSharedOnlyWhileTheDonorHoldsTheTakersWindow) {
+  constexpr std::int64_t W = 20, n = 120;
+  for (int page : {4, 16}) {
+    CacheConfig cfg = test_config(2, 2, kDim, n, page, formats::kDitherInt8, "q4_0", 0);
+    cfg.windows = {W, 0};
+    cfg.dither = DitherMode::shared_prompt;
+    cfg.pool_pages = 3 * ((n + page - 1) / page);
+    auto pool = std::make_shared<KvPool>(cfg);
+    KvStore donor(pool);
+    donor.set_prompt_length(100);
+    write_layers(donor, 0, 64, 5);
+    donor.retire_before(64);
+    KvStore taker(pool), late(pool);
+    taker.set_prompt_length(100);
+    late.set_prompt_length(100);
+    ASSERT_TRUE(taker.share_prefix(donor, 64)) << page;  // the donor holds [44, 64)
+    write_layers(donor, 64, 96, 5);
+    donor.retire_before(96);  // now from 76 on
+    EXPECT_FALSE(late.share_prefix(donor, 64)) << page;
+    write_layers(taker, 64, 96, 5);
+    for (int h = 0; h < 2; ++h)
+      EXPECT_EQ(read_range(taker, 0, h, window_begin(95, W), 96), read_range(donor, 0, h, window_begin(95, W), 96));
+    taker.retire_before(96);
+    EXPECT_EQ(read_range(donor, 0, 1, 80, 96), read_range(taker, 0, 1, 80, 96));
+    taker.clear();
+    donor.clear();
+    EXPECT_EQ(pool->free_pages(), pool->pages());
+  }
+}
+
 // One block's encode and decode of `scheme` on this thread, which grows the codec's scratch
 // arrays (formats/scheme_kit.h) to their size for kDim; nothing without a scheme.
 void warm_codec(const formats::KvScheme* scheme) {
@@ -274,7 +395,8 @@ void warm_codec(const formats::KvScheme* scheme) {
 // Once a sequence has written its first position (and the thread's codec scratch has grown), a
 // write allocates nothing, for every format (fp16, dither-int8 in every dither mode, per-token
 // and group schemes, research codecs included), with and without the exact tier, across page
-// boundaries, dither-int8's calibration and group-scheme blocks.
+// boundaries, dither-int8's calibration and group-scheme blocks, with layer 0 retiring its pages
+// behind a window as it goes.
 TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
   const std::int64_t n = 80;  // 5 pages; calibration at 16; group blocks end at 32 and 64
   std::vector<float> k(kDim), v(kDim);
@@ -286,6 +408,7 @@ TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
         CacheConfig c = test_config(2, 2, kDim, n, 16, name, name, 0);
         c.dither = mode;
         c.exact_tier = tier;
+        c.windows = {24, 0};  // layer 0 retires its pages as it goes
         KvStore s(c);
         if (mode == DitherMode::shared_prompt) s.set_prompt_length(20);
         const formats::KvFormat& f = c.k_format;
@@ -296,6 +419,7 @@ TEST(KvStore, AWriteAllocatesNothingOnceWarm) {
           for (int l = 0; l < 2; ++l)
             for (int h = 0; h < 2; ++h) {
               if (p == 1 && l == 0 && h == 0) before = testing_util::thread_allocations();  // after the warm-up
+              if (l == 0 && h == 0) s.retire_before(p);
               token(9, p, h, k, v);
               s.write(l, h, p, k.data(), v.data());
             }

@@ -93,14 +93,26 @@ void PageTable::share_prefix(const PageTable& donor, std::int64_t pages) {
     throw std::logic_error("sharing " + std::to_string(pages) + " pages of a sequence that holds " +
                            std::to_string(donor.pages_.size()));
   for (std::int64_t i = 0; i < pages; ++i) {
-    pool_->share(donor.pages_[i]);
+    if (donor.pages_[i] != kReleased) pool_->share(donor.pages_[i]);
     pages_.push_back(donor.pages_[i]);
+  }
+  released_ = std::min(donor.released_, pages);
+}
+
+void PageTable::release_before(std::int64_t pages) {
+  pages = std::min(pages, static_cast<std::int64_t>(pages_.size()));
+  for (; released_ < pages; ++released_) {
+    std::int64_t& p = pages_[static_cast<std::size_t>(released_)];
+    if (p != kReleased) pool_->release(p);
+    p = kReleased;
   }
 }
 
 void PageTable::clear() {
-  for (std::int64_t p : pages_) pool_->release(p);
+  for (std::int64_t p : pages_)
+    if (p != kReleased) pool_->release(p);
   pages_.clear();
+  released_ = 0;
 }
 
 }  // namespace witcert::kvcache

@@ -108,7 +108,7 @@ class PageTable {
     pages_.reserve(static_cast<std::size_t>((capacity + pool.page_size() - 1) / pool.page_size()));
   }
   // The same mapping over `pool`, a copy of other's pool (a copied cache), with other's room.
-  PageTable(const PageTable& other, PagePool& pool) : pool_(&pool) {
+  PageTable(const PageTable& other, PagePool& pool) : pool_(&pool), released_(other.released_) {
     pages_.reserve(other.pages_.capacity());
     pages_ = other.pages_;
   }
@@ -117,7 +117,8 @@ class PageTable {
   PageTable& operator=(const PageTable&) = delete;
 
   // Maps this empty table's first `pages` logical pages to `donor`'s physical ones, shared
-  // (the donor's table is over the same pool). Throws std::logic_error otherwise.
+  // (the donor's table is over the same pool), and released where the donor's are. Throws
+  // std::logic_error otherwise.
   void share_prefix(const PageTable& donor, std::int64_t pages);
   // The slot of position pos, allocating its page when pos is the first position on it.
   std::int64_t slot_for_write(std::int64_t pos);
@@ -129,11 +130,18 @@ class PageTable {
   std::int64_t page_count() const { return static_cast<std::int64_t>(pages_.size()); }
   std::size_t bytes() const { return pages_.capacity() * sizeof(std::int64_t); }  // measured
   std::int64_t positions_mapped() const { return static_cast<std::int64_t>(pages_.size()) * pool_->page_size(); }
+  // Returns logical pages [0, pages) to the pool for good: nothing reads their positions again (a
+  // sliding-window layer's pages before every later query's window). Their slots must not be
+  // asked for; the table keeps its length, so later positions keep their pages.
+  void release_before(std::int64_t pages);
+  std::int64_t released() const { return released_; }  // logical pages [0, released()) are released
   void clear();
 
  private:
+  static constexpr std::int64_t kReleased = -1;
   PagePool* pool_;
-  std::vector<std::int64_t> pages_;
+  std::vector<std::int64_t> pages_;  // [logical page]: its physical page, or kReleased
+  std::int64_t released_ = 0;
 };
 
 }  // namespace witcert::kvcache

@@ -251,10 +251,11 @@ LlamaModel::LlamaModel(const GgufFile& f) : state_(std::make_unique<RunState>())
     layers_.push_back(std::move(L));
   }
   // Pointers into the frequency tables once the layers no longer move.
+  cfg_.windows.assign(static_cast<std::size_t>(cfg_.layers), 0);
   for (int l = 0; l < cfg_.layers; ++l) {
     const bool sliding = swa_period > 0 && l % swa_period != swa_period - 1;
     layers_[l].inv_freq = sliding ? swa_inv_freq_.data() : inv_freq_.data();
-    layers_[l].window = sliding ? cfg_.sliding_window : 0;
+    if (sliding) cfg_.windows[static_cast<std::size_t>(l)] = cfg_.sliding_window;
   }
 }
 
@@ -321,6 +322,9 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
   }
   if (logits.size() < static_cast<std::size_t>(n_out) * cfg_.vocab)
     throw std::invalid_argument("forward: logits buffer too small");
+  // Every query before this pass's first position is answered: windowed layers may let go of what
+  // only those queries read.
+  for (const BatchRow& row : rows) row.cache->retire_before(row.pos0);
 
   const int d = cfg_.d_model, hd = cfg_.head_dim, H = cfg_.heads, KV = cfg_.kv_heads, G = cfg_.group();
   const std::int64_t q_dim = H * hd, kv_dim = KV * hd;
@@ -394,7 +398,7 @@ void LlamaModel::forward_in(std::span<BatchRow> rows, ThreadPool& pool, std::spa
       const std::int64_t m = static_cast<std::int64_t>(rows[r].tokens.size()), j = run * kAttnRun;
       const std::int64_t i = first[r] + j;
       rows[r].cache->attend_causal(l, h, &q[i * q_dim + h * G * hd], q_dim, G, rows[r].pos0 + j,
-                                   std::min(kAttnRun, m - j), layers_[l].window, &att[i * q_dim + h * G * hd], q_dim);
+                                   std::min(kAttnRun, m - j), cfg_.windows[static_cast<std::size_t>(l)], &att[i * q_dim + h * G * hd], q_dim);
     };
     const auto attend_jobs = [&](std::int64_t b, std::int64_t e, int) {
       for (std::int64_t job = b; job < e; ++job) {

@@ -37,6 +37,7 @@ struct LlamaConfig {
   int vocab = 0;
   std::int64_t context = 0;          // the positions a sequence may reach: context_length
   std::int64_t sliding_window = 0;   // attention.sliding_window of the sliding-window layers; 0: none
+  std::vector<std::int64_t> windows;  // [layer]: its attention window (kvcache::window_begin); 0: none
   float rope_theta = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear RoPE scaling: positions are multiplied by this
   float logit_softcap = 0.0f;    // final_logit_softcapping: logits = cap·tanh(logits / cap); 0: none
@@ -103,7 +104,6 @@ class LlamaModel {
     std::vector<float> q_norm, k_norm;                 // qk_norm: head_dim each
     std::vector<float> post_attn_norm, post_ffw_norm;  // post_norms
     const float* inv_freq = nullptr;                   // its RoPE frequencies (global or sliding-window)
-    std::int64_t window = 0;                           // its attention window (kvcache::window_begin); 0: none
   };
 
   // The buffers of a forward pass (llama2.c's RunState), defined in llama.cc.

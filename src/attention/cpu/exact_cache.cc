@@ -4,6 +4,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/cpu/exact_attention_fast.h"
@@ -24,7 +25,8 @@ const std::shared_ptr<kvcache::KvPool>& fp16_pool(const std::shared_ptr<kvcache:
 
 }  // namespace
 
-kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, std::int64_t pages) {
+kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, std::int64_t pages,
+                                  std::vector<std::int64_t> windows) {
   if (g.layers <= 0 || g.kv_heads <= 0 || g.head_dim <= 0 || g.capacity <= 0)
     throw std::invalid_argument("KV cache geometry must be positive");
   if (page_size <= 0) throw std::invalid_argument("page size must be positive, got " + std::to_string(page_size));
@@ -35,6 +37,7 @@ kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, s
   c.capacity = g.capacity;
   c.page_size = page_size;
   c.pool_pages = pages;
+  c.windows = std::move(windows);
   c.k_format = formats::KvFormat::parse("fp16");
   c.v_format = formats::KvFormat::parse("fp16");
   // fp16 keys carry no witness; the band layout need only fit the head size.
@@ -42,25 +45,33 @@ kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size, s
   return c;
 }
 
-ExactKvCache::ExactKvCache(const kvcache::KvGeometry& g, int page_size)
-    : store_(exact_config(g, page_size)), g_(g) {}
+ExactKvCache::ExactKvCache(const kvcache::KvGeometry& g, int page_size, std::vector<std::int64_t> windows)
+    : store_(exact_config(g, page_size, 0, std::move(windows))), g_(g) {}
 
 ExactKvCache::ExactKvCache(std::shared_ptr<kvcache::KvPool> pool)
     : store_(fp16_pool(pool)), g_(geometry_of(store_.config())) {}
 
 ExactKvCache::ExactKvCache(const ExactKvCache& other)
-    : kvcache::KvCache(other), store_(exact_config(other.g_, other.store_.config().page_size)), g_(other.g_) {
+    : kvcache::KvCache(other),
+      store_(exact_config(other.g_, other.store_.config().page_size, 0, other.store_.config().windows)),
+      g_(other.g_) {
   // The rows round-trip through float exactly, so rewriting them gives the same bytes.
   store_.set_prompt_length(other.store_.prompt_length());
   std::vector<float> k(static_cast<std::size_t>(g_.head_dim)), v(k.size());
   for (int l = 0; l < g_.layers; ++l)
     for (int h = 0; h < g_.kv_heads; ++h)
       for (std::int64_t p = 0; p < other.store_.length(l, h); ++p) {
+        if (p < other.store_.retired_end(l)) {  // read no more: any row will do
+          std::fill(k.begin(), k.end(), 0.0f);
+          store_.write(l, h, p, k.data(), k.data());
+          continue;
+        }
         const f16* ok = other.key(l, h, p);
         const f16* ov = other.value(l, h, p);
         for (int i = 0; i < g_.head_dim; ++i) k[i] = fp16_to_float(ok[i]), v[i] = fp16_to_float(ov[i]);
         store_.write(l, h, p, k.data(), v.data());
       }
+  store_.retire_before(other.store_.retired_at());
 }
 
 bool ExactKvCache::share_prefix(const kvcache::KvCache& donor, std::int64_t n) {

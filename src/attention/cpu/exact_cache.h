@@ -14,17 +14,20 @@
 
 namespace witcert::attention {
 
-// The store settings of an exact cache: fp16 on both sides, no backing tier (the rows are exact).
-kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size = 16, std::int64_t pages = 0);
+// The store settings of an exact cache: fp16 on both sides, no backing tier (the rows are exact);
+// `windows` as kvcache::CacheConfig::windows.
+kvcache::CacheConfig exact_config(const kvcache::KvGeometry& g, int page_size = 16, std::int64_t pages = 0,
+                                  std::vector<std::int64_t> windows = {});
 
 // One sequence's exact cache: over a pool of its own, or over an fp16 pool it shares with other
 // sequences (destroying or clearing it returns its pages).
 class ExactKvCache final : public kvcache::KvCache {
  public:
-  explicit ExactKvCache(const kvcache::KvGeometry& g, int page_size = 16);
+  explicit ExactKvCache(const kvcache::KvGeometry& g, int page_size = 16, std::vector<std::int64_t> windows = {});
   // A new sequence over a shared pool (not null) whose formats are fp16 on both sides.
   explicit ExactKvCache(std::shared_ptr<kvcache::KvPool> pool);
-  // A copy of the positions written so far, with a pool of its own (a prefilled prompt reused).
+  // A copy of the positions written so far, with a pool of its own (a prefilled prompt reused), and
+  // the same positions retired.
   ExactKvCache(const ExactKvCache& other);
   ExactKvCache& operator=(const ExactKvCache&) = delete;
 
@@ -38,6 +41,7 @@ class ExactKvCache final : public kvcache::KvCache {
                      std::int64_t n, std::int64_t window, float* out, std::int64_t out_stride) override;
   void clear() override { store_.clear(); }
   void set_prompt_length(std::int64_t n) override { store_.set_prompt_length(n); }
+  void retire_before(std::int64_t pos) override { store_.retire_before(pos); }
   // Shares whole pages of an exact cache over the same pool (n a multiple of the page size).
   bool share_prefix(const kvcache::KvCache& donor, std::int64_t n) override;
 
