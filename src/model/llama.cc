@@ -84,10 +84,11 @@ void add_bias(float* x, const std::vector<float>& b) {
   for (std::size_t i = 0; i < b.size(); ++i) x[i] += b[i];
 }
 
-// gelu(x) with the tanh approximation, as GGML's gelu: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// gelu(x) with the tanh approximation, as GGML's gelu: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))),
+// in float as GGML computes it (a double tanh took 8 % of a Gemma prefill).
 float gelu_tanh(float x) {
-  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * static_cast<double>(x) * x * x));
-  return static_cast<float>(0.5 * x * (1.0 + t));
+  const float t = std::tanh(0.7978845608f * x * (1.0f + 0.044715f * x * x));
+  return 0.5f * x * (1.0f + t);
 }
 
 // The blocks whose tensors the file holds: the distinct N of its "blk.N.*" tensor names.

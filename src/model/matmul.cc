@@ -268,28 +268,34 @@ HWY_INLINE void MultiplyTile(const std::uint8_t* const* rows, const float* const
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t t = 0; t < T; ++t) acc[i][t] = hn::Zero(df);
   for (std::size_t g = 0; g < groups; ++g) {
+    VF w[R][kVecs];
     for (std::size_t i = 0; i < R; ++i) {
-      VF w[kVecs];
       hwy::Prefetch(rows[i] + ahead + g * Dec::kBytes);
-      Dec::Decode(rows[i], g, w);
-      for (std::size_t t = 0; t < T; ++t)
-        for (std::size_t k = 0; k < kVecs; ++k)
-          acc[i][t] = hn::MulAdd(w[k], hn::LoadU(df, xs[t] + g * kGroup + k * kLanes), acc[i][t]);
+      Dec::Decode(rows[i], g, w[i]);
     }
+    // Each token's vector is loaded once for all R rows.
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t k = 0; k < kVecs; ++k) {
+        const VF x = hn::LoadU(df, xs[t] + g * kGroup + k * kLanes);
+        for (std::size_t i = 0; i < R; ++i) acc[i][t] = hn::MulAdd(w[i][k], x, acc[i][t]);
+      }
   }
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t t = 0; t < T; ++t) out[i * T + t] = hn::GetLane(hn::SumOfLanes(df, acc[i][t]));
 }
 
-// Tile shapes (rows × tokens). Several tokens share each decoded block (prefill): 4 × 4 where
-// there are 32 vector registers, 2 × 4 on x86 before AVX-512 (16 registers; 4 × 4 spills). A
-// single token spreads over four rows so the accumulators form independent chains (decode).
+// Tile shapes (rows × tokens). Several tokens share each decoded block (prefill, batched decode):
+// 2 × 8 while 8 tokens remain, then 4 × 4, where there are 32 vector registers; 1 × 8 and 2 × 4 on
+// x86 before AVX-512 (16 registers; more accumulators spill). The decode of a block, not the
+// multiply-adds, dominates a tile of 4 tokens: 8 halve its share. A single token spreads over
+// four rows so the accumulators form independent chains (decode). Every shape sums a (row, token)
+// product in the same order, so a token's result does not depend on its tile.
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_AVX3 && HWY_TARGET != HWY_AVX3_DL
-constexpr std::size_t kWideRows = 2;
+constexpr std::size_t kLongRows = 1, kWideRows = 2;
 #else
-constexpr std::size_t kWideRows = 4;
+constexpr std::size_t kLongRows = 2, kWideRows = 4;
 #endif
-constexpr std::size_t kWideTokens = 4, kNarrowRows = 4;
+constexpr std::size_t kLongTokens = 8, kWideTokens = 4, kNarrowRows = 4;
 // Rows that sweep one token tile of X before the next tile starts, so the tile stays in cache.
 constexpr std::int64_t kRowBlock = 16;
 // Weights are fetched this many rows ahead: the hardware prefetcher alone leaves a matrix that
@@ -329,7 +335,10 @@ void MultiplyRows(const Problem& p, std::int64_t begin, std::int64_t end) {
   for (std::int64_t r0 = begin; r0 < end; r0 += kRowBlock) {
     const std::int64_t r1 = std::min(end, r0 + kRowBlock);
     for (std::int64_t t0 = 0; t0 < p.tokens;) {
-      if (p.tokens - t0 >= 2) {
+      if (p.tokens - t0 >= static_cast<std::int64_t>(kLongTokens)) {
+        Pass<Dec, kLongRows, kLongTokens>(p, r0, r1, t0);
+        t0 += kLongTokens;
+      } else if (p.tokens - t0 >= 2) {
         Pass<Dec, kWideRows, kWideTokens>(p, r0, r1, t0);
         t0 += kWideTokens;
       } else {

@@ -85,10 +85,11 @@ TEST(Matmul, FastMatchesReferenceForEveryType) {
   const GgmlType types[] = {GgmlType::F32,    GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                             GgmlType::Q4_1,   GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                             GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
-  // Row counts around the 4-row and 2-row tiles and the 16-row cache block, token counts around
-  // the 4-token tile; cols from one block to 2048.
-  const Shape shapes[] = {{1, 256, 1}, {3, 512, 2}, {17, 256, 5}, {300, 256, 3}, {33, 2048, 17}, {5, 768, 4}};
-  const Shape small_block_shapes[] = {{1, 32, 1}, {7, 96, 3}, {18, 576, 6}, {2, 2048, 1}};
+  // Row counts around the 4-, 2- and 1-row tiles and the 16-row cache block, token counts around
+  // the 8- and 4-token tiles; cols from one block to 2048.
+  const Shape shapes[] = {{1, 256, 1},    {3, 512, 2}, {17, 256, 5}, {300, 256, 3},
+                          {33, 2048, 17}, {5, 768, 4}, {9, 512, 11}, {18, 256, 24}};
+  const Shape small_block_shapes[] = {{1, 32, 1}, {7, 96, 3}, {18, 576, 6}, {2, 2048, 1}, {5, 64, 9}};
   std::mt19937_64 rng(3);
   ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
   double worst = 0.0;
@@ -111,6 +112,12 @@ TEST(Matmul, FastMatchesReferenceForEveryType) {
           std::vector<float> single(fast.size());
           matmul(w, x.data(), s.tokens, single.data(), pools[0]);
           EXPECT_EQ(single, fast);
+        }
+        // Nor on the tokens beside it: each token alone gives the same bits as in the tile.
+        for (std::int64_t tok = 0; tok < s.tokens; ++tok) {
+          std::vector<float> alone(s.rows);
+          matmul(w, &x[tok * s.cols], 1, alone.data(), pools[0]);
+          ASSERT_TRUE(std::equal(alone.begin(), alone.end(), &fast[tok * s.rows])) << "token " << tok;
         }
         const double e = worst_relative_error(w, x, s.tokens, fast, ref);
         EXPECT_LE(e, 1e-5);
