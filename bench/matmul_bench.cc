@@ -1,5 +1,5 @@
 // Weight matrix products at SmolLM2-135M's shapes: matvec (decode, 1 token) and matmul (prefill,
-// 64 tokens) for Q4_1 576×1536, 1536×576 and Q8_0 49152×576 at 1 and 2 threads, and the matvecs
+// 16 or 64 tokens) for Q4_1 576×1536, 1536×576 and Q8_0 49152×576 at 1 and 2 threads, and the matvecs
 // of one whole decode step. Reports GFLOP/s (2·rows·cols·tokens) and GB/s of weight bytes.
 //
 //   cmake --build build --target witcert_bench &&
@@ -63,7 +63,7 @@ void BM_Matmul(benchmark::State& state) {
 void matmul_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "rows", "cols", "tokens", "threads"});
   const std::int64_t q4_1 = static_cast<std::int64_t>(GgmlType::Q4_1), q8_0 = static_cast<std::int64_t>(GgmlType::Q8_0);
-  for (std::int64_t tokens : {1, 64})
+  for (std::int64_t tokens : {1, 16, 64})
     for (std::int64_t threads : {1, 2}) {
       b->Args({q4_1, 576, 1536, tokens, threads});
       b->Args({q4_1, 1536, 576, tokens, threads});
