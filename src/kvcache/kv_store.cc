@@ -57,7 +57,6 @@ KvPool::KvPool(const CacheConfig& cfg)
     for (const std::int64_t w : cfg.windows) {
       if (w < 0) throw config_error("a layer's attention window is negative");
       window_ = std::max(window_, w);
-      windowed_.push_back(w > 0);
     }
   }
   if (window_ > 0) window_pages_ = std::make_unique<PagePool>(pages_.pages(), cfg.page_size, cfg.shuffle_pages);
@@ -210,12 +209,12 @@ void KvStore::clear() { seq_.clear(); }
 
 std::uint32_t KvStore::dither_counter_slot(std::size_t st, std::int64_t pos) const {
   // A shared ξ names the page, in a counter range disjoint from slots (top bit set).
-  if (shared_dither(pos)) return page_name(st, table(st).page_of(pos)) | 0x80000000u;
+  if (shared_dither(pos)) return pool_->names_[name_index(st, table(st).page_of(pos))] | 0x80000000u;
   return slot_counter(st, pos);
 }
 
 std::uint32_t KvStore::slot_counter(std::size_t st, std::int64_t pos) const {
-  const std::uint32_t name = page_name(st, table(st).page_of(pos));
+  const std::uint32_t name = pool_->names_[name_index(st, table(st).page_of(pos))];
   return name * static_cast<std::uint32_t>(cfg().page_size) + static_cast<std::uint32_t>(pos % cfg().page_size);
 }
 
@@ -341,7 +340,7 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   PageTable& pages = table(st);
   if (pos >= pages.positions_mapped()) {
     pages.slot_for_write(pos);
-    page_name(st, pages.page_of(pos)) = static_cast<std::uint32_t>(pos / cfg().page_size);
+    pool_->names_[name_index(st, pages.page_of(pos))] = static_cast<std::uint32_t>(pos / cfg().page_size);
   }
   const int d = cfg().head_dim;
   f16* ek = exact_row(formats::KvSide::key, st, pos);
@@ -519,7 +518,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
   r.end = r.begin + P;
   const std::int64_t page = s_.table(stream_).page_of(pos);
   const std::size_t first = stream_ * s_.slots() + static_cast<std::size_t>(page) * P;
-  const std::uint32_t name = s_.page_name(stream_, page);
+  const std::uint32_t name = s_.pool_->names_[s_.name_index(stream_, page)];
   r.page_counter = name | 0x80000000u;
   r.slot_counter = name * static_cast<std::uint32_t>(P);
   r.shared_end = std::clamp(s_.shared_dither_end(), r.begin, r.end);

@@ -160,7 +160,6 @@ class KvPool {
   PagePool pages_;
   std::unique_ptr<PagePool> window_pages_;  // the windowed layers' pages; null without a window
   std::int64_t window_ = 0;                 // the largest window of a layer (0: none)
-  std::vector<char> windowed_;              // [layer]: its slots are window_pages_'s
   Side k_, v_;
   // [page], then [page] of window_pages_: the logical page its writer gave it
   std::vector<std::uint32_t> names_;
@@ -390,17 +389,15 @@ class KvStore {
  private:
   using Side = KvPool::Side;
   std::size_t stream(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * cfg().kv_heads + kv_head; }
+  // Whether stream st's layer has a window, whose slots are KvPool::window_pages_'s.
   bool windowed(std::size_t st) const {
-    return !pool_->windowed_.empty() && pool_->windowed_[st / static_cast<std::size_t>(cfg().kv_heads)];
+    return !cfg().windows.empty() && cfg().windows[st / static_cast<std::size_t>(cfg().kv_heads)] > 0;
   }
-  // The page table and page names that hold stream st's slots.
+  // The page table that holds stream st's slots, and the index in KvPool::names_ of its physical page.
   const PageTable& table(std::size_t st) const { return windowed(st) ? seq_.window_table_ : seq_.table_; }
   PageTable& table(std::size_t st) { return windowed(st) ? seq_.window_table_ : seq_.table_; }
-  std::uint32_t& page_name(std::size_t st, std::int64_t page) {
-    return pool_->names_[static_cast<std::size_t>(page + (windowed(st) ? pool_->pages() : 0))];
-  }
-  std::uint32_t page_name(std::size_t st, std::int64_t page) const {
-    return pool_->names_[static_cast<std::size_t>(page + (windowed(st) ? pool_->pages() : 0))];
+  std::size_t name_index(std::size_t st, std::int64_t page) const {
+    return static_cast<std::size_t>(page + (windowed(st) ? pool_->pages() : 0));
   }
   const CacheConfig& cfg() const { return pool_->cfg_; }
   std::size_t slots() const { return pool_->slots(); }
