@@ -23,6 +23,7 @@ kvcache::CacheConfig cache_config(const model::LlamaConfig& model, std::int64_t 
   c.outlier_pairs = opts.outliers;
   c.seed = opts.dither_seed;
   c.dither = opts.dither;
+  c.key_scales = opts.key_scales;
   c.backing = opts.backing;
   c.windows = model.windows;
   return c;

@@ -94,11 +94,11 @@ void CacheOptions::validate() const {
 
 CacheOptions CacheOptions::from_json(const nlohmann::json& j, bool external) {
   check_keys(j,
-             {"kv", "kv_v", "page_size", "outliers", "dither", "dither_seed", "delta", "bound", "tau_k", "tau_v",
+             {"kv", "kv_v", "page_size", "outliers", "dither", "key_scales", "dither_seed", "delta", "bound", "tau_k", "tau_v",
               "granularity", "check_soundness", "exact_tier"},
              "cache");
   CacheOptions o;
-  std::string kv, kv_v, dither, exact_tier;
+  std::string kv, kv_v, dither, key_scales, exact_tier;
   read_json(j, "kv", kv);
   read_json(j, "kv_v", kv_v);
   o.certified = !kv.empty();
@@ -115,6 +115,8 @@ CacheOptions CacheOptions::from_json(const nlohmann::json& j, bool external) {
   read_json(j, "page_size", o.page_size);
   read_json(j, "outliers", o.outliers);
   if (read_json(j, "dither", dither), !dither.empty()) o.dither = kvcache::parse_dither_mode(dither);
+  if (read_json(j, "key_scales", key_scales), !key_scales.empty())
+    o.key_scales = formats::parse_scale_granularity(key_scales);
   read_json(j, "dither_seed", o.dither_seed);
   o.read_policy(j);
   read_json(j, "check_soundness", o.check_soundness);

@@ -91,6 +91,8 @@ struct CacheOptions {
   int page_size = 16;
   int outliers = 4;  // m, dither-int8 keys
   kvcache::DitherMode dither = kvcache::DitherMode::shared_prompt;
+  // Dithered keys: what one scale covers (kvcache::CacheConfig::key_scales).
+  formats::ScaleGranularity key_scales = formats::ScaleGranularity::token;
   std::uint64_t dither_seed = 0x5EED;
   double delta = 1e-2;  // δ_req of Tier B
   cert::BoundShape bound = cert::BoundShape::min;
@@ -103,7 +105,7 @@ struct CacheOptions {
   // The format of one side as the reports name it: its KvFormat name, or "exact" for the plain cache.
   std::string format_name(formats::KvSide side) const;
   void validate() const;
-  // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, dither_seed, delta,
+  // Keys: certified (implied by kv), kv, kv_v, page_size, outliers, dither, key_scales, dither_seed, delta,
   // bound, tau_k (τ_K; absent or 0: no gate), tau_v, granularity, check_soundness, exact_tier
   // ("ram" or "file"). Unknown keys, wrong types and bad values throw std::invalid_argument.
   // With `external`, kv and kv_v may also name "external": the caller's own reconstructions

@@ -80,6 +80,12 @@ TEST(EngineOptions, BadJsonNamesTheSetting) {
   for (kvcache::DitherMode d : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page,
                               kvcache::DitherMode::shared_prompt, kvcache::DitherMode::none})
     EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int8"}, {"dither", kvcache::dither_mode_name(d)}}).dither, d);
+  // The keys' scale granularity: token by default, channel by name, anything else named in the error.
+  EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int4"}}).key_scales, formats::ScaleGranularity::token);
+  EXPECT_EQ(CacheOptions::from_json({{"kv", "dither-int4"}, {"key_scales", "channel"}}).key_scales,
+            formats::ScaleGranularity::channel);
+  fails(R"({"cache": {"kv": "dither-int8", "key_scales": "block"}})", "unknown scale granularity 'block' (token or channel)");
+  fails(R"({"cache": {"kv": "dither-int8", "key_scales": 1}})", "key_scales");
 }
 
 // The request-level settings have one reader (the cache options' JSON, the server's `witcert`

@@ -42,13 +42,17 @@ struct Case {
   int prompt = 1;
   kvcache::DitherMode dither = kvcache::DitherMode::per_slot;
   int outliers = 4;
+  // Keys with channel scales over blocks of 8 tokens (the prompt's last block ends with it), outlier
+  // pairs fixed at 4 tokens.
+  bool channel_scales = false;
   Policy gate;
   bool check = false;
   cert::BoundShape bound = cert::BoundShape::min;
 
   std::string name() const {
     return k + "/" + v + " page " + std::to_string(page) + " prompt " + std::to_string(prompt) + " " +
-           kvcache::dither_mode_name(dither) + " m " + std::to_string(outliers) + " gate " + std::to_string(gate.tau_k()) +
+           kvcache::dither_mode_name(dither) + (channel_scales ? " channel scales" : "") + " m " + std::to_string(outliers) +
+           " gate " + std::to_string(gate.tau_k()) +
            (check ? " checked" : "") + " " + cert::bound_shape_name(bound);
   }
 };
@@ -84,6 +88,11 @@ Served serve(const Case& c) {
   kvcache::CacheConfig cfg = kvcache::test_config(kLayers, kKvHeads, kDim, n, c.page, c.k, c.v, 7);
   cfg.dither = c.dither;
   cfg.outlier_pairs = c.outliers;
+  if (c.channel_scales) {
+    cfg.key_scales = formats::ScaleGranularity::channel;
+    cfg.scale_block = 8;
+    cfg.calibration_tokens = 4;  // so that short prompts encode too
+  }
   cfg.backing = kvcache::BackingPlace::in_ram();
   CertifiedOptions o;
   o.q_heads = kGroup * kKvHeads;
@@ -157,23 +166,26 @@ TEST(CacheClasses, PrefillAndDecodeOverEveryFormatModeOutliersPromptAndPage) {
         const bool dither = kvcache::dithered(fmt);
         for (kvcache::DitherMode mode : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_page,
                                        kvcache::DitherMode::shared_prompt})
-          for (int outliers : {0, 1, 4}) {
-            if (!dither && (mode != kvcache::DitherMode::per_slot || outliers != 4)) continue;
-            Case c(fmt, fmt, page, prompt);
-            c.dither = mode;
-            c.outliers = outliers;
-            const Served plain = serve(c);
-            expect_sound(c, plain);
-            c.check = true;
-            const Served checked = serve(c);
-            expect_sound(c, checked);
-            ASSERT_EQ(std::memcmp(plain.out.data(), checked.out.data(), plain.out.size() * sizeof(float)), 0) << c.name();
-            c.gate = Policy::from_tau_k(0.2, Granularity::block);
-            expect_sound(c, serve(c));
-            cases += 3;
-          }
+          for (int outliers : {0, 1, 4})
+            for (bool channel_scales : {false, true}) {
+              if (!dither && (mode != kvcache::DitherMode::per_slot || outliers != 4 || channel_scales)) continue;
+              if (channel_scales && (mode == kvcache::DitherMode::shared_page || outliers == 1)) continue;
+              Case c(fmt, fmt, page, prompt);
+              c.dither = mode;
+              c.outliers = outliers;
+              c.channel_scales = channel_scales;
+              const Served plain = serve(c);
+              expect_sound(c, plain);
+              c.check = true;
+              const Served checked = serve(c);
+              expect_sound(c, checked);
+              ASSERT_EQ(std::memcmp(plain.out.data(), checked.out.data(), plain.out.size() * sizeof(float)), 0) << c.name();
+              c.gate = Policy::from_tau_k(0.2, Granularity::block);
+              expect_sound(c, serve(c));
+              cases += 3;
+            }
       }
-  EXPECT_EQ(cases, (16 + 4 * 9) * 2 * 20 * 3);  // 16 schemes, 9 variants of each dithered width
+  EXPECT_EQ(cases, (16 + 4 * 13) * 2 * 20 * 3);  // 16 schemes, 9 + 4 (channel scales) variants of each dithered width
 }
 
 // A damaged value side alone triggers the joint gate: with exact keys (K meter 0) every served

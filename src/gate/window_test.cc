@@ -219,6 +219,7 @@ TEST(SlidingWindow, RetiredPagesChangeNothingServed) {
     kvcache::DitherMode mode;
     bool gated;
     Granularity gran;
+    bool channel_scales = false;  // keys with channel scales over blocks of 16 tokens
   };
   std::vector<Arm> arms;
   for (const std::string& fmt : formats::kv_format_names()) {
@@ -227,16 +228,23 @@ TEST(SlidingWindow, RetiredPagesChangeNothingServed) {
     if (kvcache::dithered(fmt))
       for (auto mode : {kvcache::DitherMode::shared_page, kvcache::DitherMode::shared_prompt, kvcache::DitherMode::none})
         arms.push_back({fmt, mode, false, Granularity::block});
+    if (kvcache::dithered(fmt))
+      for (auto mode : {kvcache::DitherMode::per_slot, kvcache::DitherMode::shared_prompt})
+        arms.push_back({fmt, mode, false, Granularity::block, true});
   }
   for (const std::string fmt : {"q4_0", "kivi-2bit", "dither-int8", "dither-int4"})
     for (Granularity gran : {Granularity::block, Granularity::head, Granularity::request})
       arms.push_back({fmt, kvcache::DitherMode::per_slot, true, gran});
+  for (Granularity gran : {Granularity::block, Granularity::head, Granularity::request})
+    arms.push_back({"dither-int6", kvcache::DitherMode::per_slot, true, gran, true});
   for (const Arm& arm : arms)
     for (int page : {1, 5, 16}) {
       SCOPED_TRACE(arm.fmt + " " + kvcache::dither_mode_name(arm.mode) + " page " + std::to_string(page) +
-                   (arm.gated ? " gated " + std::to_string(int(arm.gran)) : ""));
+                   (arm.gated ? " gated " + std::to_string(int(arm.gran)) : "") +
+                   (arm.channel_scales ? " channel scales" : ""));
       kvcache::CacheConfig keep_cfg = kvcache::test_config(2, 1, kDim, kN, page, arm.fmt, arm.fmt, 3);
       keep_cfg.dither = arm.mode;
+      if (arm.channel_scales) keep_cfg.key_scales = formats::ScaleGranularity::channel, keep_cfg.scale_block = 16;
       kvcache::CacheConfig cfg = keep_cfg;
       cfg.windows = {kW, 0};
       CertifiedOptions o;
@@ -264,7 +272,15 @@ TEST(SlidingWindow, RetiredPagesChangeNothingServed) {
         // The window's pages and the pass's, and a group scheme's block still filling.
         const formats::KvScheme* scheme = cfg.k_format.scheme(formats::KvSide::key);
         const std::int64_t T = scheme ? scheme->tokens_per_block() : 1;
-        const std::int64_t kept = std::min(window_begin(b, kW), b / T * T) / page;
+        // Channel scales: blocks [0, 16), [16, 32), [32, 40) in the prompt of 40, then [40, 56), …;
+        // a block still filling keeps its pages.
+        std::int64_t unfinished = b;
+        if (arm.channel_scales && b > 0) {
+          const std::int64_t first = b - 1 < 40 ? (b - 1) / 16 * 16 : 40 + (b - 41) / 16 * 16;
+          const std::int64_t end = b - 1 < 40 ? std::min<std::int64_t>(first + 16, 40) : first + 16;
+          unfinished = end == b ? b : first;
+        }
+        const std::int64_t kept = std::min({window_begin(b, kW), b / T * T, unfinished}) / page;
         EXPECT_EQ(retires.store().sequence().window_pages(), (b + n + page - 1) / page - kept) << "pass " << b;
       }
       const std::vector<MeterCell> a = keep_log.cells(), c = log.cells();

@@ -92,13 +92,18 @@ SequenceState::SequenceState(KvPool& pool)
     if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
       side->groups =
           ReservedArray<std::uint8_t>(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes);
+  const bool channel_scales = pool.k_.kind == FormatKind::dither && cfg.key_scales == formats::ScaleGranularity::channel;
+  if (channel_scales)
+    k_.scales = ReservedArray<f16>(streams * static_cast<std::size_t>((cfg.capacity + cfg.scale_block - 1) / cfg.scale_block + 1) *
+                                   static_cast<std::size_t>(cfg.head_dim));
   if (pool.exact_) return;
   // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
-  // dither-int8 keys before calibration, one row otherwise; whole pages, so that a page's rows
-  // follow one another.
+  // dither-int8 keys before calibration, a block of channel scales (which may start inside a
+  // page), one row otherwise; whole pages, so that a page's rows follow one another.
   std::int64_t unencoded = 1;
   for (const KvPool::Side* sd : {&pool.k_, &pool.v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
   if (pool.k_.kind == FormatKind::dither) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
+  if (channel_scales) unencoded = std::max<std::int64_t>(unencoded, cfg.scale_block + cfg.page_size - 1);
   ring_ = (unencoded + cfg.page_size - 1) / cfg.page_size * cfg.page_size;
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind != FormatKind::exact) side->ring.assign(streams * ring_ * cfg.head_dim, 0);
@@ -128,7 +133,9 @@ void SequenceState::clear() {
 
 KvStore::WriteScratch::WriteScratch(const KvPool& pool) {
   const std::size_t d = static_cast<std::size_t>(pool.cfg_.head_dim);
-  const std::size_t T = static_cast<std::size_t>(std::max(pool.k_.T, pool.v_.T));
+  std::size_t T = static_cast<std::size_t>(std::max(pool.k_.T, pool.v_.T));
+  if (pool.k_.kind == FormatKind::dither && pool.cfg_.key_scales == formats::ScaleGranularity::channel)
+    T = std::max(T, static_cast<std::size_t>(pool.cfg_.scale_block));
   x.resize(T * d);
   x_hat.resize(T * d);
   xi.resize(d);
@@ -188,7 +195,9 @@ void KvPool::init_side(Side& side, const formats::KvFormat& format, formats::KvS
       side.codes = ReservedArray<std::int8_t>(streams * slots() * d);
     else
       side.code_runs = ReservedArray<std::uint8_t>(formats::packed_code_bytes(streams * slots() * d, side.code_bits));
-    side.meta_per_token = d / kDitherGroup;
+    const bool channel_scales = key && cfg_.key_scales == formats::ScaleGranularity::channel;
+    if (channel_scales && cfg_.scale_block <= 0) throw config_error("the block of channel scales must hold a token");
+    side.meta_per_token = channel_scales ? 0 : d / kDitherGroup;  // channel scales follow the sequence
     side.meta = ReservedArray<f16>(streams * slots() * side.meta_per_token);
     if (key) side.outlier_values = ReservedArray<f16>(streams * slots() * 2 * cfg_.outlier_pairs);
     if (!key) side.norm_max = ReservedArray<float>(streams * pages_.pages());
@@ -250,6 +259,7 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   for (const Side* sd : {&pool_->k_, &pool_->v_})
     if (sd->kind == FormatKind::scheme && n % sd->T != 0) return false;
   if (pool_->k_.kind == FormatKind::dither && n < cfg().calibration_tokens) return false;
+  if (channel_scales() && n % cfg().scale_block != 0) return false;
   if (std::any_of(donor.seq_.written_.begin(), donor.seq_.written_.end(), [n](std::int64_t w) { return w < n; }))
     return false;
   if (seq_.prompt_length_ < n || donor.seq_.prompt_length_ < n) return false;
@@ -267,6 +277,11 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
     }
   seq_.outlier_mask_ = donor.seq_.outlier_mask_;
   seq_.outliers_fixed_ = donor.seq_.outliers_fixed_;
+  if (channel_scales()) {  // blocks of [0, n) lie at multiples of scale_block in both prompts
+    const std::size_t d = static_cast<std::size_t>(cfg().head_dim), used = static_cast<std::size_t>(n / cfg().scale_block);
+    for (std::size_t st = 0; st < seq_.written_.size(); ++st)
+      std::copy_n(&donor.seq_.k_.scales[st * scale_blocks() * d], used * d, &seq_.k_.scales[st * scale_blocks() * d]);
+  }
   for (const formats::KvSide which : {formats::KvSide::key, formats::KvSide::value}) {
     const Side& sd = which == formats::KvSide::key ? pool_->k_ : pool_->v_;
     if (sd.kind != FormatKind::scheme || sd.T == 1) continue;
@@ -282,13 +297,14 @@ void KvStore::retire_before(std::int64_t pos) {
   seq_.retired_at_ = std::max(seq_.retired_at_, pos);
   if (pool_->window_ == 0) return;
   // Rows still to be encoded stay too: a group scheme's unfilled block, dither keys before their
-  // outlier pairs are fixed (both read the exact rows of every position they cover).
+  // outlier pairs are fixed or their block of channel scales is complete (each reads the exact
+  // rows of every position it covers).
   std::int64_t keep = window_begin(pos, pool_->window_);
   for (std::size_t st = 0; st < seq_.written_.size(); ++st) {
     if (!windowed(st)) continue;
     for (const Side* sd : {&pool_->k_, &pool_->v_})
       if (sd->kind == FormatKind::scheme) keep = std::min(keep, seq_.written_[st] / sd->T * sd->T);
-    if (pool_->k_.kind == FormatKind::dither && !seq_.outliers_fixed_[st]) keep = 0;
+    if (pool_->k_.kind == FormatKind::dither) keep = std::min(keep, packed_prefix(pool_->k_, formats::KvSide::key, st));
   }
   seq_.window_table_.release_before(keep / cfg().page_size);
 }
@@ -321,9 +337,31 @@ std::int64_t KvStore::packed_prefix(const Side& side, formats::KvSide which, std
     case FormatKind::scheme:
       return seq_.written_[st] / side.T * side.T;  // whole blocks only
     case FormatKind::dither:
-      return which == formats::KvSide::value || seq_.outliers_fixed_[st] ? seq_.written_[st] : 0;
+      if (which == formats::KvSide::value) return seq_.written_[st];
+      return seq_.outliers_fixed_[st] ? keys_encodable_end(st) : 0;
   }
   return 0;
+}
+
+std::int64_t KvStore::scale_block_index(std::int64_t pos) const {
+  const std::int64_t T = cfg().scale_block, p = seq_.prompt_length_;
+  return pos < p ? pos / T : (p + T - 1) / T + (pos - p) / T;
+}
+
+std::int64_t KvStore::scale_block_begin(std::int64_t pos) const {
+  const std::int64_t T = cfg().scale_block, p = seq_.prompt_length_;
+  return pos < p ? pos / T * T : p + (pos - p) / T * T;
+}
+
+std::int64_t KvStore::scale_block_end(std::int64_t pos) const {
+  const std::int64_t T = cfg().scale_block, p = seq_.prompt_length_;
+  return pos < p ? std::min(pos / T * T + T, p) : scale_block_begin(pos) + T;
+}
+
+std::int64_t KvStore::keys_encodable_end(std::size_t st) const {
+  const std::int64_t w = seq_.written_[st];
+  if (!channel_scales() || w == 0) return w;
+  return scale_block_end(w - 1) == w ? w : scale_block_begin(w - 1);
 }
 
 void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, const float* v) {
@@ -352,7 +390,9 @@ void KvStore::write(int layer, int kv_head, std::int64_t pos, const float* k, co
   seq_.written_[st] = pos + 1;
 
   if (pool_->k_.kind == FormatKind::dither && !seq_.outliers_fixed_[st]) {
-    if (pos + 1 >= cfg().calibration_tokens) fix_outliers(st);  // encodes [0, pos]
+    if (pos + 1 >= cfg().calibration_tokens) fix_outliers(st);  // encodes what it can of [0, pos]
+  } else if (channel_scales()) {
+    if (pos + 1 == scale_block_end(pos)) encode_key_block(st, scale_block_begin(pos), pos + 1);
   } else if (pool_->k_.kind == FormatKind::scheme && pool_->k_.T > 1) {
     if ((pos + 1) % pool_->k_.T == 0) encode_group(pool_->k_, formats::KvSide::key, st, pos / pool_->k_.T);
   } else if (pool_->k_.kind != FormatKind::exact) {
@@ -386,7 +426,38 @@ void KvStore::fix_outliers(std::size_t st) {
     mask[p.lo] = mask[p.hi] = 1;
   }
   seq_.outliers_fixed_[st] = 1;
+  if (channel_scales()) {
+    for (std::int64_t begin = 0; begin < keys_encodable_end(st); begin = scale_block_end(begin))
+      encode_key_block(st, begin, scale_block_end(begin));
+    return;
+  }
   for (std::int64_t pos = 0; pos < seq_.written_[st]; ++pos) encode_token(pool_->k_, formats::KvSide::key, st, pos);
+}
+
+void KvStore::encode_key_block(std::size_t st, std::int64_t begin, std::int64_t end) {
+  Side& side = pool_->k_;
+  const int d = cfg().head_dim, n = static_cast<int>(end - begin);
+  const std::span<float> x(scratch_.x.data(), static_cast<std::size_t>(n) * d);
+  for (int t = 0; t < n; ++t) {
+    const f16* exact = exact_row(formats::KvSide::key, st, begin + t);
+    for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
+  }
+  const std::span<const std::uint8_t> mask(&seq_.outlier_mask_[st * d], d);
+  const std::span<f16> scales(&seq_.k_.scales[key_scales_index(st, begin)], d);
+  formats::dither_channel_scales(side.code_bits, x, n, mask, scales);
+  const std::span<float> xi(scratch_.xi.data(), d);
+  const std::span<std::int8_t> codes(scratch_.codes.data(), d);
+  const std::size_t n_out = 2 * static_cast<std::size_t>(cfg().outlier_pairs);
+  const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
+                                     static_cast<std::uint32_t>(st % cfg().kv_heads)};
+  for (int t = 0; t < n; ++t) {
+    const std::size_t at = st * slots() + static_cast<std::size_t>(table(st).slot(begin + t));
+    std::fill(xi.begin(), xi.end(), 0.0f);
+    if (key_dither()) formats::dither_values(stream, dither_counter_slot(st, begin + t), xi);
+    formats::encode_dither_scaled(std::span<const float>(&x[t * d], d), xi, mask, scales, 1, codes,
+                                  std::span<f16>(n_out ? &side.outlier_values[at * n_out] : nullptr, n_out));
+    for (int c = 0; c < d; ++c) set_code(side, key_code(at, c), codes[c]);
+  }
 }
 
 void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, std::int64_t pos) {
@@ -465,7 +536,7 @@ double KvStore::bytes_per_token_head(formats::KvSide side) const {
   const double tokens = static_cast<double>(cfg().layers) * cfg().kv_heads * static_cast<double>(slots());
   if (s.kind == FormatKind::exact && pool_->exact_) return static_cast<double>(pool_->exact_->bytes()) / 2 / tokens;
   // The sequence's group blocks count; its ring is a fixed staging buffer per stream, not a cost per token.
-  double b = static_cast<double>(s.bytes() + seq_side(side).groups.size());
+  double b = static_cast<double>(s.bytes() + seq_side(side).groups.size() + seq_side(side).scales.size() * sizeof(f16));
   if (side == formats::KvSide::key && s.kind == FormatKind::dither) b += seq_.outlier_mask_.size();
   return b / tokens;
 }
@@ -528,7 +599,7 @@ KvStore::Reader::RawPage KvStore::Reader::raw_page(std::int64_t pos) const {
     v.packed_end = repaired ? r.begin : std::clamp(s_.packed_prefix(sd, which, stream_), r.begin, r.end);
     v.exact = exact;
     if (sd.kind == FormatKind::scheme && sd.T == 1) v.packed = &sd.packed[first * sd.block_bytes];
-    if (sd.kind != FormatKind::exact) v.meta = &sd.meta[first * sd.meta_per_token];
+    if (sd.kind != FormatKind::exact && sd.meta_per_token > 0) v.meta = &sd.meta[first * sd.meta_per_token];
     if (sd.kind == FormatKind::dither && sd.code_bits == 8) v.codes = &sd.codes[first * d];
     if (sd.kind == FormatKind::dither && sd.code_bits < 8) {
       v.code_run = &sd.code_runs[formats::packed_code_bytes(first * d, sd.code_bits)];
@@ -598,13 +669,14 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   codes_.resize(d);
   for (int c = 0; c < d; ++c) codes_[c] = code(sd, s_.key_code(at, c));
-  formats::decode_dither(codes_,
-                            std::span<const f16>(&sd.meta[at * sd.meta_per_token], sd.meta_per_token), xi_,
-                            std::span<const std::uint8_t>(outlier_mask(), d),
-                            std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), kDitherGroup,
-                            std::span<float>(k_hat, d));
-  bound = rounded ? KeyBound{KeyBound::rounded, nullptr, &sd.meta[at * sd.meta_per_token], false}
-                  : KeyBound{KeyBound::tier_b, nullptr, &sd.meta[at * sd.meta_per_token], s_.shared_dither(pos)};
+  const bool channel = s_.channel_scales();
+  const int group = channel ? 1 : kDitherGroup;
+  const f16* scales = channel ? &s_.seq_.k_.scales[s_.key_scales_index(stream_, pos)] : &sd.meta[at * sd.meta_per_token];
+  formats::decode_dither(codes_, std::span<const f16>(scales, d / group), xi_, std::span<const std::uint8_t>(outlier_mask(), d),
+                         std::span<const f16>(n_out ? &sd.outlier_values[at * n_out] : nullptr, n_out), group,
+                         std::span<float>(k_hat, d));
+  bound = rounded ? KeyBound{KeyBound::rounded, nullptr, scales, false, group}
+                  : KeyBound{KeyBound::tier_b, nullptr, scales, s_.shared_dither(pos), group};
 }
 
 void KvStore::Reader::value(std::int64_t pos, float* v_hat, double& rho) {

@@ -7,7 +7,8 @@
 //   <scheme>         any black-box scheme of formats/schemes.h. Keys carry the Tier-A witness:
 //                    B band norms of the residual, fp16 rounded up (paper §4.1). Values carry
 //                    ρ_t = ‖v̂_t − v_t‖, fp16 rounded up, for the value-side term.
-//   dither-int8      Tier B (§4.2): int8 codes + one fp16 scale per token × 32 channels; keys
+//   dither-int8      Tier B (§4.2): int8 codes + one fp16 scale per token × 32 channels (keys may
+//                    instead take one per channel × block of tokens, CacheConfig::key_scales); keys
 //                    also keep m fixed outlier RoPE pairs per (layer, KV head) in fp16, excluded
 //                    from the amax. The key dither is regenerated from Philox at read time from
 //                    the token's page name and offset (or the page name alone,
@@ -15,9 +16,9 @@
 //                    dither: their bound ρ_t ≤ ‖s/2‖ is deterministic. Each page of values also
 //                    keeps max_t (‖v̂_t‖ + ρ_t) over its tokens, a float rounded up, for the
 //                    value-side term (4 bytes a page: 0.25 a token at page size 16).
-// Tokens whose group-scheme block has not filled, and dither-int8 keys written before the
-// outlier pairs are fixed (the first calibration_tokens positions), are served from the exact
-// tier with a zero bound.
+// Tokens whose group-scheme block has not filled, dither-int8 keys written before the outlier
+// pairs are fixed (the first calibration_tokens positions), and keys whose block of channel
+// scales has not filled are served from the exact tier with a zero bound.
 #pragma once
 
 #include <atomic>
@@ -68,6 +69,12 @@ struct CacheConfig {
   formats::KvFormat v_format;
   int outlier_pairs = 4;        // m (dither-int8 keys)
   int calibration_tokens = 16;  // dither-int8 keys stay exact until the outlier pairs are fixed
+  // What a dithered key's scale covers. With `channel`, a channel over a block of scale_block
+  // tokens: blocks start at multiples of scale_block inside the prompt, the prompt's last block
+  // ends with it, and later blocks follow the prompt; a block's keys are encoded when it is
+  // complete, so the whole prompt is encoded once it is written.
+  formats::ScaleGranularity key_scales = formats::ScaleGranularity::token;
+  int scale_block = formats::kChannelBlock;
   int bands = cert::kDefaultBands;
   cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
   std::uint64_t seed = 0x5EED;
@@ -95,10 +102,11 @@ struct KeyBound {
   // rounded: dither-int8 keys without dither (DitherMode::none), c_t from the scales alone.
   enum Kind { exact, tier_a, tier_b, rounded } kind = exact;
   const f16* witness = nullptr;  // B band norms (tier_a)
-  const f16* scales = nullptr;   // head_dim / 32 group scales (tier_b, rounded)
+  const f16* scales = nullptr;   // head_dim / scale_group scales (tier_b, rounded)
   // tier_b with the page's shared ξ: the fast kernel's float tiles, whose c_t the meter takes
   // through its moments (cert::MeterStats::add_moment); the reference does the same.
   bool shared_dither = false;
+  int scale_group = formats::kDefaultGroup;  // channels per scale: 32, or 1 with channel scales
 };
 
 // The bytes a pool of pages holds for every sequence it serves, indexed by slot: every format's
@@ -186,10 +194,12 @@ class SequenceState {
   struct Side {
     // Group schemes: [stream][group][block_bytes], committed as the sequence's blocks are written.
     ReservedArray<std::uint8_t> groups;
+    // Dithered keys with channel scales: [stream][block][head_dim], committed as blocks are encoded.
+    ReservedArray<f16> scales;
     // A packed side without the exact tier: the rows it has not encoded yet,
     // [stream][ring][head_dim], position pos in row pos % ring.
     std::vector<f16> ring;
-    std::size_t bytes() const { return groups.size() + ring.size() * sizeof(f16); }
+    std::size_t bytes() const { return groups.size() + scales.size() * sizeof(f16) + ring.size() * sizeof(f16); }
   };
 
   PageTable table_;         // the layers without a window
@@ -413,6 +423,24 @@ class KvStore {
   const SequenceState::Side& seq_side(formats::KvSide which) const {
     return which == formats::KvSide::key ? seq_.k_ : seq_.v_;
   }
+  // Dithered keys with channel scales (CacheConfig::key_scales): the block of scales that holds
+  // pos, its first position and its end, and the most blocks a sequence has.
+  bool channel_scales() const {
+    return pool_->k_.kind == FormatKind::dither && cfg().key_scales == formats::ScaleGranularity::channel;
+  }
+  std::int64_t scale_block_index(std::int64_t pos) const;
+  std::int64_t scale_block_begin(std::int64_t pos) const;
+  std::int64_t scale_block_end(std::int64_t pos) const;
+  std::size_t scale_blocks() const {
+    return static_cast<std::size_t>((cfg().capacity + cfg().scale_block - 1) / cfg().scale_block + 1);
+  }
+  std::size_t key_scales_index(std::size_t st, std::int64_t pos) const {
+    return (st * scale_blocks() + static_cast<std::size_t>(scale_block_index(pos))) * static_cast<std::size_t>(cfg().head_dim);
+  }
+  // Positions [0, end) of stream st whose keys are encoded once the outlier pairs are fixed: with
+  // channel scales the complete blocks, every written position otherwise.
+  std::int64_t keys_encodable_end(std::size_t st) const;
+  void encode_key_block(std::size_t st, std::int64_t begin, std::int64_t end);
   std::size_t group_blocks(const Side& side) const { return static_cast<std::size_t>((cfg().capacity + side.T - 1) / side.T); }
   // The exact fp16 row of pos (written before anything reads it): the tier's, the side's own fp16
   // rows or its ring of unencoded rows. A page's rows follow the row of its first position.

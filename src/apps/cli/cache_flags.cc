@@ -34,6 +34,7 @@ engine::CacheOptions cache_options(const CacheFlags& f, const std::string& kv, c
   o.page_size = f.page_size;
   o.outliers = f.outliers;
   o.dither = f.shared_page_dither ? kvcache::DitherMode::shared_page : kvcache::parse_dither_mode(f.dither);
+  o.key_scales = formats::parse_scale_granularity(f.key_scales);
   o.dither_seed = f.dither_seed;
   o.delta = f.delta;
   o.bound = cert::parse_bound_shape(f.bound);

@@ -316,6 +316,8 @@ TEST(Cli, ChoicesAreListed) {
   expect_usage_error(kRun + "--kv q4_0 --exact-tier disk", "--exact-tier must be one of ram, file");
   expect_usage_error(kGen + "--kv dither-int8 --dither sideways", "--dither: unknown dither mode 'sideways'");
   expect_usage_error(kRun + "--kv dither-int8 --dither sideways", "--dither: unknown dither mode 'sideways'");
+  expect_usage_error(kGen + "--kv dither-int8 --key-scales block", "--key-scales must be one of token, channel");
+  expect_usage_error(kRun + "--kv dither-int4 --key-scales block", "--key-scales must be one of token, channel");
 }
 
 TEST(Cli, FlagsThatWouldBeIgnoredAreErrors) {
@@ -324,17 +326,19 @@ TEST(Cli, FlagsThatWouldBeIgnoredAreErrors) {
                            "--exact-tier ram", "--bound tanh", "--tau-v 0.1", "--coverage-tau 0.5", "--tau-k 0.2",
                            "--gate 0.2", "--tau 0.2", "--check-soundness", "--dither per-slot", "--shared-page-dither",
                            "--dither-seed 3", "--outliers 2", "--page-size 32", "--meter-json /tmp/x.jsonl",
-                           "--delta 0.1"}) {
+                           "--delta 0.1", "--key-scales channel"}) {
     const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
     expect_usage_error(kGen + flag, (name == "--tau" || name == "--gate" ? "--tau-k" : name) + " needs --kv");
   }
   // The dither flags shape dither-int8 keys only.
-  for (const char* flag : {"--outliers 2", "--dither per-slot", "--shared-page-dither", "--dither-seed 3"}) {
+  for (const char* flag :
+       {"--outliers 2", "--dither per-slot", "--shared-page-dither", "--dither-seed 3", "--key-scales channel"}) {
     const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
     expect_usage_error(kGen + "--kv q4_0 " + flag, name + " applies to dithered keys (dither-int4/5/6/8) only");
   }
   expect_usage_error(kGen + "--kv q4_0 --kv-v dither-int8 --outliers 2", "--outliers applies to dithered keys (dither-int4/5/6/8) only");
   expect_usage_error(kRun + "--kv q4_0 --dither per-slot", "--dither applies to dithered keys (dither-int4/5/6/8) only; --kv");
+  expect_usage_error(kRun + "--kv q4_0 --key-scales channel", "--key-scales applies to dithered keys (dither-int4/5/6/8) only");
   expect_usage_error(kRun + "--scheme-sweep q4_0,q8_0 --dither per-slot",
                      "--dither applies to dithered keys (dither-int4/5/6/8) only; --scheme-sweep");
   // --scheme-sweep replaces --kv, and --shared-page-dither is a spelling of --dither.
@@ -767,6 +771,16 @@ TEST(CliEngine, DitherSeedAndModeNameTheDitherStream) {
   EXPECT_FALSE(a == meters("--dither-seed 11 --dither per-slot"));
   EXPECT_TRUE(a == meters("--dither-seed 11 --dither shared-prompt"));
   EXPECT_FALSE(meters("--dither-seed 11 --dither shared-page") == meters("--dither-seed 11 --dither per-slot"));
+  // Channel scales: the prompt's keys are encoded at its end on other scales, so the meters
+  // change; every cell is checked against the exact tier.
+  const std::vector<std::string> channel = meters("--dither-seed 11 --key-scales channel");
+  EXPECT_TRUE(channel == meters("--dither-seed 11 --key-scales channel"));
+  EXPECT_FALSE(channel == a);
+  const Result checked = run("generate --model " + kModel + " --chat --prompt 'Name three rivers.' --n 4 --kv dither-int4 " +
+                             "--key-scales channel --check-soundness");
+  EXPECT_EQ(checked.exit_code, 0) << checked.out;
+  EXPECT_NE(checked.out.find("cells checked against the true TV from the exact tier: 0 violations"), std::string::npos)
+      << checked.out;
   const Result bad = run("generate --model " + kModel + " --prompt 'hi' --n 1 --kv dither-int8 --dither sideways");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("unknown dither mode"), std::string::npos) << bad.out;

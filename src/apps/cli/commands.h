@@ -47,6 +47,7 @@ struct CacheFlags {
   std::string bound = "min";   // the meter's bound shape
   bool shared_page_dither = false;
   std::string dither = "shared-prompt";  // kvcache::parse_dither_mode
+  std::string key_scales = "token";      // formats::parse_scale_granularity
   std::uint64_t dither_seed = 0x5EED;  // the Philox key of the key dither (CacheConfig::seed)
   bool check_soundness = false;
   std::string backing_file;  // "" keeps the exact tier in a private temporary file (or RAM)

@@ -227,7 +227,16 @@ void resolve_coverage_tau(witcert::apps::CacheFlags& c, const CLI::Option* cover
                                                  given(coverage_tau) ? std::optional(c.coverage_tau) : std::nullopt);
 }
 
-// --outliers and --dither shape dithered keys only: an error when no K format is dither-int4/5/6/8.
+// --key-scales: what one scale of dithered keys covers (formats::ScaleGranularity).
+CLI::Option* add_key_scales_option(CLI::App* cmd, witcert::apps::CacheFlags& c) {
+  return cmd->add_option("--key-scales", c.key_scales,
+                         "dithered keys: token (default; one scale per token and 32 channels) or channel (one per "
+                         "channel and 256-token block, as in the paper's Tables 1 and 4; scalar path, docs/tier-b.md)")
+      ->check(choice("--key-scales", {"token", "channel"}));
+}
+
+// --outliers, --dither and --key-scales shape dithered keys only: an error when no K format is
+// dither-int4/5/6/8.
 void check_dither_flags(const std::vector<const CLI::Option*>& dither_opts, const std::vector<std::string>& k_formats,
                         const std::string& formats_flag) {
   for (const std::string& f : k_formats)
@@ -330,6 +339,7 @@ int main(int argc, char** argv) {
   auto* gen_shared_page = generate->add_flag("--shared-page-dither", gen.cache.shared_page_dither,
                                              "the same as --dither shared-page")
                               ->excludes(gen_dither);
+  auto* gen_key_scales = add_key_scales_option(generate, gen.cache);
   auto* gen_dither_seed = generate->add_option("--dither-seed", gen.cache.dither_seed,
                                                "dithered keys and values: seed of the dither's Philox streams")
                               ->transform(seed("--dither-seed"));
@@ -371,6 +381,7 @@ int main(int argc, char** argv) {
   auto* run_dither = runc->add_option(
       "--dither", ra.cache.dither, "dithered keys: per-slot, shared-page, shared-prompt (default; docs/dither-cost.md) or none (RTN keys, deterministic bound, scalar path); per-slot also gives dithered values their own dither and Tier B (docs/tier-b.md)")
                          ->check(dither_mode("--dither"));
+  auto* run_key_scales = add_key_scales_option(runc, ra.cache);
   runc->add_option("--threads", ra.threads, "worker threads")->transform(whole_in("--threads", 1, 256));
 
   std::string demo_model, demo_report = "out/demo";
@@ -467,11 +478,12 @@ int main(int argc, char** argv) {
         for (const CLI::Option* opt :
              {gen_kv_v, gen_tier.backing_file, gen_tier.overwrite, gen_tier.keep, gen_tier.exact_tier,
               generate->get_option("--bound"), generate->get_option("--tau-v"), generate->get_option("--coverage-tau"),
-              gen_gate, gen_check, gen_dither, gen_shared_page, gen_dither_seed, gen_outliers, gen_page_size,
+              gen_gate, gen_check, gen_dither, gen_shared_page, gen_key_scales, gen_dither_seed, gen_outliers, gen_page_size,
               gen_meter_json, gen_delta})
           if (given(opt))
             throw UsageError(opt->get_name() + " needs --kv: without it generate keeps a plain exact cache");
-      check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_dither_seed}, {gen.cache.kv}, "--kv");
+      check_dither_flags({gen_outliers, gen_dither, gen_shared_page, gen_key_scales, gen_dither_seed}, {gen.cache.kv},
+                         "--kv");
       check_tier(gen_tier, gen.cache.exact_tier);
       if (given(gen_granularity) && !given(gen_gate)) throw UsageError("--granularity applies to a gate; give --tau-k");
       resolve_coverage_tau(gen.cache, generate->get_option("--coverage-tau"));
@@ -483,7 +495,7 @@ int main(int argc, char** argv) {
     if (*serve && serve->count("--api-key") > 0 && sa.api_key.find_first_not_of(" \t") == std::string::npos)
       throw UsageError("--api-key is empty: give a key, or leave the flag out to serve without one");
     if (*runc) {
-      check_dither_flags({run_dither}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
+      check_dither_flags({run_dither, run_key_scales}, given(run_sweep) ? witcert::apps::split_list(ra.scheme_sweep) : std::vector{ra.cache.kv},
                          given(run_sweep) ? "--scheme-sweep" : "--kv");
       check_tier(run_tier, ra.cache.exact_tier);
       if (given(run_granularity) && !given(run_gate)) throw UsageError("--granularity applies to a gate; give --tau-k");

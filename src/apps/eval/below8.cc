@@ -1,6 +1,8 @@
 // Below 8 bits (`witcert eval below8`): the capacity–coverage curve of the dithered formats. For
-// B ∈ {4, 5, 6, 8} bits, outlier budgets m ∈ {0, 4} and keys alone (fp16 values) or keys and
-// values dithered: the bytes per token measured from the pool, the capacity against fp16, the
+// B ∈ {4, 5, 6, 8} bits, outlier budgets m ∈ {0, 4} and keys alone (fp16 values, the keys' scales
+// per token or per channel and 256-token block) or keys and values dithered (each value with its
+// own dither and the values' Tier-B bound): the bytes per token measured from the pool, the
+// capacity against fp16, the
 // joint coverage at τ_K 0.2 / τ_V 0.05 on prose and code, the raw score's quantiles, a gate's
 // page-in, teacher-forced KL against fp16 raw and gated, needle accuracy, and every cell checked
 // against the exact tier. Like dither-int8, the certificate is stated for non-adaptive queries
@@ -23,12 +25,18 @@ namespace {
 
 struct Arm {
   int bits, m;
-  bool values;  // the values dithered too (else fp16)
-  std::string key() const { return fmt::format("int{}-m{}-{}", bits, m, values ? "KV" : "K"); }
+  bool values;  // the values dithered too, per slot (else fp16 values and the default dither mode)
+  formats::ScaleGranularity scales = formats::ScaleGranularity::token;
+  std::string key() const {
+    return fmt::format("int{}-m{}-{}{}", bits, m, values ? "KV-per-slot" : "K",
+                       scales == formats::ScaleGranularity::channel ? "-channel" : "");
+  }
   std::string kv() const { return fmt::format("dither-int{}", bits); }
   engine::CacheOptions cache(bool gated) const {
-    engine::CacheOptions c =
-        engine::CacheOptions::from_json({{"kv", kv()}, {"kv_v", values ? kv() : "fp16"}, {"outliers", m}});
+    nlohmann::json j = {{"kv", kv()}, {"kv_v", values ? kv() : "fp16"}, {"outliers", m},
+                        {"key_scales", formats::scale_granularity_name(scales)}};
+    if (values) j["dither"] = "per-slot";  // the values' own dither, which their Tier-B bound needs
+    engine::CacheOptions c = engine::CacheOptions::from_json(j);
     c.check_soundness = true;
     if (gated) c.gate = gate::Policy::from_tau_k(kTauK, gate::Granularity::block, kTauV);
     return c;
@@ -87,7 +95,10 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
   std::vector<Arm> arms;
   for (int bits : formats::kDitherBits)
     for (int budget : {0, 4})
-      for (bool values : {false, true}) arms.push_back({bits, budget, values});
+      for (bool values : {false, true}) {
+        arms.push_back({bits, budget, values});
+        if (!values) arms.push_back({bits, budget, false, formats::ScaleGranularity::channel});
+      }
   const std::map<std::string, std::vector<std::string>> texts = {
       {"prose", domain_prompts(m, o, "prose", count, tokens, 83)}, {"code", domain_prompts(m, o, "code", count, tokens, 89)}};
   const std::vector<NeedlePrompt> needles = needle_prompts(m, needle_count, o.quick ? 64 : 128, o.quick ? 96 : 320, 97);
@@ -116,7 +127,8 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
       continue;
     }
     prepare();
-    json rec = {{"bits", arm.bits}, {"m", arm.m}, {"values", arm.values}};
+    json rec = {{"bits", arm.bits}, {"m", arm.m}, {"values", arm.values},
+                {"key_scales", formats::scale_granularity_name(arm.scales)}};
     for (const auto& [domain, list] : prompts) rec[domain] = run_domain(m, o, arm, list, refs.at(domain), n);
     rec["needle"] = run_needles(m, pool, needles, n, arm.cache(false));
     store.put(arm.key(), rec);
@@ -139,13 +151,14 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
                needle.at("cells_checked").get<std::int64_t>();
     const double bytes = prose.at("kv_bytes_per_token").get<double>();
     const double capacity = fp16_bytes / bytes;
-    if (arm.m == 4 && prose.at("joint").get<double>() >= 0.9) {
+    if (arm.m == 4 && arm.scales == formats::ScaleGranularity::token && prose.at("joint").get<double>() >= 0.9) {
       std::string& smallest = arm.values ? smallest_kv : smallest_k;
       if (smallest.empty()) smallest = fmt::format("{} ({:.2f}x fp16)", arm.kv(), capacity);
     }
     rows.push_back({{"format", arm.kv()},
                     {"m", arm.m},
-                    {"values", arm.values ? arm.kv() : "fp16"},
+                    {"key scales", formats::scale_granularity_name(arm.scales)},
+                    {"values", arm.values ? arm.kv() + " per-slot" : "fp16"},
                     {"bytes/token", bytes},
                     {"capacity x fp16", capacity},
                     {"joint coverage prose", prose.at("joint")},
@@ -163,15 +176,18 @@ std::int64_t below8(const engine::Model& m, const EvalOptions& o, std::ostream& 
                     {"violations", bad}});
   }
   write_table(dir, "below8",
-              {"format", "m", "values", "bytes/token", "capacity x fp16", "joint coverage prose", "joint coverage code",
+              {"format", "m", "key scales", "values", "bytes/token", "capacity x fp16", "joint coverage prose", "joint coverage code",
                "V coverage prose", "raw p50 prose", "raw p99 prose", "KL/tok raw", "KL/tok gated", "gated page-ins",
                "needle accuracy", "cells checked", "violations"},
               rows,
               fmt::format("Dithered formats below 8 bits: {} prose and {} code prompts of {} tokens, {} decode steps, "
                           "{} needle prompts (fp16 answers {:.2f}); joint coverage at tau_K {} / tau_V {}, gate at the "
                           "same thresholds (block); KL teacher-forced against fp16 on prose; bytes measured from the "
-                          "pool, every layer and KV head, K and V. Smallest B with prose joint coverage >= 0.9 at m = 4: "
-                          "keys {}, keys and values {}. Certificates hold for non-adaptive queries",
+                          "pool, every layer and KV head, K and V; key scales per token (32 channels) or per channel "
+                          "(256-token blocks; a key is exact until its block is complete, the prompt's last block ending "
+                          "with it, so the decode steps' own keys are exact there). Smallest B with prose joint coverage "
+                          ">= 0.9 at m = 4 (token scales): keys {}, keys and values {}. Certificates hold for "
+                          "non-adaptive queries",
                           count, count, tokens, n, needle_count, store.get("fp16").at("needle").at("accuracy").get<double>(),
                           kTauK, kTauV, smallest_k.empty() ? "none" : smallest_k,
                           smallest_kv.empty() ? "none" : smallest_kv));

@@ -245,10 +245,15 @@ if experiment == "below8":
     labels = {ax: [] for ax in axes}
     series = 0
     for m in ("0", "4"):
-        for values in (False, True):
+        for values, scales in ((False, "token"), (True, "token"), (False, "channel")):
             pts = sorted((num(x["capacity x fp16"]), num(x["joint coverage prose"]), num(x["joint coverage code"]),
-                          x["format"]) for x in r if x["m"] == m and (x["values"] != "fp16") == values)
+                          x["format"]) for x in r
+                         if x["m"] == m and (x["values"] != "fp16") == values and x.get("key scales", "token") == scales)
+            if not pts:
+                continue
             label = f"m = {m}, " + ("keys and values dithered" if values else "keys dithered, fp16 values")
+            if scales == "channel":
+                label += ", channel scales"
             for ax, col in ((axes[0], 1), (axes[1], 2)):
                 ax.plot([p[0] for p in pts], [p[col] for p in pts], marker="o", color=COLOURS[series], label=label)
                 labels[ax] += [(p[0], p[col], p[3].replace("dither-", "")) for p in pts]
@@ -261,8 +266,8 @@ if experiment == "below8":
         ax.set_xlabel("capacity against fp16 (fp16 bytes / bytes per token, measured)")
         place_labels(ax, labels[ax])
     axes[0].set_ylabel("joint coverage at tau_K 0.2 / tau_V 0.05")
-    shared_legend(fig, axes[:1], 5)
-    save(fig, "below8", legend_below=0.1)
+    shared_legend(fig, axes[:1], 4)
+    save(fig, "below8", legend_below=0.14)
 
 if experiment == "risk-coverage":
     r = rows("curve")

@@ -228,7 +228,10 @@ nlohmann::json report_json(const std::string& prompt, const RunOutcome& fp16, co
                           {"page_in_bytes", r.page_in_bytes},
                           {"kv_bytes_per_token", r.kv_bytes_per_token},
                           {"seconds", r.seconds}};
-    if (r.config.cache.k_format.kind() == formats::FormatKind::dither) run["dither"] = kvcache::dither_mode_name(r.config.cache.dither);
+    if (r.config.cache.k_format.kind() == formats::FormatKind::dither) {
+      run["dither"] = kvcache::dither_mode_name(r.config.cache.dither);
+      run["key_scales"] = formats::scale_granularity_name(r.config.cache.key_scales);
+    }
     if (!answer.empty()) run["answer_correct"] = contains_answer(r.text, answer);
     j["runs"].push_back(run);
   }

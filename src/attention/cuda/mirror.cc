@@ -39,6 +39,8 @@ Format cuda_format(const kvcache::KvStore& store, formats::KvSide side) {
       // evaluation, not a serving format.
       if (side == formats::KvSide::key && store.config().dither == kvcache::DitherMode::none)
         throw std::invalid_argument("the CUDA kernel has no path for dither-int8 keys without dither (--dither none)");
+      if (side == formats::KvSide::key && store.config().key_scales == formats::ScaleGranularity::channel)
+        throw std::invalid_argument("the CUDA kernel has no path for dithered keys with channel scales (--key-scales channel)");
       return Format::dither_int8;
     case formats::FormatKind::scheme: break;
   }

@@ -66,9 +66,9 @@ class BoundEvaluator {
                             std::span<const f16>(bound.witness, bands_), ctx_.sm);
     if (bound.kind == kvcache::KeyBound::tier_b) {
       const double v2 = cert::dither_variance_proxy(std::span<const float>(q_ + h * d_, d_),
-                                                    std::span<const f16>(bound.scales, d_ / formats::kDefaultGroup),
+                                                    std::span<const f16>(bound.scales, d_ / bound.scale_group),
                                                     std::span<const std::uint8_t>(reader_.outlier_mask(), d_),
-                                                    formats::kDefaultGroup, ctx_.sm);
+                                                    bound.scale_group, ctx_.sm);
       return cert::subgaussian_radius(v2, ctx_.S, ctx_.delta_loc, reader_.non_outlier_channels());
     }
     if (bound.kind == kvcache::KeyBound::rounded) {
@@ -77,7 +77,7 @@ class BoundEvaluator {
       const std::uint8_t* outlier = reader_.outlier_mask();
       double sum = 0.0;
       for (int c = 0; c < d_; ++c)
-        if (!outlier[c]) sum += std::fabs(double(q_[h * d_ + c])) * fp16_to_double(bound.scales[c / formats::kDefaultGroup]);
+        if (!outlier[c]) sum += std::fabs(double(q_[h * d_ + c])) * fp16_to_double(bound.scales[c / bound.scale_group]);
       return ctx_.sm * sum * (0.5 + 0x1p-17) * cert::kRoundUpMargin;
     }
     return 0.0;

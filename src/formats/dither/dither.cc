@@ -25,14 +25,28 @@ void check_group(int d, int group) {
                                 " must divide the head dimension " + std::to_string(d));
 }
 
-// All arithmetic below is in double on fp16 inputs, fp16 scales and dither on a 2^-24 grid,
-// where x/s + ξ is exact enough that round() picks a nearest integer: |x̂ − x| ≤ s/2 holds
-// exactly, not just up to rounding (docs/tier-b.md).
+namespace {
+
+f16 scale_of(int bits, double amax, bool finite) {
+  return finite ? fp16_from_double(amax / dither_scale_divisor(bits), Round::up) : kFp16PosInf;
+}
+
+}  // namespace
+
+const char* scale_granularity_name(ScaleGranularity g) {
+  return g == ScaleGranularity::channel ? "channel" : "token";
+}
+
+ScaleGranularity parse_scale_granularity(const std::string& name) {
+  for (ScaleGranularity g : {ScaleGranularity::token, ScaleGranularity::channel})
+    if (name == scale_granularity_name(g)) return g;
+  throw std::invalid_argument("unknown scale granularity '" + name + "' (token or channel)");
+}
+
 void encode_dither(int bits, std::span<const float> x, std::span<const float> xi,
                         std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
                         std::span<f16> scales, std::span<f16> outlier_values) {
   const int d = static_cast<int>(x.size());
-  std::size_t n_out = 0;
   for (int g0 = 0; g0 < d; g0 += group) {
     double amax = 0.0;
     bool finite = true;
@@ -42,23 +56,47 @@ void encode_dither(int bits, std::span<const float> x, std::span<const float> xi
       if (!std::isfinite(v)) finite = false;
       amax = std::max(amax, std::fabs(v));
     }
-    const f16 s16 = finite ? fp16_from_double(amax / dither_scale_divisor(bits), Round::up) : kFp16PosInf;
-    const double s = fp16_to_double(s16);
-    scales[g0 / group] = s16;
-    for (int c = g0; c < g0 + group; ++c) {
-      const f16 x16 = fp16_from_double(x[c]);
-      if (outlier[c]) {
-        codes[c] = 0;
-        outlier_values[n_out++] = x16;
-        continue;
-      }
-      if (!finite || s == 0.0) {  // s = 0: the whole group is zero and reconstructs exactly
-        codes[c] = 0;
-        continue;
-      }
-      const double code = std::nearbyint(fp16_to_double(x16) / s + static_cast<double>(xi[c]));
-      codes[c] = static_cast<std::int8_t>(code);  // |code| ≤ Q because |x/s| ≤ Q − ½, |ξ| ≤ ½
+    scales[g0 / group] = scale_of(bits, amax, finite);
+  }
+  encode_dither_scaled(x, xi, outlier, scales, group, codes, outlier_values);
+}
+
+void dither_channel_scales(int bits, std::span<const float> x, int n, std::span<const std::uint8_t> outlier,
+                           std::span<f16> scales) {
+  const std::size_t d = scales.size();
+  for (std::size_t c = 0; c < d; ++c) {
+    double amax = 0.0;
+    bool finite = true;
+    for (int t = 0; t < n; ++t) {
+      const double v = fp16_to_double(fp16_from_double(x[t * d + c]));
+      if (!std::isfinite(v)) finite = false;
+      amax = std::max(amax, std::fabs(v));
     }
+    scales[c] = outlier[c] ? f16{} : scale_of(bits, amax, finite);
+  }
+}
+
+// All arithmetic below is in double on fp16 inputs, fp16 scales and dither on a 2^-24 grid,
+// where x/s + ξ is exact enough that round() picks a nearest integer: |x̂ − x| ≤ s/2 holds
+// exactly, not just up to rounding (docs/tier-b.md).
+void encode_dither_scaled(std::span<const float> x, std::span<const float> xi, std::span<const std::uint8_t> outlier,
+                          std::span<const f16> scales, int group, std::span<std::int8_t> codes,
+                          std::span<f16> outlier_values) {
+  std::size_t n_out = 0;
+  for (std::size_t c = 0; c < x.size(); ++c) {
+    const f16 x16 = fp16_from_double(x[c]);
+    if (outlier[c]) {
+      codes[c] = 0;
+      outlier_values[n_out++] = x16;
+      continue;
+    }
+    const double s = fp16_to_double(scales[c / group]);
+    if (!std::isfinite(s) || s == 0.0) {  // s = 0: every value it covers is zero and reconstructs exactly
+      codes[c] = 0;
+      continue;
+    }
+    const double code = std::nearbyint(fp16_to_double(x16) / s + static_cast<double>(xi[c]));
+    codes[c] = static_cast<std::int8_t>(code);  // |code| ≤ Q because |x/s| ≤ Q − ½, |ξ| ≤ ½
   }
 }
 

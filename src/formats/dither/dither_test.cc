@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -130,6 +132,72 @@ TEST(DitherInt8, ZeroAndNonFiniteGroups) {
   decode_dither(e.codes, e.scales, xi, mask, e.outliers, G, out);
   for (int c = 0; c < 4; ++c) EXPECT_EQ(out[c], 0.0f);
   for (int c = 4; c < 8; ++c) EXPECT_FALSE(std::isfinite(out[c]));
+}
+
+// Channel scales over a block: channel c's scale is amax over the block's tokens of |x_{t,c}|,
+// rounded up as a token group's is; outlier channels get none and a non-finite channel +inf. The
+// known answer: channel 0 holds 1 and −0.5 over two tokens, as the group of DitherInt8.KnownAnswer.
+TEST(Dither, ChannelScalesKnownAnswerZeroAndNonFinite) {
+  const int d = 4, n = 2;
+  const std::vector<float> x = {1.0f, 0.0f, 3.0f, 2.0f,   // token 0
+                                -0.5f, 0.0f, -8.0f, NAN};  // token 1
+  const std::vector<std::uint8_t> mask = {0, 0, 1, 0};
+  std::vector<f16> scales(d, 0x1234);
+  dither_channel_scales(8, x, n, mask, scales);
+  EXPECT_EQ(scales[0], 0x200D);  // fp16_up(1/126.5)
+  EXPECT_EQ(scales[1], 0);       // an all-zero channel is exact
+  EXPECT_EQ(scales[2], 0);       // an outlier channel: its values are kept in fp16, 8 is not in any amax
+  EXPECT_EQ(scales[3], kFp16PosInf) << "a NaN channel must be marked, never encoded as a number";
+  std::vector<std::int8_t> codes(d);
+  std::vector<f16> outliers(1);
+  std::vector<float> out(d);
+  const std::vector<float> xi = {-0.25f, 0.4f, 0.0f, 0.1f};
+  encode_dither_scaled(std::span<const float>(&x[d], d), xi, mask, scales, 1, codes, outliers);
+  EXPECT_EQ(codes[0], -63);  // round(−63.198… − 0.25)
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(outliers[0], fp16_from_float(-8.0f));
+  EXPECT_EQ(codes[3], 0);
+  decode_dither(codes, scales, xi, mask, outliers, 1, out);
+  EXPECT_EQ(out[2], -8.0f);
+  EXPECT_FALSE(std::isfinite(out[3]));
+  EXPECT_EQ(scale_granularity_name(parse_scale_granularity("channel")), std::string("channel"));
+  EXPECT_EQ(parse_scale_granularity("token"), ScaleGranularity::token);
+  EXPECT_THROW(parse_scale_granularity("block"), std::invalid_argument);
+}
+
+// At every width, every token of a block encoded against the block's channel scales has codes
+// within ±Q and decodes within s_c/2 of its fp16 value, for channels of very different ranges.
+TEST(Dither, ChannelScalesCoverEveryTokenOfTheBlockAtEveryWidth) {
+  const int d = 64, n = 37;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> x(static_cast<std::size_t>(n) * d), xi(d), out(d);
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < d; ++c) x[t * d + c] = g(rng) * std::ldexp(1.0f, c % 9 - 4) * (t == 17 && c == 3 ? 50.0f : 1.0f);
+  std::vector<std::uint8_t> mask(d, 0);
+  mask[10] = mask[11] = 1;
+  for (int bits : kDitherBits) {
+    std::vector<f16> scales(d);
+    dither_channel_scales(bits, x, n, mask, scales);
+    std::vector<std::int8_t> codes(d);
+    std::vector<f16> outliers(2);
+    for (int t = 0; t < n; ++t) {
+      for (float& v : xi) v = u(rng);
+      const std::span<const float> row(&x[t * d], d);
+      encode_dither_scaled(row, xi, mask, scales, 1, codes, outliers);
+      decode_dither(codes, scales, xi, mask, outliers, 1, out);
+      for (int c = 0; c < d; ++c) {
+        const double exact = fp16_to_double(fp16_from_float(row[c]));
+        if (mask[c]) {
+          EXPECT_EQ(out[c], exact);
+          continue;
+        }
+        EXPECT_LE(std::abs(codes[c]), dither_max_code(bits)) << bits << " " << t << " " << c;
+        EXPECT_LE(std::fabs(out[c] - exact), fp16_to_double(scales[c]) * (0.5 + 0x1p-17)) << bits << " " << t << " " << c;
+      }
+    }
+  }
 }
 
 TEST(DitherInt8, GroupMustDivideHeadDim) {
