@@ -67,7 +67,7 @@ def runs_for(kv_names):
     """The runs that put every --kv format, dither mode and gate granularity on an architecture: each
     format gated over the long prompt (past gemma3's window of 7) at page sizes 16 and 1, with the
     granularities in turn, and ungated over a short prompt at page size 1; each dithered width
-    in each of its other modes."""
+    in each of its other modes, and with channel scales."""
     grans = ["block", "head", "request"]
     runs = []
     for i, kv in enumerate(kv_names):
@@ -79,6 +79,10 @@ def runs_for(kv_names):
     dithered = [kv for kv in kv_names if kv.startswith("dither-int")]
     for j, (kv, mode) in enumerate((kv, m) for kv in dithered for m in ("per-slot", "shared-page", "none")):
         runs.append(["--kv", kv, "--dither", mode, "--prompt", PROMPTS[2], "--page-size", "16", "--tau-k", "0.2",
+                     "--granularity", grans[j % 3]])
+    for j, kv in enumerate(dithered):
+        runs.append(["--kv", kv, "--key-scales", "channel", "--dither", ("per-slot", "shared-prompt")[j % 2],
+                     "--prompt", PROMPTS[2], "--page-size", ("16", "1")[j % 2], "--tau-k", "0.2",
                      "--granularity", grans[j % 3]])
     return runs
 
@@ -95,6 +99,9 @@ def test_the_runs_cover_every_format_mode_and_granularity():
         assert any(f"--granularity {g}" in f for f in flat)
     for mode in ("per-slot", "shared-page", "none"):
         assert any(f"--dither {mode} " in f for f in flat)
+    for kv in names:
+        if kv.startswith("dither-int"):
+            assert any(f"--kv {kv} --key-scales channel " in f for f in flat)
 
 
 @pytest.mark.parametrize("arch", synthetic_models.ARCHS)

@@ -366,7 +366,8 @@ TEST(CApiBatch, WriteRowsIsThePerPositionWritesAndARefusalWritesNothing) {
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const char* options : {"{}", R"({"kv": "q4_0", "tau_k": 0.2})",
-                              R"({"kv": "dither-int4", "kv_v": "dither-int5", "dither": "per-slot"})"}) {
+                              R"({"kv": "dither-int4", "kv_v": "dither-int5", "dither": "per-slot"})",
+                              R"({"kv": "dither-int6", "key_scales": "channel"})"}) {
     SCOPED_TRACE(options);
     Sequence rows(g, options), single(g, options);
     const std::int64_t T = 13;
