@@ -173,7 +173,8 @@ def test_batched_witnesses_and_bounds_are_the_single_calls(layout):
 FORMATS = {"fp16": {}, "q4_0": {"kv": "q4_0"}, "dither-int8": {"kv": "dither-int8", "kv_v": "dither-int8"},
            "kivi-2bit gated": {"kv": "kivi-2bit", "tau_k": 0.2}, "dither-int4 per-slot": {
                "kv": "dither-int4", "kv_v": "dither-int4", "dither": "per-slot"},
-           "q8_0 gated head": {"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.1, "granularity": "head"}}
+           "q8_0 gated head": {"kv": "q8_0", "kv_v": "q4_0", "tau_k": 0.1, "granularity": "head"},
+           "dither-int6 channel scales gated": {"kv": "dither-int6", "key_scales": "channel", "tau_k": 0.2}}
 
 
 def exact_attention(k, v, q, begin, end):
