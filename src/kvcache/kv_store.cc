@@ -92,10 +92,8 @@ SequenceState::SequenceState(KvPool& pool)
     if (pool_side->kind == FormatKind::scheme && pool_side->T > 1)
       side->groups =
           ReservedArray<std::uint8_t>(streams * ((cfg.capacity + pool_side->T - 1) / pool_side->T) * pool_side->block_bytes);
-  const bool channel_scales = pool.k_.kind == FormatKind::dither && cfg.key_scales == formats::ScaleGranularity::channel;
-  if (channel_scales)
-    k_.scales = ReservedArray<f16>(streams * static_cast<std::size_t>((cfg.capacity + cfg.scale_block - 1) / cfg.scale_block + 1) *
-                                   static_cast<std::size_t>(cfg.head_dim));
+  if (pool.channel_scales())
+    k_.scales = ReservedArray<f16>(streams * cfg.scale_blocks() * static_cast<std::size_t>(cfg.head_dim));
   if (pool.exact_) return;
   // The ring holds a packed side's rows until they are encoded: a group scheme's unfilled block,
   // dither-int8 keys before calibration, a block of channel scales (which may start inside a
@@ -103,7 +101,7 @@ SequenceState::SequenceState(KvPool& pool)
   std::int64_t unencoded = 1;
   for (const KvPool::Side* sd : {&pool.k_, &pool.v_}) unencoded = std::max<std::int64_t>(unencoded, sd->T);
   if (pool.k_.kind == FormatKind::dither) unencoded = std::max<std::int64_t>(unencoded, cfg.calibration_tokens);
-  if (channel_scales) unencoded = std::max<std::int64_t>(unencoded, cfg.scale_block + cfg.page_size - 1);
+  if (pool.channel_scales()) unencoded = std::max<std::int64_t>(unencoded, cfg.scale_block + cfg.page_size - 1);
   ring_ = (unencoded + cfg.page_size - 1) / cfg.page_size * cfg.page_size;
   for (auto [pool_side, side] : {std::pair{&pool.k_, &k_}, std::pair{&pool.v_, &v_}})
     if (pool_side->kind != FormatKind::exact) side->ring.assign(streams * ring_ * cfg.head_dim, 0);
@@ -134,8 +132,7 @@ void SequenceState::clear() {
 KvStore::WriteScratch::WriteScratch(const KvPool& pool) {
   const std::size_t d = static_cast<std::size_t>(pool.cfg_.head_dim);
   std::size_t T = static_cast<std::size_t>(std::max(pool.k_.T, pool.v_.T));
-  if (pool.k_.kind == FormatKind::dither && pool.cfg_.key_scales == formats::ScaleGranularity::channel)
-    T = std::max(T, static_cast<std::size_t>(pool.cfg_.scale_block));
+  if (pool.channel_scales()) T = std::max(T, static_cast<std::size_t>(pool.cfg_.scale_block));
   x.resize(T * d);
   x_hat.resize(T * d);
   xi.resize(d);
@@ -280,7 +277,7 @@ bool KvStore::share_prefix(const KvStore& donor, std::int64_t n) {
   if (channel_scales()) {  // blocks of [0, n) lie at multiples of scale_block in both prompts
     const std::size_t d = static_cast<std::size_t>(cfg().head_dim), used = static_cast<std::size_t>(n / cfg().scale_block);
     for (std::size_t st = 0; st < seq_.written_.size(); ++st)
-      std::copy_n(&donor.seq_.k_.scales[st * scale_blocks() * d], used * d, &seq_.k_.scales[st * scale_blocks() * d]);
+      std::copy_n(&donor.seq_.k_.scales[key_scales_index(st, 0)], used * d, &seq_.k_.scales[key_scales_index(st, 0)]);
   }
   for (const formats::KvSide which : {formats::KvSide::key, formats::KvSide::value}) {
     const Side& sd = which == formats::KvSide::key ? pool_->k_ : pool_->v_;

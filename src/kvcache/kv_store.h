@@ -75,6 +75,8 @@ struct CacheConfig {
   // complete, so the whole prompt is encoded once it is written.
   formats::ScaleGranularity key_scales = formats::ScaleGranularity::token;
   int scale_block = formats::kChannelBlock;
+  // The most blocks of channel scales a sequence has: the prompt's last one may be short.
+  std::size_t scale_blocks() const { return static_cast<std::size_t>((capacity + scale_block - 1) / scale_block + 1); }
   int bands = cert::kDefaultBands;
   cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
   std::uint64_t seed = 0x5EED;
@@ -124,6 +126,10 @@ class KvPool {
 
   const CacheConfig& config() const { return cfg_; }
   FormatKind kind(formats::KvSide side) const { return side == formats::KvSide::key ? k_.kind : v_.kind; }
+  // Dithered keys with channel scales (CacheConfig::key_scales).
+  bool channel_scales() const {
+    return k_.kind == FormatKind::dither && cfg_.key_scales == formats::ScaleGranularity::channel;
+  }
   int code_bits(formats::KvSide side) const { return side == formats::KvSide::key ? k_.code_bits : v_.code_bits; }
   // Pages of the layers without a window (those with one take theirs from a pool of as many, which
   // never runs out first: a sequence holds no more of its pages than of these).
@@ -425,17 +431,13 @@ class KvStore {
   }
   // Dithered keys with channel scales (CacheConfig::key_scales): the block of scales that holds
   // pos, its first position and its end, and the most blocks a sequence has.
-  bool channel_scales() const {
-    return pool_->k_.kind == FormatKind::dither && cfg().key_scales == formats::ScaleGranularity::channel;
-  }
+  bool channel_scales() const { return pool_->channel_scales(); }
   std::int64_t scale_block_index(std::int64_t pos) const;
   std::int64_t scale_block_begin(std::int64_t pos) const;
   std::int64_t scale_block_end(std::int64_t pos) const;
-  std::size_t scale_blocks() const {
-    return static_cast<std::size_t>((cfg().capacity + cfg().scale_block - 1) / cfg().scale_block + 1);
-  }
   std::size_t key_scales_index(std::size_t st, std::int64_t pos) const {
-    return (st * scale_blocks() + static_cast<std::size_t>(scale_block_index(pos))) * static_cast<std::size_t>(cfg().head_dim);
+    return (st * cfg().scale_blocks() + static_cast<std::size_t>(scale_block_index(pos))) *
+           static_cast<std::size_t>(cfg().head_dim);
   }
   // Positions [0, end) of stream st whose keys are encoded once the outlier pairs are fixed: with
   // channel scales the complete blocks, every written position otherwise.
