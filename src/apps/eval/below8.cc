@@ -2,10 +2,9 @@
 // B ∈ {4, 5, 6, 8} bits, outlier budgets m ∈ {0, 4} and keys alone (fp16 values, the keys' scales
 // per token or per channel and 256-token block) or keys and values dithered (each value with its
 // own dither and the values' Tier-B bound): the bytes per token measured from the pool, the
-// capacity against fp16, the
-// joint coverage at τ_K 0.2 / τ_V 0.05 on prose and code, the raw score's quantiles, a gate's
-// page-in, teacher-forced KL against fp16 raw and gated, needle accuracy, and every cell checked
-// against the exact tier. Like dither-int8, the certificate is stated for non-adaptive queries
+// capacity against fp16, the joint coverage at τ_K 0.2 / τ_V 0.05 on prose and code, the raw
+// score's quantiles, a gate's page-in, teacher-forced KL against fp16 raw and gated, needle
+// accuracy, and every cell checked against the exact tier. Like dither-int8, the certificate is stated for non-adaptive queries
 // (docs/tier-b.md).
 #include <fmt/format.h>
 
