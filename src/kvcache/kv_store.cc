@@ -31,6 +31,11 @@ double dither_value_rho(const f16* scales, int groups) {
 
 }  // namespace
 
+bool CacheConfig::reference_keys() const {
+  return k_format.kind() == FormatKind::dither &&
+         (dither == DitherMode::none || key_scales == formats::ScaleGranularity::channel);
+}
+
 std::size_t KvPool::Side::bytes() const {
   return packed.size() + meta.size() * sizeof(f16) + codes.size() + code_runs.size() + outlier_values.size() * sizeof(f16) +
          norm_max.size() * sizeof(float) + rows.size() * sizeof(f16);
@@ -435,18 +440,14 @@ void KvStore::encode_key_block(std::size_t st, std::int64_t begin, std::int64_t 
   Side& side = pool_->k_;
   const int d = cfg().head_dim, n = static_cast<int>(end - begin);
   const std::span<float> x(scratch_.x.data(), static_cast<std::size_t>(n) * d);
-  for (int t = 0; t < n; ++t) {
-    const f16* exact = exact_row(formats::KvSide::key, st, begin + t);
-    for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
-  }
+  load_exact_rows(formats::KvSide::key, st, begin, n, x.data());
   const std::span<const std::uint8_t> mask(&seq_.outlier_mask_[st * d], d);
   const std::span<f16> scales(&seq_.k_.scales[key_scales_index(st, begin)], d);
   formats::dither_channel_scales(side.code_bits, x, n, mask, scales);
   const std::span<float> xi(scratch_.xi.data(), d);
   const std::span<std::int8_t> codes(scratch_.codes.data(), d);
   const std::size_t n_out = 2 * static_cast<std::size_t>(cfg().outlier_pairs);
-  const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
-                                     static_cast<std::uint32_t>(st % cfg().kv_heads)};
+  const formats::DitherStream stream = dither_stream(st);
   for (int t = 0; t < n; ++t) {
     const std::size_t at = st * slots() + static_cast<std::size_t>(table(st).slot(begin + t));
     std::fill(xi.begin(), xi.end(), 0.0f);
@@ -457,21 +458,27 @@ void KvStore::encode_key_block(std::size_t st, std::int64_t begin, std::int64_t 
   }
 }
 
+void KvStore::load_exact_rows(formats::KvSide which, std::size_t st, std::int64_t begin, int n, float* x) const {
+  const int d = cfg().head_dim;
+  for (int t = 0; t < n; ++t) {
+    const f16* exact = exact_row(which, st, begin + t);
+    for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
+  }
+}
+
 void KvStore::encode_token(Side& side, formats::KvSide which, std::size_t st, std::int64_t pos) {
   const int d = cfg().head_dim;
   const bool key = which == formats::KvSide::key;
   const std::int64_t slot = table(st).slot(pos);
   const std::size_t at = st * slots() + slot;
-  const f16* exact = exact_row(which, st, pos);
   const std::span<float> x(scratch_.x.data(), d), x_hat(scratch_.x_hat.data(), d);
-  for (int i = 0; i < d; ++i) x[i] = fp16_to_float(exact[i]);
+  load_exact_rows(which, st, pos, 1, x.data());
 
   if (side.kind == FormatKind::dither) {
     const std::span<float> xi(scratch_.xi.data(), d);
     std::fill(xi.begin(), xi.end(), 0.0f);
     const std::uint8_t* mask = key ? &seq_.outlier_mask_[st * d] : scratch_.no_outliers.data();
-    const formats::DitherStream stream{cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads),
-                                       static_cast<std::uint32_t>(st % cfg().kv_heads)};
+    const formats::DitherStream stream = dither_stream(st);
     if (key && key_dither()) formats::dither_values(stream, dither_counter_slot(st, pos), xi);
     if (!key && value_dither()) formats::dither_values(formats::value_stream(stream), slot_counter(st, pos), xi);
     const std::size_t n_out = key ? 2 * static_cast<std::size_t>(cfg().outlier_pairs) : 0;
@@ -509,10 +516,7 @@ void KvStore::scheme_meta(formats::KvSide which, std::span<const float> x, std::
 void KvStore::encode_group(Side& side, formats::KvSide which, std::size_t st, std::int64_t group) {
   const int d = cfg().head_dim, T = side.T;
   float *x = scratch_.x.data(), *x_hat = scratch_.x_hat.data();  // T × d each
-  for (int t = 0; t < T; ++t) {
-    const f16* exact = exact_row(which, st, group * T + t);
-    for (int i = 0; i < d; ++i) x[t * d + i] = fp16_to_float(exact[i]);
-  }
+  load_exact_rows(which, st, group * T, T, x);
   std::uint8_t* packed = &seq_side(which).groups[(st * group_blocks(side) + group) * side.block_bytes];
   side.scheme->encode(x, d, packed);
   side.scheme->decode(packed, d, x_hat);
@@ -622,9 +626,7 @@ const std::uint8_t* KvStore::Reader::group_block(formats::KvSide side, std::int6
   return &s_.seq_side(side).groups[(stream_ * s_.group_blocks(sd) + block) * sd.block_bytes];
 }
 
-formats::DitherStream KvStore::Reader::dither_stream() const {
-  return {s_.cfg().seed, static_cast<std::uint32_t>(layer_), static_cast<std::uint32_t>(kv_head_)};
-}
+formats::DitherStream KvStore::Reader::dither_stream() const { return s_.dither_stream(stream_); }
 
 void KvStore::Reader::decode_scheme(formats::KvSide side, std::int64_t pos, float* out, BlockCache& cache) {
   const Side& sd = side == formats::KvSide::key ? s_.pool_->k_ : s_.pool_->v_;
@@ -658,11 +660,7 @@ void KvStore::Reader::key(std::int64_t pos, float* k_hat, KeyBound& bound) {
   }
   const bool rounded = s_.cfg().dither == DitherMode::none;
   xi_.assign(d, 0.0f);  // sized on first use: the fast kernel reads raw pages and never needs it
-  if (!rounded) {
-    const formats::DitherStream stream{s_.cfg().seed, static_cast<std::uint32_t>(layer_),
-                                     static_cast<std::uint32_t>(kv_head_)};
-    formats::dither_values(stream, s_.dither_counter_slot(stream_, pos), xi_);
-  }
+  if (!rounded) formats::dither_values(dither_stream(), s_.dither_counter_slot(stream_, pos), xi_);
   const std::size_t n_out = 2 * static_cast<std::size_t>(s_.cfg().outlier_pairs);
   codes_.resize(d);
   for (int c = 0; c < d; ++c) codes_[c] = code(sd, s_.key_code(at, c));

@@ -77,6 +77,9 @@ struct CacheConfig {
   int scale_block = formats::kChannelBlock;
   // The most blocks of channel scales a sequence has: the prompt's last one may be short.
   std::size_t scale_blocks() const { return static_cast<std::size_t>((capacity + scale_block - 1) / scale_block + 1); }
+  // Dithered keys that only the scalar reference path serves (evaluation options, not serving
+  // formats): rounded without dither (DitherMode::none), or with channel scales.
+  bool reference_keys() const;
   int bands = cert::kDefaultBands;
   cert::RopeLayout rope_layout = cert::RopeLayout::interleaved;
   std::uint64_t seed = 0x5EED;
@@ -448,6 +451,11 @@ class KvStore {
   // rows or its ring of unencoded rows. A page's rows follow the row of its first position.
   f16* exact_row(formats::KvSide which, std::size_t st, std::int64_t pos);
   const f16* exact_row(formats::KvSide which, std::size_t st, std::int64_t pos) const;
+  // Rows [begin, begin + n) of stream st's exact side `which`, as floats, into x ([n][head_dim]).
+  void load_exact_rows(formats::KvSide which, std::size_t st, std::int64_t begin, int n, float* x) const;
+  formats::DitherStream dither_stream(std::size_t st) const {
+    return {cfg().seed, static_cast<std::uint32_t>(st / cfg().kv_heads), static_cast<std::uint32_t>(st % cfg().kv_heads)};
+  }
   void encode_token(Side& side, formats::KvSide which, std::size_t st, std::int64_t pos);
   void encode_group(Side& side, formats::KvSide which, std::size_t st, std::int64_t group);
   // A scheme token's meter metadata from its exact x and decoded x̂: the Tier-A witness of a key,

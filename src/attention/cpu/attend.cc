@@ -105,11 +105,7 @@ HWY_EXPORT(DecodeGroupRows);
 void attend_range(Workspace& work, kvcache::KvStore::Reader& reader, const float* q, int group, int head_dim,
                   std::int64_t begin, std::int64_t end, const attention::BoundContext& ctx,
                   std::vector<attention::HeadPartial>& partials, bool meter) {
-  // Keys rounded without dither (DitherMode::none) and keys with channel scales have no fast path:
-  // the δ = 0 reference and the paper's scale granularity, both for the evaluation, not serving.
-  if (reader.kind(formats::KvSide::key) == kvcache::FormatKind::dither &&
-      (reader.config().dither == kvcache::DitherMode::none ||
-       reader.config().key_scales == formats::ScaleGranularity::channel))
+  if (reader.config().reference_keys())  // no fast path: the evaluation's reference options
     return attention::attend_range_reference(reader, q, group, head_dim, begin, end, ctx, partials);
   HWY_DYNAMIC_DISPATCH(AttendRange)(work, reader, q, group, head_dim, begin, end, ctx, partials, meter);
 }

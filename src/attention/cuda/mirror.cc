@@ -35,12 +35,10 @@ Format cuda_format(const kvcache::KvStore& store, formats::KvSide side) {
   switch (store.kind(side)) {
     case formats::FormatKind::exact: return Format::fp16;
     case formats::FormatKind::dither:
-      // Keys rounded without dither have no fast path on the CPU either: the δ = 0 reference of the
-      // evaluation, not a serving format.
-      if (side == formats::KvSide::key && store.config().dither == kvcache::DitherMode::none)
-        throw std::invalid_argument("the CUDA kernel has no path for dither-int8 keys without dither (--dither none)");
-      if (side == formats::KvSide::key && store.config().key_scales == formats::ScaleGranularity::channel)
-        throw std::invalid_argument("the CUDA kernel has no path for dithered keys with channel scales (--key-scales channel)");
+      // The keys the CPU serves on its reference path only have no device path either.
+      if (side == formats::KvSide::key && store.config().reference_keys())
+        throw std::invalid_argument("the CUDA kernel has no path for dithered keys without dither (--dither none) or "
+                                    "with channel scales (--key-scales channel)");
       return Format::dither_int8;
     case formats::FormatKind::scheme: break;
   }

@@ -27,8 +27,17 @@ void check_group(int d, int group) {
 
 namespace {
 
-f16 scale_of(int bits, double amax, bool finite) {
-  return finite ? fp16_from_double(amax / dither_scale_divisor(bits), Round::up) : kFp16PosInf;
+// The scale of n values x[i·stride] (rounded to fp16 first), those with skip[i·stride] set left
+// out: amax/(Q − ½) rounded up to fp16, +inf when one of them is not finite.
+f16 scale_of(int bits, const float* x, int n, std::size_t stride, const std::uint8_t* skip) {
+  double amax = 0.0;
+  for (int i = 0; i < n; ++i) {
+    if (skip != nullptr && skip[i * stride]) continue;
+    const double v = fp16_to_double(fp16_from_double(x[i * stride]));
+    if (!std::isfinite(v)) return kFp16PosInf;
+    amax = std::max(amax, std::fabs(v));
+  }
+  return fp16_from_double(amax / dither_scale_divisor(bits), Round::up);
 }
 
 }  // namespace
@@ -47,33 +56,14 @@ void encode_dither(int bits, std::span<const float> x, std::span<const float> xi
                         std::span<const std::uint8_t> outlier, int group, std::span<std::int8_t> codes,
                         std::span<f16> scales, std::span<f16> outlier_values) {
   const int d = static_cast<int>(x.size());
-  for (int g0 = 0; g0 < d; g0 += group) {
-    double amax = 0.0;
-    bool finite = true;
-    for (int c = g0; c < g0 + group; ++c) {
-      const double v = fp16_to_double(fp16_from_double(x[c]));
-      if (outlier[c]) continue;
-      if (!std::isfinite(v)) finite = false;
-      amax = std::max(amax, std::fabs(v));
-    }
-    scales[g0 / group] = scale_of(bits, amax, finite);
-  }
+  for (int g0 = 0; g0 < d; g0 += group) scales[g0 / group] = scale_of(bits, &x[g0], group, 1, &outlier[g0]);
   encode_dither_scaled(x, xi, outlier, scales, group, codes, outlier_values);
 }
 
 void dither_channel_scales(int bits, std::span<const float> x, int n, std::span<const std::uint8_t> outlier,
                            std::span<f16> scales) {
   const std::size_t d = scales.size();
-  for (std::size_t c = 0; c < d; ++c) {
-    double amax = 0.0;
-    bool finite = true;
-    for (int t = 0; t < n; ++t) {
-      const double v = fp16_to_double(fp16_from_double(x[t * d + c]));
-      if (!std::isfinite(v)) finite = false;
-      amax = std::max(amax, std::fabs(v));
-    }
-    scales[c] = outlier[c] ? f16{} : scale_of(bits, amax, finite);
-  }
+  for (std::size_t c = 0; c < d; ++c) scales[c] = outlier[c] ? f16{} : scale_of(bits, &x[c], n, d, nullptr);
 }
 
 // All arithmetic below is in double on fp16 inputs, fp16 scales and dither on a 2^-24 grid,
